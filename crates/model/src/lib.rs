@@ -1,0 +1,29 @@
+//! The vocabulary every ttlab crate shares, and nothing else: typed ids (a [`SessionId`] is
+//! not a [`UserId`]), the session [`SessionStatus`] machine with its allowed transitions, the
+//! lab [`Runtime`], the deployment [`EnvName`], and the Kubernetes [`labels`] that mark what
+//! ttlab created.
+//!
+//! It owns no I/O, no clock and no policy: lifespans live in `ttlab-lifespan`, persistence in
+//! `ttlab-store`, manifests in `ttlab-vm-manifest`. Every constructor validates, so a value of
+//! one of these types is always well formed.
+//!
+//! ```
+//! use ttlab_model::{EnvName, SessionStatus};
+//!
+//! let env: EnvName = "prod".parse().unwrap();
+//! assert_eq!(env.as_str(), "prod");
+//! assert!(SessionStatus::Running.can_become(SessionStatus::Finishing));
+//! assert!(!SessionStatus::Expired.can_become(SessionStatus::Running));
+//! assert!("Prod!".parse::<EnvName>().is_err());
+//! ```
+
+mod error;
+mod ids;
+pub mod labels;
+mod names;
+mod status;
+
+pub use error::ModelError;
+pub use ids::{SessionId, UserId};
+pub use names::{EnvName, LessonId, NodeName};
+pub use status::{FinalStatus, Runtime, SessionStatus};

@@ -1,0 +1,258 @@
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ModelError;
+
+/// Where a session is in its life. Stored as lowercase text in the database.
+///
+/// Live statuses hold cluster resources and count for one-session-per-user and capacity;
+/// final statuses never change again. A row reaches a final status only after every cluster
+/// object of the session was confirmed deleted; until then it waits in [`Finishing`]
+/// (recording the [`FinalStatus`] it is heading for).
+///
+/// [`Finishing`]: SessionStatus::Finishing
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    /// Accepted; provisioning is under way.
+    Starting,
+    /// The VM is up and the agent reported the readiness marker.
+    Running,
+    /// Its objects are being deleted; the target final status is recorded beside it.
+    Finishing,
+    /// Reclaimed by the reaper after its lifespan ran out.
+    Expired,
+    /// Finished by the student.
+    Finished,
+    /// Provisioning failed; its objects were deleted.
+    Failed,
+    /// Marked `running` but its VM was gone from the cluster.
+    Ghost,
+}
+
+impl SessionStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [SessionStatus; 7] = [
+        Self::Starting,
+        Self::Running,
+        Self::Finishing,
+        Self::Expired,
+        Self::Finished,
+        Self::Failed,
+        Self::Ghost,
+    ];
+
+    /// The statuses that hold resources.
+    pub const LIVE: [SessionStatus; 3] = [Self::Starting, Self::Running, Self::Finishing];
+
+    /// Lowercase name, as stored and as shown in the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Finishing => "finishing",
+            Self::Expired => "expired",
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::Ghost => "ghost",
+        }
+    }
+
+    /// Holds cluster resources (starting, running, finishing).
+    pub const fn is_live(self) -> bool {
+        matches!(self, Self::Starting | Self::Running | Self::Finishing)
+    }
+
+    /// Never changes again (expired, finished, failed, ghost).
+    pub const fn is_final(self) -> bool {
+        !self.is_live()
+    }
+
+    /// Whether a row in `self` may be moved to `to`. This is the whole state machine:
+    ///
+    /// | from | to |
+    /// |---|---|
+    /// | starting | running, finishing |
+    /// | running | finishing, ghost |
+    /// | finishing | expired, finished, failed |
+    ///
+    /// Nothing leaves a final status, and no status moves to itself.
+    pub const fn can_become(self, to: SessionStatus) -> bool {
+        matches!(
+            (self, to),
+            (Self::Starting, Self::Running)
+                | (Self::Starting, Self::Finishing)
+                | (Self::Running, Self::Finishing)
+                | (Self::Running, Self::Ghost)
+                | (Self::Finishing, Self::Expired)
+                | (Self::Finishing, Self::Finished)
+                | (Self::Finishing, Self::Failed)
+        )
+    }
+}
+
+impl fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SessionStatus {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| ModelError::UnknownStatus(s.to_owned()))
+    }
+}
+
+/// The final status a `finishing` session is heading for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinalStatus {
+    /// The lifespan ran out.
+    Expired,
+    /// The student finished.
+    Finished,
+    /// Provisioning failed.
+    Failed,
+}
+
+impl FinalStatus {
+    /// Every final target.
+    pub const ALL: [FinalStatus; 3] = [Self::Expired, Self::Finished, Self::Failed];
+
+    /// The session status this target lands on.
+    pub const fn status(self) -> SessionStatus {
+        match self {
+            Self::Expired => SessionStatus::Expired,
+            Self::Finished => SessionStatus::Finished,
+            Self::Failed => SessionStatus::Failed,
+        }
+    }
+
+    /// Lowercase name, as stored.
+    pub const fn as_str(self) -> &'static str {
+        self.status().as_str()
+    }
+}
+
+impl fmt::Display for FinalStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FinalStatus {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| ModelError::UnknownStatus(s.to_owned()))
+    }
+}
+
+/// What a lesson runs on. Recorded on the session row at creation, because the reaper decides
+/// what to delete from this one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// One or more KubeVirt VirtualMachines.
+    Vm,
+    /// A single unprivileged Pod.
+    Pod,
+}
+
+impl Runtime {
+    /// Lowercase name, as stored.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Vm => "vm",
+            Self::Pod => "pod",
+        }
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Runtime {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vm" => Ok(Self::Vm),
+            "pod" => Ok(Self::Pod),
+            other => Err(ModelError::UnknownRuntime(other.to_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SessionStatus::*;
+    use super::*;
+
+    /// Every (from, to) pair, spelled out: any change to the state machine shows up here.
+    #[test]
+    fn transitions_exhaustive() {
+        let allowed = [
+            (Starting, Running),
+            (Starting, Finishing),
+            (Running, Finishing),
+            (Running, Ghost),
+            (Finishing, Expired),
+            (Finishing, Finished),
+            (Finishing, Failed),
+        ];
+        for from in SessionStatus::ALL {
+            for to in SessionStatus::ALL {
+                assert_eq!(
+                    from.can_become(to),
+                    allowed.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn final_statuses_are_absorbing_and_live_ones_lead_somewhere() {
+        for from in SessionStatus::ALL {
+            let exits = SessionStatus::ALL
+                .iter()
+                .filter(|to| from.can_become(**to))
+                .count();
+            assert_eq!(from.is_final(), exits == 0, "{from}");
+        }
+        assert_eq!(
+            SessionStatus::ALL.iter().filter(|s| s.is_live()).count(),
+            SessionStatus::LIVE.len()
+        );
+    }
+
+    #[test]
+    fn finishing_reaches_every_final_target() {
+        for t in FinalStatus::ALL {
+            assert!(Finishing.can_become(t.status()));
+            assert_eq!(t.as_str().parse::<FinalStatus>().unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in SessionStatus::ALL {
+            assert_eq!(s.as_str().parse::<SessionStatus>().unwrap(), s);
+            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{s}\""));
+        }
+        assert!("Running".parse::<SessionStatus>().is_err());
+        assert_eq!("pod".parse::<Runtime>().unwrap(), Runtime::Pod);
+        assert!("container".parse::<Runtime>().is_err());
+    }
+}
