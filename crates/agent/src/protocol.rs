@@ -65,3 +65,65 @@ pub struct ErrorResponse {
     /// A sentence for humans.
     pub message: String,
 }
+
+/// Command line of the agent binary, as cloud-init's unit and kube-sim's simulated guest start
+/// it: `ttlab-agent [--root DIR] [--listen ADDR:PORT]`. `--root` maps every absolute path
+/// above under DIR (for unprivileged tests); `--listen` defaults to `0.0.0.0:8899`.
+pub const CLI_USAGE: &str = "ttlab-agent [--root DIR] [--listen ADDR:PORT]";
+
+/// The per-VM bearer token: 256 random bits as 64 lowercase hex digits.
+///
+/// It is a secret: `Debug` redacts it and it has no `Display`; only [`AgentToken::reveal`]
+/// gives the text (for the `Authorization` header and the cloud-init file).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentToken(String);
+
+impl AgentToken {
+    /// Number of random bytes in a token.
+    pub const BYTES: usize = 32;
+
+    /// A token from random bytes the caller generated (with a CSPRNG).
+    pub fn from_random_bytes(bytes: [u8; Self::BYTES]) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut s = String::with_capacity(Self::BYTES * 2);
+        for b in bytes {
+            s.push(HEX[usize::from(b >> 4)] as char);
+            s.push(HEX[usize::from(b & 0x0f)] as char);
+        }
+        Self(s)
+    }
+
+    /// Parses a token as written in the token file (surrounding whitespace ignored). `None`
+    /// unless it is exactly 64 lowercase hex digits.
+    pub fn parse(text: &str) -> Option<Self> {
+        let t = text.trim();
+        (t.len() == Self::BYTES * 2 && t.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| Self(t.to_owned()))
+    }
+
+    /// The secret text. Never log it.
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AgentToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentToken(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_hex_redacted_and_parse_back() {
+        let t = AgentToken::from_random_bytes([0xab; 32]);
+        assert_eq!(t.reveal().len(), 64);
+        assert_eq!(format!("{t:?}"), "AgentToken(<redacted>)");
+        assert_eq!(AgentToken::parse(&format!("  {}\n", t.reveal())), Some(t));
+        assert_eq!(AgentToken::parse("abc"), None);
+        assert_eq!(AgentToken::parse(&"G".repeat(64)), None);
+    }
+}
