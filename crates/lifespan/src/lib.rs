@@ -1,3 +1,71 @@
-//! Session lifespan: expiry, extension, remaining time and hard deadlines, as pure functions of `now`.
+//! The one implementation of session time: when a session expires, how an extension moves
+//! that expiry, how much time is left, and the last-resort deadlines after which a pod or VM
+//! stops even if nothing reclaims it. The student's countdown, the extend button and the
+//! reaper all call these functions, so they can never disagree about whether a session is
+//! over.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! It owns the [`Policy`] (time-to-live, maximum lifetime, number of extensions, with their
+//! defaults and validation) and the [`Lifespan`] value of a session. It refuses to own a clock,
+//! environment variables or storage: every function takes `now` (the database clock in the
+//! running system, so server replicas and the reaper agree), binaries pass in the text of
+//! `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX` and `TTLAB_MAX_EXTENSIONS`, and the store keeps
+//! the three fields of a [`Lifespan`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use chrono::{TimeDelta, TimeZone, Utc};
+//! use ttlab_lifespan::{Lifespan, LifespanError, Policy};
+//!
+//! let policy = Policy::default(); // 60 min, at most 180 min, 3 extensions
+//! let start = Utc.with_ymd_and_hms(2026, 10, 16, 9, 0, 0).unwrap();
+//! let minutes = |m| start + TimeDelta::minutes(m);
+//!
+//! let session = Lifespan::open(start, &policy);
+//! assert_eq!(session.expires_at, minutes(60));
+//! assert_eq!(session.remaining(minutes(45)), Duration::from_secs(15 * 60));
+//!
+//! // Extending moves the expiry to now + 60 min, never past start + 180 min.
+//! let session = session.extend(minutes(50), &policy).unwrap();
+//! assert_eq!(session.expires_at, minutes(110));
+//! assert_eq!(session.extensions_left(&policy), 2);
+//!
+//! // Refusals say why, with a stable API code, and change nothing.
+//! let err = session.extend(minutes(120), &policy).unwrap_err();
+//! assert!(matches!(err, LifespanError::Expired { .. }));
+//! assert_eq!(err.code(), "expired");
+//!
+//! // "Expired" is exactly "no time remaining".
+//! assert!(session.is_expired(minutes(110)));
+//! assert_eq!(session.remaining(minutes(110)), Duration::ZERO);
+//!
+//! // Last-resort deadlines: max + 15 min.
+//! assert_eq!(session.hard_deadline(&policy), minutes(195));
+//! assert_eq!(policy.pod_active_deadline_seconds(), 11_700);
+//! ```
+
+mod error;
+mod lifespan;
+mod policy;
+
+pub use error::LifespanError;
+pub use lifespan::Lifespan;
+pub use policy::{
+    DEFAULT_MAX, DEFAULT_MAX_EXTENSIONS, DEFAULT_TTL, EXTENSIONS_LIMIT, HARD_DEADLINE_GRACE,
+    LIFETIME_LIMIT, MAX_EXTENSIONS_VAR, Policy, SESSION_MAX_VAR, SESSION_TTL_VAR,
+};
+
+/// A duration as the settings are usually written: `90s`, `60m`, `7d`, or humantime's form
+/// for anything with a fraction of a second.
+pub(crate) fn fmt_duration(d: std::time::Duration) -> String {
+    const DAY: u64 = 24 * 60 * 60;
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        humantime::format_duration(d).to_string()
+    } else if secs >= DAY && secs.is_multiple_of(DAY) {
+        format!("{}d", secs / DAY)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
