@@ -130,3 +130,248 @@ fn sub(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
         .and_then(|d| t.checked_sub_signed(d))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn start() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 10, 16, 9, 0, 0).unwrap()
+    }
+
+    fn at(minutes: i64) -> DateTime<Utc> {
+        start() + TimeDelta::minutes(minutes)
+    }
+
+    fn mins(m: u64) -> Duration {
+        Duration::from_secs(m * 60)
+    }
+
+    #[test]
+    fn opening_gives_one_ttl_and_all_extensions() {
+        let policy = Policy::default();
+        let s = Lifespan::open(start(), &policy);
+        assert_eq!(s.started_at, start());
+        assert_eq!(s.expires_at, at(60));
+        assert_eq!(s.extensions_used, 0);
+        assert_eq!(s.extensions_left(&policy), 3);
+        assert_eq!(s.remaining(start()), mins(60));
+        assert_eq!(s.max_expires_at(&policy), at(180));
+        assert_eq!(s.hard_deadline(&policy), at(195));
+    }
+
+    #[test]
+    fn extensions_move_expiry_to_now_plus_ttl_capped_at_start_plus_max() {
+        let policy = Policy::default();
+        let s = Lifespan::open(start(), &policy);
+        let s = s.extend(at(59), &policy).unwrap();
+        assert_eq!((s.expires_at, s.extensions_used), (at(119), 1));
+        let s = s.extend(at(118), &policy).unwrap();
+        assert_eq!((s.expires_at, s.extensions_used), (at(178), 2));
+        // now + ttl would be 237 minutes: capped at start + max.
+        let s = s.extend(at(177), &policy).unwrap();
+        assert_eq!((s.expires_at, s.extensions_used), (at(180), 3));
+        assert_eq!(s.extensions_left(&policy), 0);
+        assert_eq!(s.started_at, start());
+    }
+
+    #[test]
+    fn extending_an_expired_session_is_refused_from_the_expiry_instant_on() {
+        let policy = Policy::default();
+        let s = Lifespan::open(start(), &policy);
+        let just_before = at(60) - TimeDelta::microseconds(1);
+        assert!(s.extend(just_before, &policy).is_ok());
+        for now in [at(60), at(61), at(10_000)] {
+            let err = s.extend(now, &policy).unwrap_err();
+            assert_eq!(err, LifespanError::Expired { expired_at: at(60) });
+            assert_eq!(err.code(), "expired");
+            assert!(err.is_extend_refusal());
+        }
+    }
+
+    #[test]
+    fn extending_at_the_cap_is_refused_as_max_lifetime() {
+        // Plenty of extensions, so only the cap can refuse.
+        let policy = Policy::new(mins(60), mins(90), 10).unwrap();
+        let s = Lifespan::open(start(), &policy)
+            .extend(at(50), &policy)
+            .unwrap();
+        assert_eq!(s.expires_at, at(90));
+        let err = s.extend(at(80), &policy).unwrap_err();
+        assert_eq!(
+            err,
+            LifespanError::MaxLifetime {
+                max_expires_at: at(90)
+            }
+        );
+        assert_eq!(err.code(), "max_lifetime");
+        assert_eq!(
+            err.to_string(),
+            "the session already runs until its maximum lifetime (2026-10-16 10:30:00 UTC)"
+        );
+        assert_eq!(s.extensions_left(&policy), 9, "a refusal uses no extension");
+    }
+
+    #[test]
+    fn max_equal_to_ttl_means_never_extendable() {
+        let policy = Policy::new(mins(60), mins(60), 3).unwrap();
+        let s = Lifespan::open(start(), &policy);
+        let err = s.extend(at(30), &policy).unwrap_err();
+        assert_eq!(err.code(), "max_lifetime");
+    }
+
+    #[test]
+    fn extending_past_the_limit_is_refused_as_extension_limit() {
+        // A long max, so only the count can refuse.
+        let policy = Policy::new(mins(60), mins(1000), 2).unwrap();
+        let s = Lifespan::open(start(), &policy);
+        let s = s.extend(at(30), &policy).unwrap();
+        let s = s.extend(at(60), &policy).unwrap();
+        assert_eq!(s.expires_at, at(120));
+        let err = s.extend(at(90), &policy).unwrap_err();
+        assert_eq!(err, LifespanError::ExtensionLimit { limit: 2 });
+        assert_eq!(err.code(), "extension_limit");
+        assert_eq!(
+            err.to_string(),
+            "all 2 extensions of this session have been used"
+        );
+    }
+
+    #[test]
+    fn zero_extensions_means_never_extendable() {
+        let policy = Policy::new(mins(60), mins(180), 0).unwrap();
+        let s = Lifespan::open(start(), &policy);
+        let err = s.extend(at(59), &policy).unwrap_err();
+        assert_eq!(err, LifespanError::ExtensionLimit { limit: 0 });
+    }
+
+    #[test]
+    fn an_extension_that_adds_no_time_is_refused_and_says_when_it_would() {
+        let policy = Policy::default();
+        let s = Lifespan::open(start(), &policy);
+        let err = s.extend(start(), &policy).unwrap_err();
+        assert_eq!(
+            err,
+            LifespanError::TooEarly {
+                expires_at: at(60),
+                adds_time_after: start()
+            }
+        );
+        assert_eq!(err.code(), "too_early");
+        assert_eq!(s.extensions_left(&policy), 3);
+        // One microsecond later it adds one microsecond.
+        let later = start() + TimeDelta::microseconds(1);
+        let s = s.extend(later, &policy).unwrap();
+        assert_eq!(s.expires_at, at(60) + TimeDelta::microseconds(1));
+    }
+
+    #[test]
+    fn a_shorter_ttl_never_moves_expiry_backwards() {
+        let generous = Policy::default();
+        let s = Lifespan::open(start(), &generous);
+        // The deployment is reconfigured to 10-minute extensions while the session runs.
+        let strict = Policy::new(mins(10), mins(180), 3).unwrap();
+        let err = s.extend(at(30), &strict).unwrap_err();
+        assert_eq!(
+            err,
+            LifespanError::TooEarly {
+                expires_at: at(60),
+                adds_time_after: at(50)
+            }
+        );
+        assert_eq!(s.extend(at(55), &strict).unwrap().expires_at, at(65));
+    }
+
+    #[test]
+    fn a_tightened_max_refuses_without_shortening() {
+        let s = Lifespan::open(start(), &Policy::default())
+            .extend(at(59), &Policy::default())
+            .unwrap();
+        assert_eq!(s.expires_at, at(119));
+        let tight = Policy::new(mins(60), mins(90), 3).unwrap();
+        let err = s.extend(at(100), &tight).unwrap_err();
+        assert_eq!(
+            err,
+            LifespanError::MaxLifetime {
+                max_expires_at: at(90)
+            }
+        );
+    }
+
+    #[test]
+    fn refusal_order_is_expired_then_max_then_limit() {
+        let policy = Policy::default();
+        let full = Lifespan {
+            started_at: start(),
+            expires_at: at(180),
+            extensions_used: 3,
+        };
+        assert_eq!(full.extend(at(180), &policy).unwrap_err().code(), "expired");
+        assert_eq!(
+            full.extend(at(179), &policy).unwrap_err().code(),
+            "max_lifetime"
+        );
+        let used_up = Lifespan {
+            expires_at: at(170),
+            ..full
+        };
+        assert_eq!(
+            used_up.extend(at(169), &policy).unwrap_err().code(),
+            "extension_limit"
+        );
+    }
+
+    #[test]
+    fn remaining_counts_down_to_zero_and_never_below() {
+        let s = Lifespan::open(start(), &Policy::default());
+        assert_eq!(
+            s.remaining(at(-5)),
+            mins(65),
+            "before the start there is more time"
+        );
+        assert_eq!(s.remaining(at(59)), mins(1));
+        let micro = at(60) - TimeDelta::microseconds(1);
+        assert_eq!(s.remaining(micro), Duration::from_micros(1));
+        assert!(!s.is_expired(micro));
+        assert_eq!(s.remaining(at(60)), Duration::ZERO);
+        assert!(s.is_expired(at(60)));
+        assert_eq!(s.remaining(at(1_000_000)), Duration::ZERO);
+        assert!(s.is_expired(at(1_000_000)));
+    }
+
+    #[test]
+    fn extremes_of_the_calendar_saturate_instead_of_panicking() {
+        let policy = Policy {
+            ttl: Duration::MAX,
+            max: Duration::MAX,
+            max_extensions: u32::MAX,
+        };
+        let s = Lifespan::open(DateTime::<Utc>::MAX_UTC, &policy);
+        assert_eq!(s.expires_at, DateTime::<Utc>::MAX_UTC);
+        assert_eq!(s.hard_deadline(&policy), DateTime::<Utc>::MAX_UTC);
+        assert!(s.extend(DateTime::<Utc>::MIN_UTC, &policy).is_err());
+        assert!(s.is_expired(DateTime::<Utc>::MAX_UTC));
+        let s = Lifespan::open(DateTime::<Utc>::MIN_UTC, &Policy::default());
+        let err = s
+            .extend(DateTime::<Utc>::MIN_UTC, &Policy::default())
+            .unwrap_err();
+        assert!(matches!(err, LifespanError::TooEarly { .. }), "{err}");
+    }
+
+    #[test]
+    fn lifespan_serde_uses_plain_field_names_and_round_trips() {
+        let s = Lifespan::open(start(), &Policy::default());
+        let json = serde_json::to_value(s).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "started_at": "2026-10-16T09:00:00Z",
+                "expires_at": "2026-10-16T10:00:00Z",
+                "extensions_used": 0,
+            })
+        );
+        assert_eq!(serde_json::from_value::<Lifespan>(json).unwrap(), s);
+    }
+}
