@@ -94,7 +94,7 @@ pub enum LifespanError {
         expired_at: DateTime<Utc>,
     },
     /// Extension refused: every allowed extension has been used. API code `extension_limit`.
-    #[error("all {limit} extensions of this session have been used")]
+    #[error("{}", extension_limit_message(*.limit))]
     ExtensionLimit {
         /// How many extensions the policy allows (and the session has used).
         limit: u32,
@@ -152,5 +152,13 @@ impl LifespanError {
                 | Self::MaxLifetime { .. }
                 | Self::TooEarly { .. }
         )
+    }
+}
+
+fn extension_limit_message(limit: u32) -> String {
+    match limit {
+        0 => "sessions cannot be extended".to_owned(),
+        1 => "the one extension of this session has been used".to_owned(),
+        n => format!("all {n} extensions of this session have been used"),
     }
 }

@@ -11,6 +11,28 @@
 //! `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX` and `TTLAB_MAX_EXTENSIONS`, and the store keeps
 //! the three fields of a [`Lifespan`].
 //!
+//! # Rules
+//!
+//! - A session opened at `start` expires at `start + ttl` ([`Lifespan::open`]).
+//! - Extending at `now` moves the expiry to `min(now + ttl, start + max)`, at most
+//!   `max_extensions` times ([`Lifespan::extend`]). A granted extension always moves the expiry
+//!   strictly later; the expiry never moves backwards and never passes `start + max`.
+//! - A refused extension changes nothing and uses up no extension. Each refusal is its own
+//!   [`LifespanError`] variant with an API code: `expired` (at or past the expiry),
+//!   `max_lifetime` (already runs until `start + max`), `extension_limit` (every extension
+//!   used), and `too_early` (extending now would add no time, e.g. right after opening, or
+//!   after the ttl was shortened; the error says from when extending helps).
+//! - [`Lifespan::remaining`] never goes negative, and [`Lifespan::is_expired`] is defined as
+//!   "remaining is zero", so a session is expired from `expires_at` on, for everyone.
+//! - Last-resort deadlines sit 15 minutes past the maximum lifetime: a pod lab's
+//!   `activeDeadlineSeconds` ([`Policy::pod_active_deadline_seconds`], 11,700 by default) and
+//!   a VM guest's self power-off ([`Lifespan::hard_deadline`]).
+//! - Policy durations are whole seconds, so every instant derived from a database timestamp
+//!   is again exact to the microsecond and survives being stored.
+//! - The functions are total: instants before the start, policies changed while a session
+//!   runs, even policies that never passed validation give defined results, and arithmetic
+//!   saturates at the ends of the calendar instead of panicking.
+//!
 //! ```
 //! use std::time::Duration;
 //! use chrono::{TimeDelta, TimeZone, Utc};

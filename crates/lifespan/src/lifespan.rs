@@ -245,6 +245,7 @@ mod tests {
         let s = Lifespan::open(start(), &policy);
         let err = s.extend(at(59), &policy).unwrap_err();
         assert_eq!(err, LifespanError::ExtensionLimit { limit: 0 });
+        assert_eq!(err.to_string(), "sessions cannot be extended");
     }
 
     #[test]
