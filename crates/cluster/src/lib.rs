@@ -1,3 +1,55 @@
-//! The `Cluster` trait and its kube-rs implementation: the only code that talks to Kubernetes.
+//! The [`Cluster`] trait and its kube-rs implementation, [`KubeCluster`]: the only code in
+//! ttlab that talks to Kubernetes.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! It owns the API calls the server and the reaper make — creating VirtualMachines, their
+//! cloud-init Secrets (created after the VM, owned by it, never updated), Services,
+//! NetworkPolicies and Pods; getting, listing by label selector page by page, and deleting
+//! (a missing object is already deleted, which is success); counting the live VMs; observing
+//! the golden PVC, DataVolume and DataSource; waiting for a VMI to run by watching it; the
+//! VMI's address; the serial console; pod exec — and it maps every failure onto one typed
+//! [`ClusterError`] that says whether a retry can help. A semaphore bounds the calls in
+//! flight, so a reaper cycle cannot flood the API server.
+//!
+//! It refuses to own policy: what to create (manifests come from `ttlab-vm-manifest` and
+//! `ttlab-cloudinit` as values), which disk to use (`ttlab-disk-select` decides from the raw
+//! [`GoldenFacts`] observed here), what is an orphan (the reaper), or when a session is
+//! ready (the api crate combines [`Cluster::wait_vmi_running`] with the agent).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Created, Kind};
+//!
+//! // The server and the reaper hold the cluster as a trait object.
+//! fn takes(_cluster: Arc<dyn Cluster>) {}
+//! let _ = takes;
+//!
+//! let settings = ClusterSettings::in_namespace("ttlab-vms");
+//! assert_eq!(settings.max_in_flight, 16);
+//!
+//! // A Secret names the VM it belongs to, by uid, when it is created.
+//! let vm = Created { kind: Kind::VirtualMachine, name: "lab-1".into(), uid: "0d3c-…".into() };
+//! let owner = vm.owner_reference();
+//! assert_eq!((owner.api_version.as_str(), owner.kind.as_str()), ("kubevirt.io/v1", "VirtualMachine"));
+//!
+//! let busy = ClusterError::Transient { message: "HTTP 503".into() };
+//! assert!(busy.is_retryable());
+//! let full = ClusterError::QuotaExceeded { message: "exceeded quota: vms".into() };
+//! assert!(!full.is_retryable());
+//! ```
+
+mod client;
+mod cluster;
+mod error;
+mod settings;
+mod terminal;
+mod types;
+
+pub use client::KubeCluster;
+pub use cluster::{Cluster, ClusterFuture};
+pub use error::ClusterError;
+pub use settings::ClusterSettings;
+pub use terminal::{ByteSink, ByteStream, Terminal};
+pub use types::{
+    Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind,
+    Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmiPhase, VmiState,
+};

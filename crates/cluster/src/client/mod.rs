@@ -1,0 +1,520 @@
+//! [`KubeCluster`]: the [`Cluster`] trait over a kube-rs client.
+
+mod console;
+mod convert;
+mod exec;
+mod wait;
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    PropagationPolicy,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::cluster::{Cluster, ClusterFuture};
+use crate::types::{
+    Created, DataSourceFacts, DataVolumeFacts, Deleted, Kind, Lookup, ObjectSummary, Page,
+    Propagation, PvcFacts, VmiState,
+};
+use crate::{ClusterError, ClusterSettings, Terminal};
+
+/// The [`Cluster`] implementation over a kube-rs [`Client`]: the same code runs in a pod
+/// (in-cluster service account), against a kubeconfig, and against kube-sim.
+///
+/// Every API call holds one permit of a semaphore of
+/// [`ClusterSettings::max_in_flight`] and is bounded by
+/// [`ClusterSettings::request_timeout`]. Cheap to clone (clones share the client and the
+/// semaphore).
+#[derive(Clone)]
+pub struct KubeCluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    namespace: String,
+    settings: ClusterSettings,
+    permits: Semaphore,
+}
+
+impl fmt::Debug for KubeCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubeCluster")
+            .field("namespace", &self.inner.namespace)
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeCluster {
+    /// Builds the client the standard way: the in-cluster service account when running in a
+    /// pod, else `KUBECONFIG` / `~/.kube/config` (kube-rs' `Config::infer`). Must run inside
+    /// a Tokio runtime.
+    pub async fn try_default(settings: ClusterSettings) -> Result<Self, ClusterError> {
+        let config = Config::infer().await.map_err(|e| ClusterError::Config {
+            message: e.to_string(),
+        })?;
+        Self::from_config(config, settings)
+    }
+
+    /// Builds the client from an explicit kubeconfig file (its current context), e.g. the one
+    /// kube-sim writes. Must run inside a Tokio runtime.
+    pub async fn from_kubeconfig(
+        path: &Path,
+        settings: ClusterSettings,
+    ) -> Result<Self, ClusterError> {
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| ClusterError::Config {
+            message: format!("{}: {e}", path.display()),
+        })?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| ClusterError::Config {
+                message: format!("{}: {e}", path.display()),
+            })?;
+        Self::from_config(config, settings)
+    }
+
+    /// Builds the client from a kube-rs [`Config`]. Must run inside a Tokio runtime (the
+    /// client spawns its request buffer).
+    pub fn from_config(config: Config, settings: ClusterSettings) -> Result<Self, ClusterError> {
+        let client = Client::try_from(config).map_err(|e| ClusterError::Config {
+            message: e.to_string(),
+        })?;
+        Ok(Self::new(client, settings))
+    }
+
+    /// Wraps an existing client. The namespace is `settings.namespace`, else the client's
+    /// default namespace.
+    pub fn new(client: Client, settings: ClusterSettings) -> Self {
+        let namespace = settings
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let permits = Semaphore::new(settings.max_in_flight.max(1));
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                namespace,
+                settings,
+                permits,
+            }),
+        }
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.inner.settings
+    }
+
+    /// The underlying kube-rs client.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    async fn permit(&self) -> Result<SemaphorePermit<'_>, ClusterError> {
+        // The semaphore lives as long as `self` and is never closed; the error is for form.
+        self.inner
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| ClusterError::Unexpected {
+                message: "the request semaphore was closed".to_owned(),
+            })
+    }
+
+    /// Runs one API call under a permit and the request timeout.
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ClusterError> {
+        let _permit = self.permit().await?;
+        let timeout = self.inner.settings.request_timeout;
+        match tokio::time::timeout(timeout, request).await {
+            Ok(result) => result.map_err(ClusterError::from_kube),
+            Err(_) => Err(ClusterError::timed_out(what, timeout)),
+        }
+    }
+
+    fn dynamic(&self, kind: Kind) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.inner.client.clone(),
+            &self.inner.namespace,
+            &api_resource(kind),
+        )
+    }
+
+    fn dynamic_cdi(&self, namespace: Option<&str>, kind: &str, plural: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("cdi.kubevirt.io", "v1beta1", kind);
+        Api::namespaced_with(
+            self.inner.client.clone(),
+            namespace.unwrap_or(&self.inner.namespace),
+            &ApiResource::from_gvk_with_plural(&gvk, plural),
+        )
+    }
+
+    fn post_params(&self) -> PostParams {
+        PostParams {
+            dry_run: false,
+            field_manager: Some(self.inner.settings.field_manager.clone()),
+        }
+    }
+
+    /// Fills in or checks the namespace of an object about to be created.
+    fn claim_namespace(
+        &self,
+        kind: Kind,
+        namespace: &mut Option<String>,
+    ) -> Result<(), ClusterError> {
+        match namespace {
+            None => {
+                *namespace = Some(self.inner.namespace.clone());
+                Ok(())
+            }
+            Some(ns) if *ns == self.inner.namespace => Ok(()),
+            Some(ns) => Err(ClusterError::Invalid {
+                message: format!(
+                    "{kind} is for namespace {ns:?}, this client manages {:?}",
+                    self.inner.namespace
+                ),
+            }),
+        }
+    }
+
+    async fn create_typed<K>(&self, kind: Kind, mut object: K) -> Result<Created, ClusterError>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + fmt::Debug,
+    {
+        self.claim_namespace(kind, &mut object.meta_mut().namespace)?;
+        let api: Api<K> = Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+        let pp = self.post_params();
+        let created = self
+            .call(&format!("create {kind}"), api.create(&pp, &object))
+            .await?;
+        convert::created(kind, created.meta())
+    }
+
+    async fn observe<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Lookup<T>, ClusterError> {
+        match self.call(what, request).await {
+            Ok(found) => Ok(Lookup::Found(found)),
+            Err(ClusterError::NotFound { .. }) => Ok(Lookup::NotFound),
+            Err(ClusterError::Forbidden { .. }) => Ok(Lookup::Forbidden),
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// The kube-rs API resource of a kind.
+fn api_resource(kind: Kind) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(kind.group(), kind.version(), kind.name()),
+        kind.plural(),
+    )
+}
+
+/// Refuses names that are not Kubernetes object names before they are put in a URL path.
+fn check_name(kind: &str, name: &str) -> Result<(), ClusterError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(ClusterError::Invalid {
+            message: format!("{name:?} is not a valid {kind} name"),
+        })
+    }
+}
+
+impl Cluster for KubeCluster {
+    fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    fn create_vm(&self, vm: serde_json::Value) -> ClusterFuture<'_, Created> {
+        Box::pin(async move {
+            let kind = Kind::VirtualMachine;
+            let mut object: DynamicObject = convert::dynamic_of_kind(kind, vm)?;
+            self.claim_namespace(kind, &mut object.metadata.namespace)?;
+            let api = self.dynamic(kind);
+            let pp = self.post_params();
+            let created = self
+                .call("create VirtualMachine", api.create(&pp, &object))
+                .await?;
+            convert::created(kind, &created.metadata)
+        })
+    }
+
+    fn create_secret(&self, secret: Secret) -> ClusterFuture<'_, Created> {
+        Box::pin(self.create_typed(Kind::Secret, secret))
+    }
+
+    fn create_service(&self, service: Service) -> ClusterFuture<'_, Created> {
+        Box::pin(self.create_typed(Kind::Service, service))
+    }
+
+    fn create_network_policy(&self, policy: NetworkPolicy) -> ClusterFuture<'_, Created> {
+        Box::pin(self.create_typed(Kind::NetworkPolicy, policy))
+    }
+
+    fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created> {
+        Box::pin(self.create_typed(Kind::Pod, pod))
+    }
+
+    fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
+        Box::pin(async move {
+            check_name(kind.name(), name)?;
+            let api = self.dynamic(kind);
+            let found = self
+                .call(&format!("get {kind} {name}"), api.get_opt(name))
+                .await?;
+            Ok(found.map(|o| convert::summary(kind, &o.metadata)))
+        })
+    }
+
+    fn list_page<'a>(
+        &'a self,
+        kind: Kind,
+        selector: &'a str,
+        continue_token: Option<String>,
+    ) -> ClusterFuture<'a, Page> {
+        Box::pin(async move {
+            let mut lp = ListParams::default().limit(self.inner.settings.page_size.max(1));
+            if !selector.is_empty() {
+                lp = lp.labels(selector);
+            }
+            if let Some(token) = continue_token.as_deref() {
+                lp = lp.continue_token(token);
+            }
+            let api = self.dynamic(kind);
+            let list = self.call(&format!("list {kind}"), api.list(&lp)).await?;
+            Ok(Page {
+                items: list
+                    .items
+                    .iter()
+                    .map(|o| convert::summary(kind, &o.metadata))
+                    .collect(),
+                continue_token: list.metadata.continue_.filter(|t| !t.is_empty()),
+            })
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        kind: Kind,
+        name: &'a str,
+        propagation: Propagation,
+    ) -> ClusterFuture<'a, Deleted> {
+        Box::pin(async move {
+            check_name(kind.name(), name)?;
+            let dp = DeleteParams {
+                propagation_policy: Some(match propagation {
+                    Propagation::Background => PropagationPolicy::Background,
+                    Propagation::Foreground => PropagationPolicy::Foreground,
+                }),
+                ..DeleteParams::default()
+            };
+            let api = self.dynamic(kind);
+            match self
+                .call(&format!("delete {kind} {name}"), api.delete(name, &dp))
+                .await
+            {
+                Ok(_) => Ok(Deleted::Deleted),
+                Err(ClusterError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
+                Err(other) => Err(other),
+            }
+        })
+    }
+
+    fn observe_pvc<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<PvcFacts>> {
+        Box::pin(async move {
+            check_name("PersistentVolumeClaim", name)?;
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(
+                self.inner.client.clone(),
+                namespace.unwrap_or(&self.inner.namespace),
+            );
+            let found = self
+                .observe(&format!("get PersistentVolumeClaim {name}"), api.get(name))
+                .await?;
+            Ok(match found {
+                Lookup::Found(pvc) => Lookup::Found(convert::pvc_facts(&pvc)),
+                Lookup::NotFound => Lookup::NotFound,
+                Lookup::Forbidden => Lookup::Forbidden,
+            })
+        })
+    }
+
+    fn observe_data_volume<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<DataVolumeFacts>> {
+        Box::pin(async move {
+            check_name("DataVolume", name)?;
+            let api = self.dynamic_cdi(namespace, "DataVolume", "datavolumes");
+            let found = self
+                .observe(&format!("get DataVolume {name}"), api.get(name))
+                .await?;
+            Ok(match found {
+                Lookup::Found(dv) => Lookup::Found(convert::data_volume_facts(&dv)),
+                Lookup::NotFound => Lookup::NotFound,
+                Lookup::Forbidden => Lookup::Forbidden,
+            })
+        })
+    }
+
+    fn observe_data_source<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<DataSourceFacts>> {
+        Box::pin(async move {
+            check_name("DataSource", name)?;
+            let api = self.dynamic_cdi(None, "DataSource", "datasources");
+            let found = self
+                .observe(&format!("get DataSource {name}"), api.get(name))
+                .await?;
+            Ok(match found {
+                Lookup::Found(ds) => Lookup::Found(convert::data_source_facts(&ds)),
+                Lookup::NotFound => Lookup::NotFound,
+                Lookup::Forbidden => Lookup::Forbidden,
+            })
+        })
+    }
+
+    fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>> {
+        Box::pin(async move {
+            check_name("VirtualMachineInstance", name)?;
+            let api = self.dynamic(Kind::VirtualMachineInstance);
+            let found = self
+                .call(
+                    &format!("get VirtualMachineInstance {name}"),
+                    api.get_opt(name),
+                )
+                .await?;
+            Ok(found.map(|o| convert::vmi_state(&o)))
+        })
+    }
+
+    fn wait_vmi_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, VmiState> {
+        Box::pin(async move {
+            check_name("VirtualMachineInstance", name)?;
+            wait::wait_running(self, name, timeout).await
+        })
+    }
+
+    fn open_console<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Terminal> {
+        Box::pin(async move {
+            check_name("VirtualMachineInstance", name)?;
+            let _permit = self.permit().await?;
+            let timeout = self.inner.settings.request_timeout;
+            let open = console::open(&self.inner.client, &self.inner.namespace, name);
+            match tokio::time::timeout(timeout, open).await {
+                Ok(result) => result,
+                Err(_) => Err(ClusterError::timed_out(
+                    &format!("console of VirtualMachineInstance {name}"),
+                    timeout,
+                )),
+            }
+        })
+    }
+
+    fn exec_pod<'a>(
+        &'a self,
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+    ) -> ClusterFuture<'a, Terminal> {
+        Box::pin(async move {
+            check_name("Pod", pod)?;
+            if command.is_empty() {
+                return Err(ClusterError::Invalid {
+                    message: "exec needs a command".to_owned(),
+                });
+            }
+            let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+            let process = self
+                .call(
+                    &format!("exec in Pod {pod}"),
+                    exec::attach(&api, pod, container, command),
+                )
+                .await?;
+            exec::terminal(process)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_could_escape_a_url_path_are_refused() {
+        for bad in [
+            "",
+            "a/b",
+            "../x",
+            "A",
+            "a b",
+            "-a",
+            "a-",
+            "x?y=1",
+            &"a".repeat(254),
+        ] {
+            assert!(check_name("Pod", bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "vm-1", "golden.ubuntu-22", "0abc"] {
+            assert!(check_name("Pod", good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn api_resources_name_the_real_groups() {
+        let vm = api_resource(Kind::VirtualMachine);
+        assert_eq!(vm.api_version, "kubevirt.io/v1");
+        assert_eq!(vm.plural, "virtualmachines");
+        let np = api_resource(Kind::NetworkPolicy);
+        assert_eq!(np.api_version, "networking.k8s.io/v1");
+        let secret = api_resource(Kind::Secret);
+        assert_eq!(secret.api_version, "v1");
+        assert_eq!(secret.group, "");
+    }
+}

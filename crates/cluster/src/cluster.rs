@@ -1,0 +1,204 @@
+//! The [`Cluster`] trait: every Kubernetes operation the server and the reaper perform.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::types::{
+    Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind, Lookup,
+    ObjectSummary, Page, Propagation, PvcFacts, VmiState,
+};
+use crate::{ClusterError, Terminal};
+
+/// The future every [`Cluster`] method returns: boxed, `Send`, borrowing its arguments.
+pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
+
+/// Everything ttlab does to Kubernetes, in one namespace.
+///
+/// Methods return boxed futures ([`ClusterFuture`]) rather than being `async fn`s, so the
+/// trait stays dyn-compatible: the server and the reaper hold an `Arc<dyn Cluster>`, and
+/// unit tests of pure logic may substitute their own implementation. The one real
+/// implementation is [`KubeCluster`](crate::KubeCluster).
+///
+/// Conventions: a missing object is `Ok(None)` / [`Deleted::AlreadyGone`] where absence is an
+/// answer (get, delete), and [`ClusterError::NotFound`] where it is a failure (the VMI of a
+/// console). Creates never update: an existing object is [`ClusterError::Conflict`].
+pub trait Cluster: Send + Sync {
+    /// The namespace every call works in.
+    fn namespace(&self) -> &str;
+
+    /// Creates a `kubevirt.io/v1` VirtualMachine from its JSON manifest (the object must say
+    /// `kind: VirtualMachine`; a missing namespace is filled in, a different one is refused).
+    /// Returns its uid, which the VM's Secret (and, in multi-VM sessions, the other objects)
+    /// name as their owner.
+    fn create_vm(&self, vm: serde_json::Value) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Secret. Create only — ttlab never updates or patches a Secret, so its owner
+    /// reference must be in `secret` already (create the VM first, then the Secret with
+    /// [`Created::owner_reference`] of the VM).
+    fn create_secret(&self, secret: Secret) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Service.
+    fn create_service(&self, service: Service) -> ClusterFuture<'_, Created>;
+
+    /// Creates a NetworkPolicy.
+    fn create_network_policy(&self, policy: NetworkPolicy) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Pod.
+    fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created>;
+
+    /// Reads one object's metadata by name; `Ok(None)` if it does not exist (the reaper's
+    /// direct get before it declares a session a ghost).
+    fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>>;
+
+    /// Reads one page of the objects of `kind` matching the label `selector`, starting at
+    /// `continue_token` (`None` for the first page). The page size is the client's setting.
+    fn list_page<'a>(
+        &'a self,
+        kind: Kind,
+        selector: &'a str,
+        continue_token: Option<String>,
+    ) -> ClusterFuture<'a, Page>;
+
+    /// Reads every object of `kind` matching `selector`, page by page (each page is a
+    /// separate call under the concurrency limit).
+    fn list_all<'a>(
+        &'a self,
+        kind: Kind,
+        selector: &'a str,
+    ) -> ClusterFuture<'a, Vec<ObjectSummary>> {
+        Box::pin(async move {
+            let mut all = Vec::new();
+            let mut token = None;
+            loop {
+                let page = self.list_page(kind, selector, token).await?;
+                all.extend(page.items);
+                match page.continue_token {
+                    Some(t) => token = Some(t),
+                    None => return Ok(all),
+                }
+            }
+        })
+    }
+
+    /// Deletes one object by name. A missing object is [`Deleted::AlreadyGone`], a success:
+    /// someone else already did it.
+    fn delete<'a>(
+        &'a self,
+        kind: Kind,
+        name: &'a str,
+        propagation: Propagation,
+    ) -> ClusterFuture<'a, Deleted>;
+
+    /// Counts the VirtualMachines in the namespace that ttlab manages, whatever their
+    /// environment (`ttlab_model::labels::managed_selector`): ghosts and the other
+    /// environment's VMs hold node memory too. VMs being deleted still count, since their
+    /// guests hold memory until they are gone.
+    fn count_live_vms(&self) -> ClusterFuture<'_, usize> {
+        Box::pin(async move {
+            let selector = ttlab_model::labels::managed_selector();
+            Ok(self.list_all(Kind::VirtualMachine, &selector).await?.len())
+        })
+    }
+
+    /// Observes a PersistentVolumeClaim in `namespace` (`None`: the client's namespace).
+    fn observe_pvc<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<PvcFacts>>;
+
+    /// Observes a CDI DataVolume in `namespace` (`None`: the client's namespace).
+    fn observe_data_volume<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<DataVolumeFacts>>;
+
+    /// Observes a CDI DataSource in the client's namespace.
+    fn observe_data_source<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> ClusterFuture<'a, Lookup<DataSourceFacts>>;
+
+    /// Observes a golden disk: resolves a DataSource to its current PVC, then observes that
+    /// PVC and the DataVolume named like it. Missing and forbidden objects are facts, not
+    /// errors; only failures to get an answer at all (transient errors) are errors.
+    fn observe_golden<'a>(&'a self, golden: &'a GoldenRef) -> ClusterFuture<'a, GoldenFacts> {
+        Box::pin(async move {
+            let (data_source, pvc_ref) = match golden {
+                GoldenRef::Pvc(name) => (None, Some((None, name.clone()))),
+                GoldenRef::DataSource(name) => {
+                    let ds = self.observe_data_source(name).await?;
+                    let target = ds
+                        .found()
+                        .and_then(|f| Some((f.pvc_namespace.clone(), f.pvc_name.clone()?)));
+                    (Some(ds), target)
+                }
+            };
+            let Some((namespace, pvc_name)) = pvc_ref else {
+                return Ok(GoldenFacts {
+                    data_source,
+                    pvc: None,
+                    data_volume: None,
+                });
+            };
+            let pvc = self.observe_pvc(namespace.as_deref(), &pvc_name).await?;
+            let data_volume = self
+                .observe_data_volume(namespace.as_deref(), &pvc_name)
+                .await?;
+            Ok(GoldenFacts {
+                data_source,
+                pvc: Some(pvc),
+                data_volume: Some(data_volume),
+            })
+        })
+    }
+
+    /// Reads a VMI's state; `Ok(None)` if there is no VMI of that name.
+    fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>>;
+
+    /// Waits, by watching (not polling), until the VMI `name` is `Running`, and returns its
+    /// state then. The VMI need not exist yet (KubeVirt creates it shortly after the VM).
+    ///
+    /// Fails with [`ClusterError::WaitTimedOut`] after `timeout`, carrying the last state
+    /// seen (a VMI whose PVC is missing stays `Pending` for ever: this timeout is the only
+    /// way out), and with [`ClusterError::VmiEnded`] as soon as the VMI is `Succeeded` or
+    /// `Failed`.
+    fn wait_vmi_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, VmiState>;
+
+    /// The VMI's IP address (`status.interfaces[0].ipAddress`), where its agent listens;
+    /// `Ok(None)` until reported. [`ClusterError::NotFound`] if there is no such VMI.
+    fn vmi_ip<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<IpAddr>> {
+        Box::pin(async move {
+            match self.vmi_state(name).await? {
+                Some(state) => Ok(state.ip),
+                None => Err(ClusterError::NotFound {
+                    message: format!("VirtualMachineInstance {name}"),
+                }),
+            }
+        })
+    }
+
+    /// Opens the VMI's serial console (`plain.kubevirt.io`: raw bytes in binary frames).
+    /// KubeVirt allows one console per VMI: opening one closes the previous connection.
+    /// [`ClusterError::ConsoleNotReady`] while the VMI is not running (retry each second),
+    /// [`ClusterError::Conflict`] if it has failed, [`ClusterError::NotFound`] if absent.
+    fn open_console<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Terminal>;
+
+    /// Runs `command` in a pod's container (`None`: the pod's only or default container)
+    /// with a TTY and stdin attached, for pod labs.
+    fn exec_pod<'a>(
+        &'a self,
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+    ) -> ClusterFuture<'a, Terminal>;
+}

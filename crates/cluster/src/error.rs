@@ -1,0 +1,265 @@
+//! The one error type of this crate, and the mapping from kube-rs errors onto it.
+
+use std::time::Duration;
+
+use crate::types::VmiState;
+
+/// Why a call to the cluster failed, in the terms a caller decides on.
+///
+/// Mapped from the Kubernetes `Status` (its HTTP code and `reason`), not from message text,
+/// except for quota rejections, which the API server reports as a plain 403 `Forbidden` whose
+/// message says `exceeded quota`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    /// The object does not exist (404).
+    #[error("not found: {message}")]
+    NotFound {
+        /// The server's message, or what was looked for.
+        message: String,
+    },
+    /// The service account may not do this (403, or 401: the credentials were refused).
+    #[error("forbidden: {message}")]
+    Forbidden {
+        /// The server's message.
+        message: String,
+    },
+    /// The object already exists, or was changed concurrently (409).
+    #[error("conflict: {message}")]
+    Conflict {
+        /// The server's message.
+        message: String,
+    },
+    /// A namespace ResourceQuota refused the object (403 whose message says `exceeded quota`).
+    #[error("quota exceeded: {message}")]
+    QuotaExceeded {
+        /// The server's message (names the quota, what was requested, used and limited).
+        message: String,
+    },
+    /// The request or object is malformed (422 `Invalid`, 400 `BadRequest`), or was refused
+    /// before it was sent because it could not be a valid object of the expected kind.
+    #[error("invalid: {message}")]
+    Invalid {
+        /// The server's (or the client-side check's) message.
+        message: String,
+    },
+    /// The VMI exists but its console cannot be opened yet (400 from the console subresource
+    /// while the VMI is not running). Retry after a second, as `virtctl` does.
+    #[error("console of VMI {name} not available yet: {message}")]
+    ConsoleNotReady {
+        /// The VMI.
+        name: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The API server could not answer now: a timeout, a 5xx, 429 Too Many Requests, a
+    /// connection error, or an expired list continuation. The same call may succeed later.
+    #[error("transient: {message}")]
+    Transient {
+        /// What went wrong.
+        message: String,
+    },
+    /// The VMI did not reach `Running` in time. Carries the last state seen (for instance
+    /// `Pending` with a `FailedPvcNotFound` condition), or `None` if no VMI ever appeared.
+    #[error("VMI {name} not Running after {waited:?}; last seen: {}", describe_last(last.as_deref()))]
+    WaitTimedOut {
+        /// The VMI waited for.
+        name: String,
+        /// How long the wait lasted.
+        waited: Duration,
+        /// The last state observed.
+        last: Option<Box<VmiState>>,
+    },
+    /// The VMI ended (`Succeeded` or `Failed`) while it was being waited for: it will not
+    /// become `Running` by itself.
+    #[error("VMI {name} ended before it was Running: {}", state.describe())]
+    VmiEnded {
+        /// The VMI.
+        name: String,
+        /// Its final state.
+        state: Box<VmiState>,
+    },
+    /// The server answered something this client does not understand (an undecodable body,
+    /// an unexpected status code, a failed WebSocket handshake).
+    #[error("unexpected answer from the API server: {message}")]
+    Unexpected {
+        /// What was unexpected.
+        message: String,
+    },
+    /// The client configuration (in-cluster environment or kubeconfig) could not be loaded.
+    #[error("cannot configure the Kubernetes client: {message}")]
+    Config {
+        /// Why.
+        message: String,
+    },
+}
+
+fn describe_last(last: Option<&VmiState>) -> String {
+    match last {
+        Some(state) => state.describe(),
+        None => "no VMI".to_owned(),
+    }
+}
+
+impl ClusterError {
+    /// Whether the same call may succeed if simply tried again later: transient failures and
+    /// a console that is not ready yet. A conflict, quota rejection, missing permission or
+    /// invalid object will fail the same way again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::ConsoleNotReady { .. })
+    }
+
+    /// Whether this is [`ClusterError::NotFound`].
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    /// Maps a Kubernetes `Status` (HTTP code, reason, message) onto a variant.
+    pub(crate) fn from_status(code: u16, reason: &str, message: &str) -> Self {
+        let message = if message.is_empty() {
+            format!("HTTP {code} {reason}")
+        } else {
+            message.to_owned()
+        };
+        match (code, reason) {
+            (404, _) | (_, "NotFound") => Self::NotFound { message },
+            (403, _) | (_, "Forbidden") if message.contains("exceeded quota") => {
+                Self::QuotaExceeded { message }
+            }
+            (401 | 403, _) | (_, "Forbidden" | "Unauthorized") => Self::Forbidden { message },
+            (409, _) | (_, "AlreadyExists" | "Conflict") => Self::Conflict { message },
+            (410, _) | (_, "Expired" | "Gone") => Self::Transient {
+                message: format!("expired, start again: {message}"),
+            },
+            (429, _)
+            | (500..=599, _)
+            | (
+                _,
+                "Timeout" | "ServerTimeout" | "TooManyRequests" | "ServiceUnavailable"
+                | "InternalError",
+            ) => Self::Transient {
+                message: format!("HTTP {code}: {message}"),
+            },
+            (400 | 422, _) | (_, "Invalid" | "BadRequest") => Self::Invalid { message },
+            _ => Self::Unexpected {
+                message: format!("HTTP {code} {reason}: {message}"),
+            },
+        }
+    }
+
+    /// Maps an error of the kube-rs client.
+    pub(crate) fn from_kube(err: kube::Error) -> Self {
+        match err {
+            kube::Error::Api(status) => {
+                Self::from_status(status.code, &status.reason, &status.message)
+            }
+            kube::Error::HyperError(e) => Self::Transient {
+                message: format!("connection: {e}"),
+            },
+            kube::Error::Service(e) => Self::Transient {
+                message: format!("connection: {e}"),
+            },
+            kube::Error::ReadEvents(e) => Self::Transient {
+                message: format!("reading the response: {e}"),
+            },
+            kube::Error::InferConfig(e) => Self::Config {
+                message: e.to_string(),
+            },
+            kube::Error::InferKubeconfig(e) => Self::Config {
+                message: e.to_string(),
+            },
+            kube::Error::Auth(e) => Self::Forbidden {
+                message: format!("authentication: {e}"),
+            },
+            kube::Error::UpgradeConnection(e) => Self::Unexpected {
+                message: format!("WebSocket upgrade: {e}"),
+            },
+            other => Self::Unexpected {
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// A client-side timeout of one API call.
+    pub(crate) fn timed_out(what: &str, after: Duration) -> Self {
+        Self::Transient {
+            message: format!("{what}: no answer within {after:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_the_variant_a_caller_decides_on() {
+        type Check = fn(&ClusterError) -> bool;
+        let cases: &[(u16, &str, &str, Check)] = &[
+            (404, "NotFound", "x not found", |e| {
+                matches!(e, ClusterError::NotFound { .. })
+            }),
+            (403, "Forbidden", "cannot get secrets", |e| {
+                matches!(e, ClusterError::Forbidden { .. })
+            }),
+            (
+                403,
+                "Forbidden",
+                "virtualmachines.kubevirt.io \"a\" is forbidden: exceeded quota: vms, requested: count/virtualmachines.kubevirt.io=1",
+                |e| matches!(e, ClusterError::QuotaExceeded { .. }),
+            ),
+            (401, "Unauthorized", "Unauthorized", |e| {
+                matches!(e, ClusterError::Forbidden { .. })
+            }),
+            (409, "AlreadyExists", "exists", |e| {
+                matches!(e, ClusterError::Conflict { .. })
+            }),
+            (409, "Conflict", "modified", |e| {
+                matches!(e, ClusterError::Conflict { .. })
+            }),
+            (422, "Invalid", "bad name", |e| {
+                matches!(e, ClusterError::Invalid { .. })
+            }),
+            (400, "BadRequest", "bad json", |e| {
+                matches!(e, ClusterError::Invalid { .. })
+            }),
+            (500, "InternalError", "boom", |e| {
+                matches!(e, ClusterError::Transient { .. })
+            }),
+            (503, "ServiceUnavailable", "", |e| {
+                matches!(e, ClusterError::Transient { .. })
+            }),
+            (504, "Timeout", "", |e| {
+                matches!(e, ClusterError::Transient { .. })
+            }),
+            (429, "TooManyRequests", "", |e| {
+                matches!(e, ClusterError::Transient { .. })
+            }),
+            (410, "Expired", "continue expired", |e| {
+                matches!(e, ClusterError::Transient { .. })
+            }),
+            (418, "Teapot", "", |e| {
+                matches!(e, ClusterError::Unexpected { .. })
+            }),
+        ];
+        for (code, reason, message, check) in cases {
+            let err = ClusterError::from_status(*code, reason, message);
+            assert!(check(&err), "{code} {reason}: got {err:?}");
+        }
+    }
+
+    #[test]
+    fn only_transient_failures_are_retryable() {
+        assert!(ClusterError::from_status(500, "InternalError", "").is_retryable());
+        assert!(ClusterError::from_status(429, "TooManyRequests", "").is_retryable());
+        assert!(!ClusterError::from_status(404, "NotFound", "").is_retryable());
+        assert!(!ClusterError::from_status(409, "AlreadyExists", "").is_retryable());
+        assert!(!ClusterError::from_status(403, "Forbidden", "exceeded quota: q").is_retryable());
+        assert!(!ClusterError::from_status(422, "Invalid", "").is_retryable());
+    }
+
+    #[test]
+    fn an_empty_message_still_says_what_happened() {
+        let err = ClusterError::from_status(503, "ServiceUnavailable", "");
+        assert!(err.to_string().contains("503"), "{err}");
+    }
+}

@@ -1,0 +1,44 @@
+//! Client-side settings of a [`KubeCluster`](crate::KubeCluster).
+
+use std::time::Duration;
+
+/// How a [`KubeCluster`](crate::KubeCluster) talks to the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The namespace of every object ttlab manages. `None`: the client's default (the
+    /// kubeconfig context's namespace, or the service account's namespace in a pod).
+    pub namespace: Option<String>,
+    /// The most API calls in flight at once from this client (a semaphore around every
+    /// call; a watch holds a permit only while it is being opened). Default 16, so a reaper
+    /// cycle cannot flood the API server. Values below 1 are treated as 1.
+    pub max_in_flight: usize,
+    /// Objects per page when listing (`limit`). Default 500, as kubectl uses.
+    pub page_size: u32,
+    /// How long one API call (not a watch, not a wait) may take before it counts as a
+    /// transient failure. Default 30 s.
+    pub request_timeout: Duration,
+    /// The field manager named on writes. Default `ttlab`.
+    pub field_manager: String,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            max_in_flight: 16,
+            page_size: 500,
+            request_timeout: Duration::from_secs(30),
+            field_manager: "ttlab".to_owned(),
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// The default settings in `namespace`.
+    pub fn in_namespace(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: Some(namespace.into()),
+            ..Self::default()
+        }
+    }
+}

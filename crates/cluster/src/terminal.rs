@@ -1,0 +1,35 @@
+//! A byte stream to and from a serial console or an exec'd process.
+
+use std::fmt;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::Sink;
+use futures::stream::BoxStream;
+
+use crate::ClusterError;
+
+/// The bytes that come out of the guest's serial console or the pod's process, in order.
+/// The stream ends when the remote side closes.
+pub type ByteStream = BoxStream<'static, Result<Bytes, ClusterError>>;
+
+/// Where bytes for the guest or process go (keystrokes). Closing it closes the connection.
+pub type ByteSink = Pin<Box<dyn Sink<Bytes, Error = ClusterError> + Send>>;
+
+/// An open interactive connection: a serial console (raw bytes in binary WebSocket frames,
+/// `plain.kubevirt.io`) or a pod exec with a TTY (stdout and stderr merged by the TTY).
+///
+/// Both halves are independent, so a relay can pump them in two tasks. Dropping both closes
+/// the connection.
+pub struct Terminal {
+    /// Bytes from the remote side.
+    pub output: ByteStream,
+    /// Bytes to the remote side.
+    pub input: ByteSink,
+}
+
+impl fmt::Debug for Terminal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Terminal").finish_non_exhaustive()
+    }
+}
