@@ -1,9 +1,218 @@
-//! The guest grading agent: the wire protocol between the server and `ttlab-agent`, the
-//! fixed paths the agent and cloud-init agree on, and (later in this crate) the token check,
-//! the command runner and the typed client the server uses.
+//! The guest grading agent: the wire protocol between the server and `ttlab-agent`, the fixed
+//! paths the agent and cloud-init agree on, the agent itself (token check, HTTP handling,
+//! command runner), and, behind the `client` feature, the typed async client the server uses
+//! for readiness and grading.
 //!
-//! The agent runs inside the student's VM and answers on TCP port [`protocol::PORT`]. Every
-//! request carries `Authorization: Bearer <token>`; the token is written by cloud-init to
-//! [`protocol::TOKEN_PATH`], readable only by root.
+//! It does not own what runs around it: cloud-init installs and starts the agent and writes its
+//! token and markers (the cloudinit crate), the server decides when to poll and what to grade
+//! (the api crate), and the network policy decides who can reach port [`protocol::PORT`].
+//!
+//! # The agent
+//!
+//! `ttlab-agent [--root DIR] [--listen ADDR:PORT]` ([`protocol::CLI_USAGE`]) serves HTTP/1.1
+//! on `0.0.0.0:8899`, one request per connection, at most
+//! [`protocol::MAX_CONCURRENT_REQUESTS`] at once (503 `busy` beyond). Every request needs
+//! `Authorization: Bearer <token>`, compared in constant time with the token file
+//! ([`protocol::TOKEN_PATH`], re-read for each request; 401 otherwise, 503
+//! `token_unavailable` while the file is missing or invalid).
+//!
+//! - `GET /v1/ready` → [`protocol::ReadyResponse`]: whether the readiness marker exists, and
+//!   the failure marker's text if the setup failed.
+//! - `POST /v1/exec` with [`protocol::ExecRequest`] → [`protocol::ExecResponse`]: runs
+//!   `/bin/sh -c COMMAND` as the agent's user in `/`, in its own process group, killed as a
+//!   group at the timeout (and when the shell exits, so nothing it started lingers); output is
+//!   capped at [`protocol::MAX_OUTPUT_BYTES`] per stream.
+//! - Malformed HTTP gets 400, an oversized head 431, an oversized body 413 (unread), a
+//!   request not received within 10 s 408; the agent keeps serving.
+//!
+//! Once listening it prints one line, [`protocol::LISTENING_PREFIX`] and the bound address, to
+//! standard output; requests are logged to standard error (never the token).
+//!
+//! # Where it runs
+//!
+//! The binary is linked dynamically against glibc and needs glibc ≥ 2.34
+//! ([`protocol::MIN_GLIBC`]): Ubuntu 22.04+, Debian 12+, RHEL 9+ and their derivatives. On an
+//! older guest it cannot start: the dynamic loader exits with
+//! ``version `GLIBC_2.34' not found``, the readiness marker is never reported, and the server
+//! times out. It needs nothing else on the guest but `/bin/sh`.
+//!
+//! # Size
+//!
+//! It travels gzip+base64 inside the cloud-init Secret (≤ 1 MiB), so the agent code path uses
+//! only std, serde_json, httparse and rustix (raw syscalls for process groups). Build the
+//! shipped binary with `cargo build -p ttlab-agent-bin --profile agent`.
+//!
+//! # Using the real binary in tests
+//!
+//! `bins/agent` has integration tests, so `cargo test --workspace` and
+//! `cargo nextest run --workspace` build `target/debug/ttlab-agent`; [`locate_binary`] finds it
+//! next to the running test executable. A crate whose tests need it alone should run
+//! `cargo build -p ttlab-agent-bin` first.
+//!
+//! # Example
+//!
+//! ```
+//! use ttlab_agent::protocol::{AgentToken, ExecRequest};
+//! use ttlab_agent::token;
+//!
+//! let token = AgentToken::from_random_bytes([7; 32]);
+//! let header = format!("Bearer {}", token.reveal());
+//! let presented = token::bearer(header.as_bytes()).expect("a bearer token");
+//! assert!(token::matches(&token, presented));
+//! assert!(!token::matches(&token, b"guess"));
+//!
+//! let body = serde_json::to_string(&ExecRequest { command: "systemctl is-active nginx".into(), timeout_ms: 5000 })?;
+//! assert_eq!(body, r#"{"command":"systemctl is-active nginx","timeout_ms":5000}"#);
+//! # Ok::<(), serde_json::Error>(())
+//! ```
 
+#[cfg(feature = "client")]
+mod client;
+mod http;
+mod paths;
 pub mod protocol;
+mod runner;
+mod server;
+pub mod token;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[cfg(feature = "client")]
+pub use client::AgentClient;
+pub use paths::AgentPaths;
+pub use server::{Agent, AgentConfig, REQUEST_TIMEOUT};
+
+/// Everything that can go wrong in this crate: starting the agent, and talking to one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The agent's command line is wrong (the text includes the usage line).
+    #[error("{0}")]
+    Usage(String),
+    /// The agent could not bind its listening socket.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// No TCP connection to the agent (refused, unreachable): the guest is not up yet, or the
+    /// agent is not running.
+    #[error("agent at {addr} unreachable: {source}")]
+    Unreachable {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// Why connecting failed.
+        source: std::io::Error,
+    },
+    /// The connection broke during the exchange.
+    #[error("connection to the agent at {addr} failed: {reason}")]
+    Transport {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// What failed.
+        reason: String,
+    },
+    /// No answer (or no connection) within the deadline.
+    #[error("agent at {addr} did not answer within {after:?}")]
+    Timeout {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The agent refused the token (401): the wrong VM, or a token mix-up.
+    #[error("agent at {addr} refused the token")]
+    Unauthorized {
+        /// The agent's address.
+        addr: SocketAddr,
+    },
+    /// The agent cannot serve now (503: `busy`, or `token_unavailable` while cloud-init has
+    /// not written the token yet); retrying later may succeed.
+    #[error("agent at {addr} unavailable ({code}): {message}")]
+    Unavailable {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// The error code ([`protocol::error_code`]).
+        code: String,
+        /// The agent's explanation.
+        message: String,
+    },
+    /// The agent refused the request (4xx other than 401, or 500).
+    #[error("agent at {addr} refused the request with {status} ({code}): {message}")]
+    Rejected {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// HTTP status.
+        status: u16,
+        /// The error code ([`protocol::error_code`]).
+        code: String,
+        /// The agent's explanation.
+        message: String,
+    },
+    /// The answer was not the agent protocol (wrong status, bad JSON, too large).
+    #[error("agent at {addr} answered outside the protocol: {reason}")]
+    BadResponse {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The request was not sent because it is invalid (for example a zero timeout).
+    #[error("invalid agent request: {0}")]
+    InvalidRequest(String),
+    /// The agent did not report ready (nor failed) within the allowed time.
+    #[error("agent at {addr} not ready after {after:?} (last: {last})")]
+    NotReady {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// How long it was polled.
+        after: Duration,
+        /// The last answer or error seen.
+        last: String,
+    },
+    /// [`locate_binary`] found no built `ttlab-agent`.
+    #[error("no ttlab-agent binary at {}; build it with `cargo build -p ttlab-agent-bin`", .searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or "))]
+    BinaryNotFound {
+        /// The places looked at.
+        searched: Vec<PathBuf>,
+    },
+}
+
+impl Error {
+    /// Whether the same request may succeed later (the guest is still booting, the agent is
+    /// busy, a connection dropped); the others need a human.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable { .. }
+                | Self::Transport { .. }
+                | Self::Timeout { .. }
+                | Self::Unavailable { .. }
+        )
+    }
+}
+
+/// The built `ttlab-agent` binary next to the running executable: `target/<profile>/ttlab-agent`
+/// seen from a test in `target/<profile>/deps/`, or from a binary in `target/<profile>/`.
+/// For tests and the simulator; a deployment knows where its agent is.
+pub fn locate_binary() -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe().map_err(|_| Error::BinaryNotFound {
+        searched: Vec::new(),
+    })?;
+    let mut searched = Vec::new();
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join("ttlab-agent");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        searched.push(candidate);
+        dir = d.parent();
+    }
+    Err(Error::BinaryNotFound { searched })
+}

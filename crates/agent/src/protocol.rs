@@ -71,6 +71,61 @@ pub struct ErrorResponse {
 /// above under DIR (for unprivileged tests); `--listen` defaults to `0.0.0.0:8899`.
 pub const CLI_USAGE: &str = "ttlab-agent [--root DIR] [--listen ADDR:PORT]";
 
+/// The agent prints exactly one line to standard output once it is listening:
+/// this prefix followed by the bound `ADDR:PORT` (so callers that pass port 0 learn the port
+/// without racing).
+pub const LISTENING_PREFIX: &str = "ttlab-agent listening on ";
+
+/// Oldest glibc the dynamically linked agent starts on (Ubuntu 22.04+, Debian 12+, RHEL 9+).
+/// On an older guest the dynamic loader refuses to start it with
+/// ``version `GLIBC_2.34' not found``.
+pub const MIN_GLIBC: &str = "2.34";
+
+/// Largest request body the agent reads; a longer `Content-Length` gets 413 unread.
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
+
+/// Largest request head (request line and headers) the agent reads; more gets 431.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
+
+/// Most request headers the agent accepts; more gets 431.
+pub const MAX_REQUEST_HEADERS: usize = 32;
+
+/// Bytes of standard output (and, separately, of standard error) kept per command; the rest is
+/// read and discarded, and the matching `*_truncated` flag is set.
+pub const MAX_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// Longest `timeout_ms` an exec request may ask for (one hour); 0 or more gets 400.
+pub const MAX_EXEC_TIMEOUT_MS: u64 = 60 * 60 * 1000;
+
+/// Requests the agent serves at once; one more gets 503 with the code [`error_code::BUSY`].
+pub const MAX_CONCURRENT_REQUESTS: usize = 4;
+
+/// The `error` values of [`ErrorResponse`].
+pub mod error_code {
+    /// 401: missing, malformed or wrong bearer token.
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    /// 503: the token file is missing or invalid, so no request can be authenticated yet.
+    pub const TOKEN_UNAVAILABLE: &str = "token_unavailable";
+    /// 503: the agent is serving [`super::MAX_CONCURRENT_REQUESTS`] requests already.
+    pub const BUSY: &str = "busy";
+    /// 400: malformed HTTP or an invalid JSON body.
+    pub const BAD_REQUEST: &str = "bad_request";
+    /// 404: no such path.
+    pub const NOT_FOUND: &str = "not_found";
+    /// 405: the path exists but not with this method.
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    /// 408: the request did not arrive in time.
+    pub const TIMEOUT: &str = "timeout";
+    /// 411: a body without `Content-Length` (chunked bodies are refused).
+    pub const LENGTH_REQUIRED: &str = "length_required";
+    /// 413: the body is larger than [`super::MAX_REQUEST_BODY_BYTES`].
+    pub const TOO_LARGE: &str = "too_large";
+    /// 431: too many or too large headers.
+    pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
+    /// 500: the agent could not run the command (for example `/bin/sh` is missing).
+    pub const INTERNAL: &str = "internal";
+}
+
 /// The per-VM bearer token: 256 random bits as 64 lowercase hex digits.
 ///
 /// It is a secret: `Debug` redacts it and it has no `Display`; only [`AgentToken::reveal`]

@@ -1,0 +1,309 @@
+//! The typed async client the server uses to ask an agent whether its guest is ready and to
+//! run grading commands. One HTTP/1.1 connection per request (the agent closes after each).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpStream;
+
+use crate::Error;
+use crate::protocol::{
+    AgentToken, ErrorResponse, ExecRequest, ExecResponse, MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES,
+    ReadyResponse,
+};
+
+/// Largest answer accepted: two capped output streams, JSON-escaped (at most 6 bytes per
+/// byte), plus room for the rest.
+const MAX_RESPONSE_BYTES: usize = 2 * 6 * MAX_OUTPUT_BYTES + 64 * 1024;
+/// Added to a command's own timeout for the HTTP exchange of an exec (the agent's kill and
+/// output grace, and the transfer).
+const EXEC_MARGIN: Duration = Duration::from_secs(15);
+/// First and longest pause between readiness polls.
+const POLL_FIRST: Duration = Duration::from_millis(200);
+const POLL_MAX: Duration = Duration::from_secs(2);
+
+/// A client for one agent.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    addr: SocketAddr,
+    token: AgentToken,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl AgentClient {
+    /// Default time to establish the TCP connection.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+    /// Default time for a whole `ready` exchange.
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// A client for the agent at `addr` (the VMI's IP and [`crate::protocol::PORT`]).
+    pub fn new(addr: SocketAddr, token: AgentToken) -> Self {
+        Self {
+            addr,
+            token,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The same client with other timeouts: `connect` for the TCP connection, `request` for a
+    /// whole `ready` exchange. `exec` waits for the command's own timeout plus a margin.
+    pub fn with_timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.request_timeout = request;
+        self
+    }
+
+    /// The agent's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `GET /v1/ready`: whether the setup finished (or failed).
+    pub async fn ready(&self) -> Result<ReadyResponse, Error> {
+        self.call(Method::GET, "/v1/ready", None, self.request_timeout)
+            .await
+    }
+
+    /// Polls [`ready`](Self::ready) with backoff (200 ms doubling to 2 s) until the agent
+    /// reports ready or a setup failure, for at most `within`. Retryable errors (guest still
+    /// booting, token not written yet, busy) are retried; others are returned at once. After
+    /// `within`, [`Error::NotReady`] names the last answer or error.
+    pub async fn wait_ready(&self, within: Duration) -> Result<ReadyResponse, Error> {
+        let start = Instant::now();
+        let mut pause = POLL_FIRST;
+        loop {
+            let last = match self.ready().await {
+                Ok(r) if r.ready || r.failed.is_some() => return Ok(r),
+                Ok(_) => "not ready yet".to_owned(),
+                Err(e) if e.is_retryable() => e.to_string(),
+                Err(e) => return Err(e),
+            };
+            let elapsed = start.elapsed();
+            if elapsed + pause > within {
+                return Err(Error::NotReady {
+                    addr: self.addr,
+                    after: elapsed,
+                    last,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
+    /// `POST /v1/exec`: runs `command` with `/bin/sh -c` in the guest; its process group is
+    /// killed after `timeout` (1 ms to one hour, else [`Error::InvalidRequest`]).
+    pub async fn exec(&self, command: &str, timeout: Duration) -> Result<ExecResponse, Error> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        if timeout_ms == 0 || timeout_ms > MAX_EXEC_TIMEOUT_MS {
+            return Err(Error::InvalidRequest(format!(
+                "exec timeout must be between 1 ms and {MAX_EXEC_TIMEOUT_MS} ms, got {timeout:?}"
+            )));
+        }
+        let body = serde_json::to_vec(&ExecRequest {
+            command: command.to_owned(),
+            timeout_ms,
+        })
+        .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.call(Method::POST, "/v1/exec", Some(body), timeout + EXEC_MARGIN)
+            .await
+    }
+
+    /// One request on a fresh connection, decoded as `T` on 200.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<T, Error> {
+        let addr = self.addr;
+        let stream =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        addr,
+                        after: self.connect_timeout,
+                    });
+                }
+                Ok(Err(source)) => return Err(Error::Unreachable { addr, source }),
+                Ok(Ok(stream)) => stream,
+            };
+        let _ = stream.set_nodelay(true);
+        let exchange = self.exchange(stream, method, path, body);
+        let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    addr,
+                    after: timeout,
+                });
+            }
+            Ok(result) => result?,
+        };
+        decode(addr, status, &bytes)
+    }
+
+    async fn exchange(
+        &self,
+        stream: TcpStream,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), Error> {
+        let addr = self.addr;
+        let transport = |e: hyper::Error| Error::Transport {
+            addr,
+            reason: e.to_string(),
+        };
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(transport)?;
+        let driver = AbortOnDrop(tokio::spawn(connection));
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, addr.to_string())
+            .header(
+                header::AUTHORIZATION,
+                format!("Bearer {}", self.token.reveal()),
+            );
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        let response = sender.send_request(request).await.map_err(transport)?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| match e.downcast::<hyper::Error>() {
+                Ok(e) => transport(*e),
+                Err(e) => Error::BadResponse {
+                    addr,
+                    reason: e.to_string(),
+                },
+            })?
+            .to_bytes();
+        drop(driver);
+        Ok((status, bytes))
+    }
+}
+
+/// Aborts the connection task when the exchange ends or is abandoned.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Maps a status and body to the typed answer or error.
+fn decode<T: DeserializeOwned>(
+    addr: SocketAddr,
+    status: StatusCode,
+    bytes: &[u8],
+) -> Result<T, Error> {
+    if status == StatusCode::OK {
+        return serde_json::from_slice(bytes).map_err(|e| Error::BadResponse {
+            addr,
+            reason: format!("undecodable answer: {e}"),
+        });
+    }
+    let (code, message) = match serde_json::from_slice::<ErrorResponse>(bytes) {
+        Ok(e) => (e.error, e.message),
+        Err(_) => (
+            String::new(),
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+        ),
+    };
+    match status.as_u16() {
+        401 => Err(Error::Unauthorized { addr }),
+        503 => Err(Error::Unavailable {
+            addr,
+            code,
+            message,
+        }),
+        s @ 400..=500 => Err(Error::Rejected {
+            addr,
+            status: s,
+            code,
+            message,
+        }),
+        s => Err(Error::BadResponse {
+            addr,
+            reason: format!("unexpected status {s}: {message}"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr() -> SocketAddr {
+        "127.0.0.1:8899".parse().unwrap()
+    }
+
+    #[test]
+    fn statuses_map_to_typed_errors() {
+        let body = br#"{"error":"busy","message":"later"}"#;
+        assert!(matches!(
+            decode::<ReadyResponse>(addr(), StatusCode::UNAUTHORIZED, b""),
+            Err(Error::Unauthorized { .. })
+        ));
+        let busy =
+            decode::<ReadyResponse>(addr(), StatusCode::SERVICE_UNAVAILABLE, body).unwrap_err();
+        assert!(matches!(&busy, Error::Unavailable { code, .. } if code == "busy"));
+        assert!(busy.is_retryable());
+        let big = decode::<ReadyResponse>(addr(), StatusCode::PAYLOAD_TOO_LARGE, body).unwrap_err();
+        assert!(matches!(big, Error::Rejected { status: 413, .. }));
+        assert!(!big.is_retryable());
+        let odd = decode::<ReadyResponse>(addr(), StatusCode::OK, b"<html>").unwrap_err();
+        assert!(matches!(odd, Error::BadResponse { .. }));
+        let ok = decode::<ReadyResponse>(addr(), StatusCode::OK, br#"{"ready":true}"#).unwrap();
+        assert_eq!(
+            ok,
+            ReadyResponse {
+                ready: true,
+                failed: None
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_timeouts_are_refused_before_connecting() {
+        let client = AgentClient::new(addr(), AgentToken::from_random_bytes([1; 32]));
+        for t in [
+            Duration::ZERO,
+            Duration::from_millis(MAX_EXEC_TIMEOUT_MS + 1),
+        ] {
+            assert!(matches!(
+                client.exec("true", t).await,
+                Err(Error::InvalidRequest(_))
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_and_retryable() {
+        // Bind then drop a listener so the port is (very likely) closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let client = AgentClient::new(port, AgentToken::from_random_bytes([1; 32]));
+        let err = client.ready().await.unwrap_err();
+        assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+        assert!(err.is_retryable());
+    }
+}

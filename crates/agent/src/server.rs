@@ -1,0 +1,489 @@
+//! The agent's HTTP server: std threads, one request per connection, a small concurrency
+//! limit.
+//!
+//! Each accepted connection takes one of [`MAX_CONCURRENT_REQUESTS`] slots and gets its own
+//! thread. Past the limit the connection gets 503 `busy` at once from a short-lived thread
+//! (itself bounded; past that bound the connection is simply closed). The request must arrive
+//! within [`REQUEST_TIMEOUT`]; that deadline covers the whole head and body, so a client
+//! trickling bytes cannot hold a slot longer.
+//!
+//! The token file is re-read for every request: the agent may start before cloud-init wrote
+//! the token (requests then get 503 `token_unavailable`, which a polling client retries), and
+//! a replaced token takes effect without a restart. Reading a 64-byte file per request costs
+//! nothing next to running a command.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::http::{self, Conn, Head, ReadError, Response};
+use crate::paths::AgentPaths;
+use crate::protocol::{
+    AgentToken, ExecRequest, MAX_CONCURRENT_REQUESTS, MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES,
+    MAX_REQUEST_BODY_BYTES, PORT, ReadyResponse, error_code,
+};
+use crate::{Error, runner, token};
+
+/// Time allowed for a whole request (head and body) to arrive.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for writing a response.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After refusing a request that was not read in full, how long unread bytes are still
+/// drained (so the client sees the answer rather than a reset) and how many at most.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1024 * 1024;
+/// Threads answering `busy` at once; connections beyond are closed unanswered.
+const MAX_REFUSING: usize = 16;
+/// Stack of a connection thread.
+const CONNECTION_STACK: usize = 256 * 1024;
+/// Largest failure-marker text returned by `/v1/ready`.
+const MAX_MARKER_BYTES: u64 = 4096;
+
+/// How the agent is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// Address to listen on (default `0.0.0.0:8899`).
+    pub listen: SocketAddr,
+    /// Token, markers and working directory.
+    pub paths: AgentPaths,
+}
+
+impl AgentConfig {
+    /// Parses the command line (without the program name):
+    /// `[--root DIR] [--listen ADDR:PORT]`, also as `--root=DIR`, `--listen=ADDR:PORT`.
+    /// `--help` is reported as [`Error::Usage`] too, with the usage text.
+    pub fn from_args(args: impl IntoIterator<Item = OsString>) -> Result<Self, Error> {
+        let usage =
+            |why: String| Error::Usage(format!("{why}\nusage: {}", crate::protocol::CLI_USAGE));
+        let mut root: Option<PathBuf> = None;
+        let mut listen = SocketAddr::from(([0, 0, 0, 0], PORT));
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let text = arg.to_string_lossy().into_owned();
+            let (flag, inline) = match text.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(OsString::from(v))),
+                _ => (text.clone(), None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| usage(format!("{name} needs a value")))
+            };
+            match flag.as_str() {
+                "--root" => {
+                    let dir = PathBuf::from(value("--root")?);
+                    if !dir.is_absolute() {
+                        return Err(usage(format!(
+                            "--root must be an absolute path, got {}",
+                            dir.display()
+                        )));
+                    }
+                    root = Some(dir);
+                }
+                "--listen" => {
+                    let v = value("--listen")?;
+                    let v = v.to_string_lossy();
+                    listen = v
+                        .parse()
+                        .map_err(|_| usage(format!("--listen wants ADDR:PORT, got {v:?}")))?;
+                }
+                "-h" | "--help" => {
+                    return Err(usage("ttlab-agent: the ttlab grading agent".into()));
+                }
+                other => return Err(usage(format!("unknown argument {other:?}"))),
+            }
+        }
+        Ok(Self {
+            listen,
+            paths: AgentPaths::under(root.as_deref()),
+        })
+    }
+}
+
+/// A bound agent, ready to [`run`](Agent::run).
+#[derive(Debug)]
+pub struct Agent {
+    listener: TcpListener,
+    paths: Arc<AgentPaths>,
+}
+
+impl Agent {
+    /// Binds the listening socket.
+    pub fn bind(config: AgentConfig) -> Result<Self, Error> {
+        let listener = TcpListener::bind(config.listen).map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        Ok(Self {
+            listener,
+            paths: Arc::new(config.paths),
+        })
+    }
+
+    /// The address actually bound (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves for ever. Connection errors are logged to stderr and never stop the loop.
+    pub fn run(self) -> ! {
+        let active = Arc::new(AtomicUsize::new(0));
+        let refusing = Arc::new(AtomicUsize::new(0));
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Typically out of file descriptors: back off instead of spinning.
+                    eprintln!("ttlab-agent: accept failed: {e}");
+                    thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            match Slot::take(&active, MAX_CONCURRENT_REQUESTS) {
+                Some(slot) => {
+                    let paths = Arc::clone(&self.paths);
+                    let spawned = thread::Builder::new()
+                        .name("ttlab-agent-conn".into())
+                        .stack_size(CONNECTION_STACK)
+                        .spawn(move || {
+                            let _slot = slot;
+                            serve_connection(stream, &paths);
+                        });
+                    if let Err(e) = spawned {
+                        eprintln!("ttlab-agent: cannot start a connection thread: {e}");
+                    }
+                }
+                None => {
+                    let Some(slot) = Slot::take(&refusing, MAX_REFUSING) else {
+                        continue; // dropping the stream closes it
+                    };
+                    let _ = thread::Builder::new()
+                        .name("ttlab-agent-busy".into())
+                        .stack_size(CONNECTION_STACK)
+                        .spawn(move || {
+                            let _slot = slot;
+                            refuse_busy(stream);
+                        });
+                }
+            }
+        }
+    }
+}
+
+/// One unit of a counted limit, released on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<Self> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(counter)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers 503 `busy` without reading the request.
+fn refuse_busy(mut stream: TcpStream) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let response = Response::error(
+        503,
+        error_code::BUSY,
+        format!("already serving {MAX_CONCURRENT_REQUESTS} requests; retry later"),
+    );
+    if response.write_to(&mut stream).is_ok() {
+        linger(&mut stream);
+    }
+    eprintln!("ttlab-agent: {} refused: busy", peer(&stream));
+}
+
+/// Reads, answers and logs one request.
+fn serve_connection(mut stream: TcpStream, paths: &AgentPaths) {
+    let started = Instant::now();
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let _ = stream.set_nodelay(true);
+    let deadline = started + REQUEST_TIMEOUT;
+    let (response, read_all, what) = match http::read_head(&mut stream, deadline) {
+        Ok(head) => {
+            let what = format!("{} {}", head.method, head.path);
+            let (response, read_all) = handle(&mut stream, &head, paths, deadline);
+            (Some(response), read_all, what)
+        }
+        Err(e) => (e.response(), false, describe_read_error(&e)),
+    };
+    let Some(response) = response else {
+        return;
+    };
+    let written = response.write_to(&mut stream);
+    if written.is_ok() && !read_all {
+        linger(&mut stream);
+    }
+    eprintln!(
+        "ttlab-agent: {} {what} -> {} ({} ms){}",
+        peer(&stream),
+        response.status,
+        started.elapsed().as_millis(),
+        written
+            .err()
+            .map(|e| format!(", answer not delivered: {e}"))
+            .unwrap_or_default()
+    );
+}
+
+fn describe_read_error(e: &ReadError) -> String {
+    match e {
+        ReadError::Malformed(why) => format!("malformed request ({why})"),
+        ReadError::HeadTooLarge => "oversized request head".into(),
+        ReadError::TimedOut => "request timed out".into(),
+        ReadError::Closed => "closed".into(),
+        ReadError::Io(e) => format!("connection error ({e})"),
+    }
+}
+
+/// Answers one parsed request; also says whether the whole request was read.
+fn handle(
+    conn: &mut impl Conn,
+    head: &Head,
+    paths: &AgentPaths,
+    deadline: Instant,
+) -> (Response, bool) {
+    let no_body = head.content_length.unwrap_or(0) == 0
+        && !head.transfer_encoding
+        && head.early_body.is_empty();
+    let Some(expected) = load_token(&paths.token) else {
+        let message = "the agent token is not configured yet".to_owned();
+        return (
+            Response::error(503, error_code::TOKEN_UNAVAILABLE, message),
+            no_body,
+        );
+    };
+    let presented = head.authorization.as_deref().and_then(token::bearer);
+    if !presented.is_some_and(|p| token::matches(&expected, p)) {
+        let message = "missing or wrong bearer token".to_owned();
+        return (
+            Response::error(401, error_code::UNAUTHORIZED, message),
+            no_body,
+        );
+    }
+    let path = head
+        .path
+        .split_once('?')
+        .map_or(head.path.as_str(), |(p, _)| p);
+    match (path, head.method.as_str()) {
+        ("/v1/ready", "GET") => (Response::ok(&ready(paths)), no_body),
+        ("/v1/exec", "POST") => exec(conn, head, paths, deadline),
+        ("/v1/ready", _) | ("/v1/exec", _) => {
+            let message = format!("{} is not allowed on {path}", head.method);
+            (
+                Response::error(405, error_code::METHOD_NOT_ALLOWED, message),
+                no_body,
+            )
+        }
+        _ => (
+            Response::error(404, error_code::NOT_FOUND, format!("no such path: {path}")),
+            no_body,
+        ),
+    }
+}
+
+/// The token in `path`, if the file exists and holds a valid token.
+fn load_token(path: &Path) -> Option<AgentToken> {
+    let mut text = String::new();
+    fs::File::open(path)
+        .ok()?
+        .take(1024)
+        .read_to_string(&mut text)
+        .ok()?;
+    AgentToken::parse(&text)
+}
+
+/// `GET /v1/ready`.
+fn ready(paths: &AgentPaths) -> ReadyResponse {
+    let failed = match fs::File::open(&paths.failed_marker) {
+        Ok(f) => {
+            let mut bytes = Vec::new();
+            Some(match f.take(MAX_MARKER_BYTES).read_to_end(&mut bytes) {
+                Ok(_) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+                Err(e) => format!("(failure marker unreadable: {e})"),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("(failure marker unreadable: {e})")),
+    };
+    ReadyResponse {
+        ready: matches!(fs::exists(&paths.ready_marker), Ok(true)),
+        failed,
+    }
+}
+
+/// `POST /v1/exec`.
+fn exec(
+    conn: &mut impl Conn,
+    head: &Head,
+    paths: &AgentPaths,
+    deadline: Instant,
+) -> (Response, bool) {
+    let len = match (head.content_length, head.transfer_encoding) {
+        (Some(len), false) => len,
+        _ => {
+            let message =
+                "send the body with a Content-Length (chunked bodies are not accepted)".to_owned();
+            return (
+                Response::error(411, error_code::LENGTH_REQUIRED, message),
+                false,
+            );
+        }
+    };
+    let len = match usize::try_from(len) {
+        Ok(len) if len <= MAX_REQUEST_BODY_BYTES => len,
+        _ => {
+            let message =
+                format!("body of {len} bytes is over the {MAX_REQUEST_BODY_BYTES}-byte limit");
+            return (Response::error(413, error_code::TOO_LARGE, message), false);
+        }
+    };
+    let body = match http::read_body(conn, head, len, deadline) {
+        Ok(body) => body,
+        Err(e) => {
+            let response = e.response().unwrap_or_else(|| {
+                Response::error(
+                    400,
+                    error_code::BAD_REQUEST,
+                    "the request body could not be read".into(),
+                )
+            });
+            return (response, false);
+        }
+    };
+    let request: ExecRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                Response::error(
+                    400,
+                    error_code::BAD_REQUEST,
+                    format!("invalid exec request: {e}"),
+                ),
+                true,
+            );
+        }
+    };
+    if request.timeout_ms == 0 || request.timeout_ms > MAX_EXEC_TIMEOUT_MS {
+        let message = format!(
+            "timeout_ms must be between 1 and {MAX_EXEC_TIMEOUT_MS}, got {}",
+            request.timeout_ms
+        );
+        return (Response::error(400, error_code::BAD_REQUEST, message), true);
+    }
+    let timeout = Duration::from_millis(request.timeout_ms);
+    let response = match runner::run(&request.command, timeout, &paths.workdir, MAX_OUTPUT_BYTES) {
+        Ok(result) => Response::ok(&result),
+        Err(e) => Response::error(
+            500,
+            error_code::INTERNAL,
+            format!("cannot run the command: {e}"),
+        ),
+    };
+    (response, true)
+}
+
+/// After an answer to a request that was not read in full: stop writing, then read and drop
+/// what the client still sends for a short while, so it sees the answer and not a reset.
+fn linger(stream: &mut TcpStream) {
+    let _ = stream.flush();
+    let _ = stream.shutdown(Shutdown::Write);
+    let end = Instant::now() + LINGER_TIME;
+    let mut drained = 0;
+    let mut sink = [0u8; 4096];
+    while drained < LINGER_BYTES {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
+fn peer(stream: &TcpStream) -> String {
+    stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Result<AgentConfig, Error> {
+        AgentConfig::from_args(list.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn defaults_to_all_interfaces_on_8899_with_real_paths() {
+        let c = args(&[]).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8899".parse().unwrap());
+        assert_eq!(c.paths, AgentPaths::under(None));
+    }
+
+    #[test]
+    fn root_and_listen_are_parsed_in_both_spellings() {
+        let c = args(&["--root", "/tmp/r", "--listen=127.0.0.1:0"]).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(c.paths, AgentPaths::under(Some(Path::new("/tmp/r"))));
+        let c = args(&["--root=/tmp/r", "--listen", "[::1]:9"]).unwrap();
+        assert_eq!(c.listen, "[::1]:9".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors_naming_the_problem() {
+        for (list, needle) in [
+            (&["--root"][..], "--root needs a value"),
+            (&["--root", "rel/dir"], "absolute"),
+            (&["--listen", "localhost"], "ADDR:PORT"),
+            (&["--verbose"], "unknown argument"),
+        ] {
+            match args(list) {
+                Err(Error::Usage(text)) => {
+                    assert!(text.contains(needle), "{text}");
+                    assert!(text.contains(crate::protocol::CLI_USAGE), "{text}");
+                }
+                other => panic!("{list:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ready_reports_markers() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = AgentPaths::under(Some(dir.path()));
+        assert_eq!(
+            ready(&paths),
+            ReadyResponse {
+                ready: false,
+                failed: None
+            }
+        );
+        fs::create_dir_all(paths.failed_marker.parent().unwrap()).unwrap();
+        fs::write(&paths.failed_marker, "setup.sh exited 1\n").unwrap();
+        assert_eq!(ready(&paths).failed.as_deref(), Some("setup.sh exited 1"));
+        fs::write(&paths.ready_marker, "").unwrap();
+        assert!(ready(&paths).ready);
+    }
+}
