@@ -1,0 +1,271 @@
+//! Loading lessons from disk: the samples load, and every bad lesson names file, line and cause.
+
+use std::path::{Path, PathBuf};
+
+use ttlab_lesson::{GoldenSource, LessonError, LessonSet, VmDisk, samples};
+use ttlab_model::Runtime;
+
+fn repo_lessons() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lessons")
+}
+
+const GOOD: &str = "\
+id: hello
+title: Hello
+runtime: vm
+image: quay.io/containerdisks/debian:12
+";
+
+/// Writes `text` as `name` in a fresh directory and loads that directory.
+fn load_one(name: &str, text: &str) -> Result<LessonSet, LessonError> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(name), text).unwrap();
+    LessonSet::load(dir.path())
+}
+
+/// Loads `text` and returns (file name, line, column, message) of the expected failure.
+fn invalid(text: &str) -> (String, Option<usize>, Option<usize>, String) {
+    match load_one("bad.yaml", text) {
+        Err(LessonError::Invalid { at, message }) => (
+            at.file.file_name().unwrap().to_string_lossy().into_owned(),
+            at.line,
+            at.column,
+            message,
+        ),
+        other => panic!("expected an invalid-lesson error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_shipped_lessons_load_from_the_repository_directory() {
+    let set = LessonSet::load(&repo_lessons()).unwrap();
+    let ids: Vec<_> = set.ids().map(|i| i.as_str().to_owned()).collect();
+    assert_eq!(ids, ["kubeadm-cluster", "systemd-basics"]);
+
+    let systemd = set.get(&"systemd-basics".parse().unwrap()).unwrap();
+    assert_eq!(systemd, &samples::systemd_basics());
+    assert_eq!(systemd.runtime, Runtime::Vm);
+    assert_eq!(systemd.memory.bytes(), 2 << 30);
+    assert_eq!(systemd.nodes.as_slice().len(), 1);
+    assert_eq!(systemd.nodes.first().as_str(), "vm");
+    assert!(
+        matches!(&systemd.vm_disk, VmDisk::Golden(g) if g.source == GoldenSource::Pvc("golden-debian-12".into()))
+    );
+    assert_eq!(systemd.grading.len(), 6);
+    let greeter = systemd
+        .files
+        .iter()
+        .find(|f| f.path.as_str() == "/opt/lab/bin/greeter")
+        .unwrap();
+    assert_eq!(greeter.mode.bits(), 0o755);
+    assert!(greeter.content.starts_with(b"#!/bin/sh\n"));
+
+    let kubeadm = set.get(&"kubeadm-cluster".parse().unwrap()).unwrap();
+    let nodes: Vec<_> = kubeadm.nodes.iter().map(|n| n.as_str()).collect();
+    assert_eq!(nodes, ["control-plane", "worker-1", "worker-2"]);
+    assert_eq!(kubeadm.setup_timeout.as_secs(), 900);
+    assert!(
+        matches!(&kubeadm.vm_disk, VmDisk::Golden(g) if g.source == GoldenSource::DataSource("ubuntu-2204".into()))
+    );
+    assert!(
+        kubeadm
+            .grading
+            .iter()
+            .any(|s| s.node.as_str() == "worker-2")
+    );
+
+    let at = set.source_of(&kubeadm.id).unwrap();
+    assert!(at.file.ends_with("kubeadm-cluster.yaml"));
+    assert_eq!(at.line, Some(3), "line of `id:`");
+}
+
+#[test]
+fn a_single_file_may_hold_several_lessons() {
+    let text = format!("{GOOD}---\n{}", GOOD.replace("hello", "second"));
+    let set = load_one("two.yml", &text).unwrap();
+    assert_eq!(set.len(), 2);
+    assert_eq!(
+        set.source_of(&"second".parse().unwrap()).unwrap().line,
+        Some(6)
+    );
+}
+
+#[test]
+fn defaults_apply() {
+    let set = load_one("hello.yaml", GOOD).unwrap();
+    let l = set.iter().next().unwrap();
+    assert_eq!(l.memory.as_str(), "4Gi");
+    assert_eq!(l.cores, 1);
+    assert_eq!(l.readiness_timeout.as_secs(), 150);
+    assert_eq!(l.setup_timeout.as_secs(), 600);
+    assert_eq!(l.vm_disk, VmDisk::Container);
+    assert!(l.files.is_empty() && l.grading.is_empty() && l.setup.is_none());
+}
+
+#[test]
+fn unknown_field_names_file_line_and_field() {
+    let (file, line, column, msg) = invalid(&format!(
+        "{GOOD}files:\n  - path: /etc/motd\n    content: hi\n    owner: root\n"
+    ));
+    assert_eq!(file, "bad.yaml");
+    assert_eq!((line, column), (Some(8), Some(5)));
+    assert!(msg.contains("unknown field `owner`"), "{msg}");
+    // At the top level too.
+    let (_, line, _, msg) = invalid(&format!("{GOOD}memroy: 2Gi\n"));
+    assert_eq!(line, Some(5));
+    assert!(msg.contains("unknown field `memroy`"), "{msg}");
+}
+
+#[test]
+fn missing_image_is_refused() {
+    let (_, line, _, msg) = invalid("id: hello\ntitle: Hello\nruntime: vm\n");
+    assert_eq!(line, Some(1));
+    assert!(msg.contains("missing field `image`"), "{msg}");
+    let (_, _, _, msg) = invalid(&GOOD.replace("quay.io/containerdisks/debian:12", "\"\""));
+    assert!(msg.contains("`image` is empty"), "{msg}");
+}
+
+#[test]
+fn relative_and_climbing_paths_are_refused_at_their_line() {
+    let (_, line, column, msg) = invalid(&format!(
+        "{GOOD}files:\n  - path: etc/motd\n    content: hi\n"
+    ));
+    assert_eq!((line, column), (Some(6), Some(11)));
+    assert!(msg.contains("relative"), "{msg}");
+    assert!(msg.contains("files[0].path"), "{msg}");
+    let (_, line, _, msg) = invalid(&format!(
+        "{GOOD}files:\n  - path: /opt/a\n    content: a\n  - path: /opt/lab/../../etc/shadow\n    content: hi\n"
+    ));
+    assert_eq!(line, Some(8));
+    assert!(msg.contains("`..`"), "{msg}");
+}
+
+#[test]
+fn duplicate_node_names_are_refused() {
+    let (_, line, _, msg) = invalid(&format!("{GOOD}nodes: [control-plane, worker, worker]\n"));
+    assert_eq!(line, Some(5));
+    assert!(msg.contains("duplicate node name `worker`"), "{msg}");
+    let (_, _, _, msg) = invalid(&format!("{GOOD}nodes: [Worker]\n"));
+    assert!(msg.contains("node name"), "{msg}");
+}
+
+#[test]
+fn unparsable_memory_is_refused() {
+    for (mem, why) in [
+        ("4GB", "unknown unit"),
+        ("lots", "expected a number"),
+        ("64Mi", "at least 128Mi"),
+        ("2.5", "unit"),
+    ] {
+        let (_, line, column, msg) = invalid(&format!("{GOOD}memory: {mem}\n"));
+        assert_eq!((line, column), (Some(5), Some(9)), "{mem}");
+        assert!(msg.contains("memory") && msg.contains(why), "{mem}: {msg}");
+    }
+}
+
+#[test]
+fn duplicate_lesson_ids_across_files_name_both_places() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
+    std::fs::write(dir.path().join("b.yml"), format!("# another\n{GOOD}")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a lesson").unwrap();
+    match LessonSet::load(dir.path()) {
+        Err(e @ LessonError::DuplicateId { .. }) => {
+            let LessonError::DuplicateId { id, at, first } = &e else {
+                unreachable!()
+            };
+            assert_eq!(id.as_str(), "hello");
+            assert!(at.file.ends_with("b.yml") && at.line == Some(2), "{at}");
+            assert!(
+                first.file.ends_with("a.yaml") && first.line == Some(1),
+                "{first}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("b.yml:2:1: duplicate lesson id `hello`"),
+                "{text}"
+            );
+            assert!(text.contains("a.yaml:1:1"), "{text}");
+        }
+        other => panic!("expected a duplicate id, got {other:?}"),
+    }
+}
+
+#[test]
+fn cross_field_mistakes_are_explained() {
+    for (extra, why) in [
+        ("vm_disk: golden\n", "needs a `golden` section"),
+        (
+            "vm_disk: container\ngolden: {pvc: g}\n",
+            "`vm_disk` is `container`",
+        ),
+        ("golden: {pvc: g, data_source: d}\n", "exactly one of `pvc`"),
+        (
+            "golden: {pvc: Golden_Disk}\n",
+            "not a valid Kubernetes object name",
+        ),
+        ("cores: 0\n", "`cores` is 0"),
+        ("setup_timeout_seconds: 0\n", "at least 1"),
+        (
+            "files:\n  - {path: /a, content: x}\n  - {path: /a, content: y}\n",
+            "appears twice",
+        ),
+        ("files:\n  - {path: /a}\n", "missing `content`"),
+        (
+            "files:\n  - {path: /a, content: x, content_base64: eA==}\n",
+            "not both",
+        ),
+        (
+            "files:\n  - {path: /a, content_base64: '***'}\n",
+            "not valid base64",
+        ),
+        ("files:\n  - {path: /a, content: x, mode: 644}\n", "quoted"),
+        (
+            "files:\n  - {path: /etc/ttlab/agent.token, content: x}\n",
+            "reserved",
+        ),
+        (
+            "grading:\n  - {name: a, command: 'true', node: worker}\n",
+            "not one of the lesson's nodes",
+        ),
+        (
+            "grading:\n  - {name: a, command: 'true'}\n  - {name: a, command: 'false'}\n",
+            "duplicate step name",
+        ),
+        (
+            "grading:\n  - {name: a, command: 'true', expect_exit: 300}\n",
+            "exit codes are 0 to 255",
+        ),
+        ("runtime: pod\n", "duplicate field"),
+    ] {
+        let (_, line, _, msg) = invalid(&format!("{GOOD}{extra}"));
+        assert!(line.is_some(), "{extra}: no line in {msg}");
+        assert!(msg.contains(why), "{extra}: {msg}");
+    }
+    let (_, _, _, msg) = invalid(&GOOD.replace("runtime: vm", "runtime: pod\nnodes: [a, b]"));
+    assert!(msg.contains("exactly one node"), "{msg}");
+    let (_, _, _, msg) = invalid(&GOOD.replace("runtime: vm", "runtime: kvm"));
+    assert!(msg.contains("unknown variant `kvm`"), "{msg}");
+}
+
+#[test]
+fn binary_content_round_trips_through_base64() {
+    let set = load_one("bin.yaml", &format!("{GOOD}files:\n  - path: /opt/blob\n    mode: '0600'\n    content_base64: |\n      AAEC\n      /w==\n")).unwrap();
+    let f = &set.iter().next().unwrap().files[0];
+    assert_eq!(f.content, [0, 1, 2, 0xff]);
+    assert_eq!(f.mode.bits(), 0o600);
+}
+
+#[test]
+fn empty_and_unreadable_sources_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        LessonSet::load(dir.path()),
+        Err(LessonError::Empty { .. })
+    ));
+    let err = LessonSet::load(&dir.path().join("missing.yaml")).unwrap_err();
+    assert!(matches!(err, LessonError::Io { .. }));
+    assert!(err.to_string().contains("missing.yaml"), "{err}");
+    let (_, line, _, msg) = invalid("id: [unclosed\n");
+    assert!(line.is_some(), "{msg}");
+}
