@@ -334,3 +334,55 @@ fn locate_binary_finds_the_built_agent() {
             .unwrap()
     );
 }
+
+#[test]
+fn deeply_nested_json_is_a_clean_400() {
+    let agent = RunningAgent::start();
+    for json in [
+        format!(r#"{{"command":{}"#, "[".repeat(60_000)),
+        format!(r#"{{"x":{}"#, "{\"a\":".repeat(10_000)),
+    ] {
+        let (status, body) = agent.exec_json(&json);
+        assert_eq!(status, 400, "{body}");
+    }
+    assert_eq!(exec(&agent, "echo alive", 5_000).stdout, "alive\n");
+}
+
+#[test]
+fn a_client_expecting_100_continue_gets_it_before_sending_the_body() {
+    let agent = RunningAgent::start();
+    let mut stream = TcpStream::connect(agent.addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let json = r#"{"command":"echo continued","timeout_ms":5000}"#;
+    let head = format!(
+        "POST /v1/exec HTTP/1.1\r\n{}Expect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        agent.auth(),
+        json.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut interim = [0u8; 25];
+    std::io::Read::read_exact(&mut stream, &mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(json.as_bytes()).unwrap();
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("continued"), "{body}");
+}
+
+#[test]
+fn this_build_of_the_agent_fits_a_cloud_init_secret() {
+    use std::io::Write as _;
+    let binary = std::fs::read(env!("CARGO_BIN_EXE_ttlab-agent")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&binary).unwrap();
+    let gz = gz.finish().unwrap();
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &gz);
+    eprintln!(
+        "ttlab-agent: {} bytes raw, {} gzipped, {} base64",
+        binary.len(),
+        gz.len(),
+        b64.len()
+    );
+    // Leave at least a quarter of the 1 MiB Secret to the lab files and the rest of cloud-init.
+    assert!(b64.len() < 768 * 1024, "{} bytes of base64", b64.len());
+}

@@ -36,6 +36,8 @@ pub struct Head {
     pub content_length: Option<u64>,
     /// Whether a `Transfer-Encoding` header was sent.
     pub transfer_encoding: bool,
+    /// Whether the client waits for `100 Continue` before sending the body.
+    pub expect_continue: bool,
     /// Body bytes that arrived together with the head.
     pub early_body: Vec<u8>,
 }
@@ -123,6 +125,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
     let mut auth_count = 0;
     let mut content_length = None;
     let mut transfer_encoding = false;
+    let mut expect_continue = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("authorization") {
             auth_count += 1;
@@ -142,6 +145,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
             content_length = Some(value);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             transfer_encoding = true;
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
     }
     Ok(Some(Head {
@@ -150,17 +155,23 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
         authorization: if auth_count == 1 { authorization } else { None },
         content_length,
         transfer_encoding,
+        expect_continue,
         early_body: buf[len..].to_vec(),
     }))
 }
 
-/// Reads exactly `len` body bytes (some may have arrived with the head) before `deadline`.
+/// Reads exactly `len` body bytes (some may have arrived with the head) before `deadline`,
+/// first answering `100 Continue` if the client waits for it.
 pub fn read_body(
     conn: &mut impl Conn,
     head: &Head,
     len: usize,
     deadline: Instant,
 ) -> Result<Vec<u8>, ReadError> {
+    if head.expect_continue && head.early_body.is_empty() && len > 0 {
+        conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .map_err(ReadError::Io)?;
+    }
     let mut body = head.early_body.clone();
     if body.len() > len {
         // Bytes after the body: one request per connection, so a pipelined request is refused.

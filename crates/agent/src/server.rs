@@ -41,7 +41,7 @@ const LINGER_BYTES: usize = 1024 * 1024;
 /// Threads answering `busy` at once; connections beyond are closed unanswered.
 const MAX_REFUSING: usize = 16;
 /// Stack of a connection thread.
-const CONNECTION_STACK: usize = 256 * 1024;
+const CONNECTION_STACK: usize = 1024 * 1024;
 /// Largest failure-marker text returned by `/v1/ready`.
 const MAX_MARKER_BYTES: u64 = 4096;
 
