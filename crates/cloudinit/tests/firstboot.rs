@@ -1,0 +1,226 @@
+//! Runs the rendered first-boot script for real (with `sh`), its guest paths moved into a
+//! temporary directory and `systemctl`/`getconf` replaced by recording stand-ins: the
+//! readiness marker appears only after a successful setup, and every failure leaves the
+//! failure marker with its reason instead.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ttlab_agent::protocol::{FAILED_MARKER_PATH, READY_MARKER_PATH};
+use ttlab_cloudinit::{FIRSTBOOT_PATH, POWEROFF_CHECK_PATH, SETUP_LOG_PATH, SETUP_PATH};
+use ttlab_lesson::samples;
+
+struct Guest {
+    dir: tempfile::TempDir,
+}
+
+struct Outcome {
+    success: bool,
+    ready: Option<String>,
+    failed: Option<String>,
+    /// `systemctl` calls, the power-off check and the setup, in the order they happened.
+    events: Vec<String>,
+    console: String,
+}
+
+impl Guest {
+    /// `glibc` is what `getconf GNU_LIBC_VERSION` prints (empty: it fails, as on musl);
+    /// `agent_starts` whether `systemctl enable --now ttlab-agent.service` succeeds.
+    fn new(glibc: &str, agent_starts: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let events = dir.path().join("events");
+        let agent_rc = if agent_starts { 0 } else { 1 };
+        write_exec(
+            &bin.join("systemctl"),
+            &format!(
+                "#!/bin/sh\necho \"systemctl $*\" >> {events}\ncase \"$*\" in *ttlab-agent*) exit {agent_rc};; esac\nexit 0\n",
+                events = events.display()
+            ),
+        );
+        let getconf = if glibc.is_empty() {
+            "#!/bin/sh\nexit 1\n".to_owned()
+        } else {
+            format!("#!/bin/sh\necho '{glibc}'\n")
+        };
+        write_exec(&bin.join("getconf"), &getconf);
+        write_exec(
+            &dir.path().join("poweroff-check"),
+            &format!("#!/bin/sh\necho poweroff-check >> {}\n", events.display()),
+        );
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Renders `setup` with `timeout` seconds, moves the guest paths here and runs first boot.
+    fn boot(&self, setup: Option<&str>, timeout: u64) -> Outcome {
+        let mut lesson = samples::systemd_basics();
+        lesson.setup = setup.map(|s| s.replace("EVENTS", &self.path("events")));
+        lesson.setup_timeout = Duration::from_secs(timeout);
+        let parsed = common::parse(common::render(&lesson, "vm").as_str());
+        if lesson.setup.is_some() {
+            write_exec(Path::new(&self.path("setup")), &parsed.text(SETUP_PATH));
+        }
+        let script = parsed
+            .text(FIRSTBOOT_PATH)
+            .replace(READY_MARKER_PATH, &self.path("state/ready"))
+            .replace(FAILED_MARKER_PATH, &self.path("state/failed"))
+            .replace(POWEROFF_CHECK_PATH, &self.path("poweroff-check"))
+            .replace(SETUP_LOG_PATH, &self.path("setup.log"))
+            .replace(SETUP_PATH, &self.path("setup"))
+            .replace("/dev/console", &self.path("console"));
+        assert!(!script.contains("/var/lib/ttlab") && !script.contains("/usr/local/lib/ttlab"));
+        std::fs::write(self.path("firstboot"), script).unwrap();
+        let path = format!(
+            "{}:{}",
+            self.path("bin"),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = Command::new("sh")
+            .arg(self.path("firstboot"))
+            .env("PATH", path)
+            .status()
+            .unwrap();
+        let read = |name: &str| std::fs::read_to_string(self.path(name)).ok();
+        Outcome {
+            success: status.success(),
+            ready: read("state/ready"),
+            failed: read("state/failed"),
+            events: read("events")
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect(),
+            console: read("console").unwrap_or_default(),
+        }
+    }
+}
+
+fn write_exec(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+const MODERN: &str = "glibc 2.36";
+
+#[test]
+fn a_successful_setup_ends_with_the_readiness_marker_after_everything_else() {
+    let g = Guest::new(MODERN, true);
+    let o = g.boot(
+        Some("#!/bin/sh\necho \"setup on $TTLAB_NODE of $TTLAB_LESSON\" >> EVENTS\n"),
+        30,
+    );
+    assert!(o.success);
+    assert_eq!(o.ready.as_deref(), Some("ready\n"));
+    assert_eq!(o.failed, None);
+    assert_eq!(
+        o.events,
+        [
+            "systemctl daemon-reload",
+            "systemctl enable --now ttlab-poweroff.timer",
+            "poweroff-check",
+            "systemctl enable --now ttlab-agent.service",
+            "systemctl restart serial-getty@ttyS0.service",
+            "setup on vm of systemd-basics",
+        ]
+    );
+    assert!(
+        o.console.contains("ttlab: the lab is ready"),
+        "{}",
+        o.console
+    );
+}
+
+#[test]
+fn a_failing_setup_writes_the_reason_and_never_the_marker() {
+    let g = Guest::new(MODERN, true);
+    std::fs::create_dir_all(g.path("state")).unwrap();
+    std::fs::write(g.path("state/ready"), "stale from a previous boot").unwrap();
+    let o = g.boot(
+        Some("echo 'E: Unable to locate package kubeadm' >&2\nexit 3\n"),
+        30,
+    );
+    assert!(!o.success);
+    assert_eq!(
+        o.ready, None,
+        "a stale marker is removed and no new one written"
+    );
+    let failed = o.failed.unwrap();
+    assert!(
+        failed.starts_with("the setup script exited with status 3\n"),
+        "{failed}"
+    );
+    assert!(
+        failed.contains("E: Unable to locate package kubeadm"),
+        "{failed}"
+    );
+    assert!(
+        o.console.contains("the lab could not be prepared"),
+        "{}",
+        o.console
+    );
+}
+
+#[test]
+fn a_hung_setup_is_killed_at_its_timeout() {
+    let g = Guest::new(MODERN, true);
+    let o = g.boot(Some("#!/bin/sh\nsleep 30\n"), 1);
+    assert!(!o.success);
+    assert_eq!(o.ready, None);
+    assert_eq!(
+        o.failed.as_deref(),
+        Some("the setup script did not finish within 1 s\n")
+    );
+}
+
+#[test]
+fn a_guest_too_old_for_the_agent_fails_with_that_reason() {
+    for (glibc, reason) in [
+        ("glibc 2.31", "glibc 2.31 is older than 2.34"),
+        ("glibc 1.99", "glibc 1.99 is older than 2.34"),
+        ("", "no glibc found"),
+    ] {
+        let g = Guest::new(glibc, true);
+        let o = g.boot(Some("echo setup >> EVENTS\n"), 30);
+        assert!(!o.success);
+        assert_eq!(o.ready, None);
+        let failed = o.failed.unwrap();
+        assert!(failed.contains(reason), "{glibc}: {failed}");
+        assert!(o.console.contains(reason), "{glibc}: {}", o.console);
+        assert!(
+            o.events.contains(&"poweroff-check".to_owned()),
+            "the deadline is armed first"
+        );
+        assert!(
+            !o.events
+                .iter()
+                .any(|e| e.contains("ttlab-agent") || e == "setup"),
+            "{:?}",
+            o.events
+        );
+    }
+    let o = Guest::new("glibc 2.34", true).boot(None, 30);
+    assert!(o.success && o.ready.is_some());
+    let o = Guest::new("glibc 3.0", true).boot(None, 30);
+    assert!(o.success && o.ready.is_some());
+}
+
+#[test]
+fn an_agent_that_does_not_start_fails_the_lab() {
+    let o = Guest::new(MODERN, false).boot(Some("echo setup >> EVENTS\n"), 30);
+    assert!(!o.success);
+    assert_eq!(o.ready, None);
+    assert_eq!(
+        o.failed.as_deref(),
+        Some("the grading agent service did not start\n")
+    );
+    assert!(!o.events.contains(&"setup".to_owned()));
+}
