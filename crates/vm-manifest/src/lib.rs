@@ -27,7 +27,7 @@
 //!     session: "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap(),
 //!     env: "dev".parse().unwrap(),
 //!     lesson: "systemd-basics".parse().unwrap(),
-//!     namespace: "ttlab-vms".into(),
+//!     namespace: Some("ttlab-vms".into()),
 //!     image: "quay.io/containerdisks/debian:12".into(),
 //!     memory: "4Gi".into(),
 //!     cores: 2,
@@ -126,8 +126,9 @@ pub struct SessionVms {
     pub env: EnvName,
     /// The lesson.
     pub lesson: LessonId,
-    /// Namespace of every object.
-    pub namespace: String,
+    /// Namespace of every object; `None` leaves `metadata.namespace` unset (the namespaced
+    /// API call sets it).
+    pub namespace: Option<String>,
     /// Container-disk image (used unless the disk decision is golden).
     pub image: String,
     /// Guest memory as a Kubernetes quantity; also the memory request.
@@ -233,8 +234,10 @@ fn validate(input: &SessionVms) -> Result<(), ManifestError> {
     {
         return Err(ManifestError::NoClaim);
     }
-    if EnvName::new(input.namespace.as_str()).is_err() {
-        return Err(ManifestError::BadNamespace(input.namespace.clone()));
+    if let Some(ns) = &input.namespace
+        && EnvName::new(ns.as_str()).is_err()
+    {
+        return Err(ManifestError::BadNamespace(ns.clone()));
     }
     if input.termination_grace_period_seconds < 0 {
         return Err(ManifestError::BadGracePeriod(
@@ -297,7 +300,7 @@ fn render_vm(input: &SessionVms, node: &NodeName, multi: bool) -> VirtualMachine
         kind: KIND.to_owned(),
         metadata: ObjectMeta {
             name: Some(vm_name(input.session, node)),
-            namespace: Some(input.namespace.clone()),
+            namespace: input.namespace.clone(),
             labels: Some(labels.clone()),
             ..ObjectMeta::default()
         },

@@ -32,7 +32,7 @@ fn vm_selector(input: &SessionVms) -> std::collections::BTreeMap<String, String>
 fn meta(input: &SessionVms, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
-        namespace: Some(input.namespace.clone()),
+        namespace: input.namespace.clone(),
         labels: Some(object_labels(input, None, COMPONENT_SESSION_NETWORK)),
         ..ObjectMeta::default()
     }

@@ -22,7 +22,7 @@ fn input(nodes: &[&str], disk: DiskDecision) -> SessionVms {
         session: "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap(),
         env: "dev".parse().unwrap(),
         lesson: "kubeadm-cluster".parse().unwrap(),
-        namespace: "ttlab-vms".into(),
+        namespace: Some("ttlab-vms".into()),
         image: "quay.io/containerdisks/ubuntu:22.04".into(),
         memory: "4Gi".into(),
         cores: 2,
@@ -392,7 +392,7 @@ fn bad_input_is_refused_with_a_reason() {
         ),
         (
             SessionVms {
-                namespace: "Bad_NS".into(),
+                namespace: Some("Bad_NS".into()),
                 ..ok.clone()
             },
             ManifestError::BadNamespace("Bad_NS".into()),
