@@ -1,3 +1,210 @@
-//! Postgres store: schema, migrations, queries per table and LISTEN/NOTIFY channels; the only channel between server and reaper.
+//! The PostgreSQL store: the schema (embedded migrations), the queries — one module per table —
+//! the LISTEN/NOTIFY channels and the advisory locks through which the server and the reaper
+//! talk. It is the only channel between them, and the only crate that holds SQL.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! It owns persistence and nothing else: it never decides *when* a session expires (that is
+//! `ttlab-lifespan`, fed with [`Store::db_now`]), never talks to Kubernetes, and refuses any
+//! status change the model's state machine ([`SessionStatus::can_become`]) forbids — such a
+//! request fails before a statement is sent. Status changes are conditional and report whether
+//! they applied, so two writers racing for the same row can both retry safely.
+//!
+//! [`ephemeral`] starts throwaway PostgreSQL clusters from the machine's server binaries
+//! (for tests and the demo); [`testing::TestDb`] gives each test a fresh, migrated database.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), ttlab_store::StoreError> {
+//! use ttlab_store::{Store, StoreOptions};
+//!
+//! let store = Store::connect("postgres://ttlab:secret@127.0.0.1:5432/ttlab", StoreOptions::default()).await?;
+//! store.migrate().await?;
+//! let now = store.db_now().await?;
+//! let env = "dev".parse().unwrap();
+//! let due = store.sessions().list_expired(&env, now, 100).await?;
+//! # let _ = due; Ok(()) }
+//! ```
+//!
+//! Errors never show a password and always fit on one line:
+//!
+//! ```
+//! let err = ttlab_store::DbUrl::parse("postgres://ttlab:hunter2@127.0.0.1:notaport/ttlab").unwrap_err();
+//! assert!(err.to_string().starts_with("invalid database URL postgres://ttlab:***@127.0.0.1:notaport/ttlab"));
+//! ```
+//!
+//! [`SessionStatus::can_become`]: ttlab_model::SessionStatus::can_become
+
+pub mod collect_requests;
+pub mod ephemeral;
+mod error;
+pub mod locks;
+mod migrate;
+pub mod notify;
+pub mod reaper_cycles;
+pub mod sessions;
+pub mod testing;
+mod url;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+
+pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
+pub use error::StoreError;
+pub use locks::{CapacityGuard, LeaderLock};
+pub use migrate::{MigrationReport, SCHEMA_VERSION};
+pub use notify::{Channel, Listener, Notification};
+pub use reaper_cycles::{
+    CycleError, CycleId, CycleTrigger, Direction, DirectionCount, NewCycle, ReaperCycle,
+    ReaperCycles,
+};
+pub use sessions::{DiskKind, NewSession, Session, SessionTimes, SessionVm, Sessions, Stage};
+pub use url::{DEFAULT_CONNECT_TIMEOUT, DbUrl, redact};
+
+/// Pool settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Most connections the pool opens (default 16).
+    pub max_connections: usize,
+    /// How long a caller waits for a free connection before failing (default 10 s).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A handle on the database: a connection pool plus the URL it came from. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    url: Arc<DbUrl>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("target", &self.url.target())
+            .finish()
+    }
+}
+
+impl Store {
+    /// Parses `url`, builds the pool and opens one connection, so a wrong URL, an unreachable
+    /// server or a bad password fails here with a one-line message naming host and database.
+    pub async fn connect(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
+        let store = Self::open(DbUrl::parse(url)?, options)?;
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Builds the pool without connecting; connections open on first use.
+    pub fn open(url: DbUrl, options: StoreOptions) -> Result<Self, StoreError> {
+        if options.max_connections == 0 {
+            return Err(StoreError::InvalidArgument(
+                "max_connections must be at least 1",
+            ));
+        }
+        let manager = Manager::from_config(
+            url.config().clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.max_connections)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.acquire_timeout))
+            .create_timeout(Some(
+                url.config()
+                    .get_connect_timeout()
+                    .copied()
+                    .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            ))
+            .build()
+            .map_err(|e| StoreError::Connect {
+                target: url.target().to_owned(),
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            pool,
+            url: Arc::new(url),
+        })
+    }
+
+    /// `host:port/database` of the server, for messages and logs.
+    pub fn target(&self) -> &str {
+        self.url.target()
+    }
+
+    /// The URL the store was opened with.
+    pub fn url(&self) -> &DbUrl {
+        &self.url
+    }
+
+    /// Checks a connection can be had and the server answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(StoreError::query("ping"))?;
+        Ok(())
+    }
+
+    /// The database clock. Every comparison against "now" in the running system uses this, so
+    /// server replicas and the reaper agree whatever their own clocks say.
+    pub async fn db_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT now()", &[])
+            .await
+            .map_err(StoreError::query("reading the database clock"))?;
+        row.try_get(0)
+            .map_err(StoreError::query("reading the database clock"))
+    }
+
+    /// Queries on the `sessions` table.
+    pub fn sessions(&self) -> Sessions<'_> {
+        Sessions::new(self)
+    }
+
+    /// Queries on the `reaper_cycles` table.
+    pub fn reaper_cycles(&self) -> ReaperCycles<'_> {
+        ReaperCycles::new(self)
+    }
+
+    /// Queries on the `collect_requests` table.
+    pub fn collect_requests(&self) -> CollectRequests<'_> {
+        CollectRequests::new(self)
+    }
+
+    /// Closes the pool: idle connections are dropped, and new requests fail.
+    pub fn close(&self) {
+        self.pool.close();
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(|e| self.pool_error(e))
+    }
+
+    fn pool_error(&self, e: PoolError) -> StoreError {
+        match e {
+            PoolError::Backend(e) => self.url.connect_error(&e),
+            PoolError::Timeout(_) => StoreError::Connect {
+                target: self.target().to_owned(),
+                reason: "timed out".into(),
+            },
+            other => StoreError::Connect {
+                target: self.target().to_owned(),
+                reason: error::one_line(&other.to_string()),
+            },
+        }
+    }
+}

@@ -1,0 +1,957 @@
+//! The `sessions` table: one row per lab session, shared by the server and the reaper.
+//!
+//! Every status change is a conditional `UPDATE … WHERE id = $1 AND status = ANY($2)` that
+//! returns the updated row, or `None` when the row was not in a state the change applies to
+//! (someone else got there first — callers treat that as "already done" or re-read). Each
+//! change is checked against [`SessionStatus::can_become`] before any statement is sent, and
+//! changes that move a deadline notify [`Channel::SessionsChanged`](crate::Channel) with the
+//! environment as payload, so the reaper can sleep until the next deadline.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Row;
+use tokio_postgres::error::SqlState;
+use ttlab_model::{
+    EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, UserId,
+};
+use uuid::Uuid;
+
+use crate::notify::channel_sessions_changed;
+use crate::{Store, StoreError};
+
+/// Every column of a session row, in the order [`Session::from_row`] reads them.
+macro_rules! columns {
+    () => {
+        "id, user_id, lesson, runtime, env, status, finishing_to, started_at, expires_at, \
+         max_expires_at, extensions_used, readiness_deadline, created_at, vm_created_at, \
+         vmi_running_at, agent_up_at, ready_at, finished_at, reclaimed_at, disk_kind, \
+         disk_reason, node_names, vm_names, failure_reason, updated_at"
+    };
+}
+
+/// `RETURNING` list of a change the reaper should hear about.
+macro_rules! returning_and_notify {
+    () => {
+        concat!(
+            " RETURNING ",
+            columns!(),
+            ", pg_notify('",
+            channel_sessions_changed!(),
+            "', env)"
+        )
+    };
+}
+
+/// The three instants of a session's lifespan, as computed by `ttlab-lifespan` from the
+/// database clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionTimes {
+    /// When the lifespan started.
+    pub started_at: DateTime<Utc>,
+    /// When it ends unless extended.
+    pub expires_at: DateTime<Utc>,
+    /// The hard cap no extension can pass.
+    pub max_expires_at: DateTime<Utc>,
+}
+
+/// A session about to be opened (status `starting`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSession {
+    /// Its id (Kubernetes object names derive from it).
+    pub id: SessionId,
+    /// Whose session.
+    pub user: UserId,
+    /// Which lesson.
+    pub lesson: LessonId,
+    /// What it runs on; the reaper decides what to delete from this.
+    pub runtime: Runtime,
+    /// The environment of the backend opening it.
+    pub env: EnvName,
+    /// Its lifespan.
+    pub times: SessionTimes,
+    /// If it is not running by then, it is failed and reclaimed.
+    pub readiness_deadline: DateTime<Utc>,
+}
+
+/// Which root disk a session got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskKind {
+    /// The golden PVC as a read-only base with a per-VM copy-on-write layer.
+    Golden,
+    /// A container disk.
+    Container,
+}
+
+impl DiskKind {
+    /// Lowercase name, as stored.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Golden => "golden",
+            Self::Container => "container",
+        }
+    }
+}
+
+impl fmt::Display for DiskKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DiskKind {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "golden" => Ok(Self::Golden),
+            "container" => Ok(Self::Container),
+            other => Err(StoreError::corrupt(
+                "disk_kind",
+                format!("unknown disk kind {other:?}"),
+            )),
+        }
+    }
+}
+
+/// One VM (or pod) of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionVm {
+    /// The lab node it plays.
+    pub node: NodeName,
+    /// The Kubernetes object name.
+    pub name: String,
+}
+
+/// A provisioning stage whose first-reached instant is recorded (database clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The VirtualMachine object was created.
+    VmCreated,
+    /// The VMI reached phase Running.
+    VmiRunning,
+    /// The guest agent answered.
+    AgentUp,
+}
+
+/// One row of `sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// The session id.
+    pub id: SessionId,
+    /// Whose session.
+    pub user: UserId,
+    /// Which lesson.
+    pub lesson: LessonId,
+    /// What it runs on.
+    pub runtime: Runtime,
+    /// The environment of the backend that opened it.
+    pub env: EnvName,
+    /// Where it is in its life.
+    pub status: SessionStatus,
+    /// While finishing: the final status it lands on once its objects are deleted.
+    pub finishing_to: Option<FinalStatus>,
+    /// When the lifespan started.
+    pub started_at: DateTime<Utc>,
+    /// When it expires unless extended.
+    pub expires_at: DateTime<Utc>,
+    /// The hard cap no extension can pass.
+    pub max_expires_at: DateTime<Utc>,
+    /// Extensions used so far.
+    pub extensions_used: u32,
+    /// A starting session not running by then is failed.
+    pub readiness_deadline: DateTime<Utc>,
+    /// When the row was created (the request was accepted).
+    pub created_at: DateTime<Utc>,
+    /// When the VirtualMachine was created.
+    pub vm_created_at: Option<DateTime<Utc>>,
+    /// When the VMI was first seen Running.
+    pub vmi_running_at: Option<DateTime<Utc>>,
+    /// When the guest agent first answered.
+    pub agent_up_at: Option<DateTime<Utc>>,
+    /// When the session became running (VMI Running and readiness marker present).
+    pub ready_at: Option<DateTime<Utc>>,
+    /// When it stopped being usable (entered finishing, or became a ghost).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When every cluster object of it was confirmed deleted.
+    pub reclaimed_at: Option<DateTime<Utc>>,
+    /// The root disk decision and its reason.
+    pub disk: Option<(DiskKind, String)>,
+    /// Its VMs (or pod), one per lab node.
+    pub vms: Vec<SessionVm>,
+    /// Why provisioning failed, if it did.
+    pub failure_reason: Option<String>,
+    /// Last change of the row.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Session {
+    /// The lifespan instants.
+    pub fn times(&self) -> SessionTimes {
+        SessionTimes {
+            started_at: self.started_at,
+            expires_at: self.expires_at,
+            max_expires_at: self.max_expires_at,
+        }
+    }
+
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+            row: &'a Row,
+            column: &'static str,
+        ) -> Result<T, StoreError> {
+            row.try_get(column)
+                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
+        }
+        fn parse<T: FromStr>(row: &Row, column: &'static str) -> Result<T, StoreError>
+        where
+            T::Err: fmt::Display,
+        {
+            let text: &str = get(row, column)?;
+            text.parse().map_err(|e| StoreError::corrupt(column, e))
+        }
+        fn parse_opt<T: FromStr>(row: &Row, column: &'static str) -> Result<Option<T>, StoreError>
+        where
+            T::Err: fmt::Display,
+        {
+            let text: Option<&str> = get(row, column)?;
+            text.map(|t| t.parse().map_err(|e| StoreError::corrupt(column, e)))
+                .transpose()
+        }
+
+        let extensions: i32 = get(row, "extensions_used")?;
+        let disk_kind: Option<DiskKind> = parse_opt(row, "disk_kind")?;
+        let disk_reason: Option<String> = get(row, "disk_reason")?;
+        let node_names: Vec<String> = get(row, "node_names")?;
+        let vm_names: Vec<String> = get(row, "vm_names")?;
+        if node_names.len() != vm_names.len() {
+            return Err(StoreError::corrupt(
+                "vm_names",
+                "not one name per node".to_owned(),
+            ));
+        }
+        let vms = node_names
+            .into_iter()
+            .zip(vm_names)
+            .map(|(node, name)| {
+                Ok(SessionVm {
+                    node: node
+                        .parse()
+                        .map_err(|e| StoreError::corrupt("node_names", e))?,
+                    name,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Self {
+            id: SessionId::from_uuid(get::<Uuid>(row, "id")?),
+            user: parse(row, "user_id")?,
+            lesson: parse(row, "lesson")?,
+            runtime: parse(row, "runtime")?,
+            env: parse(row, "env")?,
+            status: parse(row, "status")?,
+            finishing_to: parse_opt(row, "finishing_to")?,
+            started_at: get(row, "started_at")?,
+            expires_at: get(row, "expires_at")?,
+            max_expires_at: get(row, "max_expires_at")?,
+            extensions_used: u32::try_from(extensions)
+                .map_err(|_| StoreError::corrupt("extensions_used", "negative"))?,
+            readiness_deadline: get(row, "readiness_deadline")?,
+            created_at: get(row, "created_at")?,
+            vm_created_at: get(row, "vm_created_at")?,
+            vmi_running_at: get(row, "vmi_running_at")?,
+            agent_up_at: get(row, "agent_up_at")?,
+            ready_at: get(row, "ready_at")?,
+            finished_at: get(row, "finished_at")?,
+            reclaimed_at: get(row, "reclaimed_at")?,
+            disk: match (disk_kind, disk_reason) {
+                (Some(kind), Some(reason)) => Some((kind, reason)),
+                _ => None,
+            },
+            vms,
+            failure_reason: get(row, "failure_reason")?,
+            updated_at: get(row, "updated_at")?,
+        })
+    }
+}
+
+fn rows_to_sessions(rows: &[Row]) -> Result<Vec<Session>, StoreError> {
+    rows.iter().map(Session::from_row).collect()
+}
+
+fn opt_session(row: Option<Row>) -> Result<Option<Session>, StoreError> {
+    row.as_ref().map(Session::from_row).transpose()
+}
+
+fn names(statuses: &[SessionStatus]) -> Vec<&'static str> {
+    statuses.iter().map(|s| s.as_str()).collect()
+}
+
+fn limit(n: u32) -> i64 {
+    i64::from(n)
+}
+
+/// Refuses a change the state machine forbids, before anything reaches the database.
+fn ensure(from: &[SessionStatus], to: SessionStatus) -> Result<(), StoreError> {
+    if from.is_empty() {
+        return Err(StoreError::InvalidArgument(
+            "a status change needs at least one status to start from",
+        ));
+    }
+    match from.iter().find(|f| !f.can_become(to)) {
+        Some(&bad) => Err(StoreError::InvalidTransition { from: bad, to }),
+        None => Ok(()),
+    }
+}
+
+/// The transitions with fixed end points offered by [`Sessions`] (checked again at run time,
+/// and exhaustively by a test).
+const TO_RUNNING: (&[SessionStatus], SessionStatus) =
+    (&[SessionStatus::Starting], SessionStatus::Running);
+const EXPIRING: (&[SessionStatus], SessionStatus) =
+    (&[SessionStatus::Running], SessionStatus::Finishing);
+const STUCK_FAILING: (&[SessionStatus], SessionStatus) =
+    (&[SessionStatus::Starting], SessionStatus::Finishing);
+const TO_GHOST: (&[SessionStatus], SessionStatus) =
+    (&[SessionStatus::Running], SessionStatus::Ghost);
+
+pub(crate) enum InsertError {
+    /// The user already has a live session (the unique partial index said so).
+    LiveExists,
+    /// Anything else.
+    Other(StoreError),
+}
+
+pub(crate) fn exists_error(open: Session) -> StoreError {
+    StoreError::SessionExists {
+        user: open.user,
+        lesson: open.lesson,
+        session: open.id,
+        status: open.status,
+    }
+}
+
+/// Inserts a `starting` row on `client` (pooled connection or open transaction).
+pub(crate) async fn insert_on(
+    client: &tokio_postgres::Client,
+    new: &NewSession,
+) -> Result<Session, InsertError> {
+    const SQL: &str = concat!(
+        "INSERT INTO sessions (id, user_id, lesson, runtime, env, status, started_at, \
+         expires_at, max_expires_at, readiness_deadline) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        returning_and_notify!()
+    );
+    let t = &new.times;
+    if !(t.started_at <= t.expires_at && t.expires_at <= t.max_expires_at) {
+        return Err(InsertError::Other(StoreError::InvalidArgument(
+            "a session needs started_at <= expires_at <= max_expires_at",
+        )));
+    }
+    let result = client
+        .query_one(
+            SQL,
+            &[
+                &new.id.as_uuid(),
+                &new.user.as_str(),
+                &new.lesson.as_str(),
+                &new.runtime.as_str(),
+                &new.env.as_str(),
+                &SessionStatus::Starting.as_str(),
+                &t.started_at,
+                &t.expires_at,
+                &t.max_expires_at,
+                &new.readiness_deadline,
+            ],
+        )
+        .await;
+    match result {
+        Ok(row) => Session::from_row(&row).map_err(InsertError::Other),
+        Err(e)
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                && e.as_db_error().and_then(|d| d.constraint())
+                    == Some("sessions_one_live_per_user") =>
+        {
+            Err(InsertError::LiveExists)
+        }
+        Err(e) => Err(InsertError::Other(
+            StoreError::query("inserting a session")(e),
+        )),
+    }
+}
+
+/// Queries on the `sessions` table; get one with [`Store::sessions`].
+#[derive(Debug, Clone, Copy)]
+pub struct Sessions<'a> {
+    store: &'a Store,
+}
+
+impl<'a> Sessions<'a> {
+    pub(crate) fn new(store: &'a Store) -> Self {
+        Self { store }
+    }
+
+    async fn query_opt(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Session>, StoreError> {
+        let client = self.store.client().await?;
+        let row = client
+            .query_opt(sql, params)
+            .await
+            .map_err(StoreError::query(what))?;
+        opt_session(row)
+    }
+
+    async fn query_all(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Session>, StoreError> {
+        let client = self.store.client().await?;
+        let rows = client
+            .query(sql, params)
+            .await
+            .map_err(StoreError::query(what))?;
+        rows_to_sessions(&rows)
+    }
+
+    async fn execute(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<bool, StoreError> {
+        let client = self.store.client().await?;
+        let n = client
+            .execute(sql, params)
+            .await
+            .map_err(StoreError::query(what))?;
+        Ok(n > 0)
+    }
+
+    /// Opens a session in status `starting`. If the user already has a live session, fails
+    /// with [`StoreError::SessionExists`] naming it — the database's unique index decides,
+    /// so concurrent requests (double clicks, several replicas) open exactly one.
+    pub async fn insert(&self, new: &NewSession) -> Result<Session, StoreError> {
+        // A conflicting session may end between the failed insert and the look-up; then the
+        // insert is simply tried again.
+        for _ in 0..3 {
+            let client = self.store.client().await?;
+            match insert_on(&client, new).await {
+                Ok(session) => return Ok(session),
+                Err(InsertError::Other(e)) => return Err(e),
+                Err(InsertError::LiveExists) => {
+                    drop(client);
+                    if let Some(open) = self.live_for_user(&new.user).await? {
+                        return Err(exists_error(open));
+                    }
+                }
+            }
+        }
+        Err(StoreError::Conflict {
+            what: "the user's other session kept changing",
+        })
+    }
+
+    /// One session by id.
+    pub async fn get(&self, id: SessionId) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!("SELECT ", columns!(), " FROM sessions WHERE id = $1");
+        self.query_opt("reading a session", SQL, &[&id.as_uuid()])
+            .await
+    }
+
+    /// The user's live (starting, running or finishing) session, if any.
+    pub async fn live_for_user(&self, user: &UserId) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE user_id = $1 AND status = ANY($2)"
+        );
+        self.query_opt(
+            "reading the user's live session",
+            SQL,
+            &[&user.as_str(), &names(&SessionStatus::LIVE)],
+        )
+        .await
+    }
+
+    /// Live sessions of `env`, by id, at most `limit`, after `after` (the last id of the
+    /// previous page).
+    pub async fn list_live(
+        &self,
+        env: &EnvName,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.list_with_statuses(env, &SessionStatus::LIVE, after, limit)
+            .await
+    }
+
+    /// Sessions of `env` in `status`, by id, paged like [`Sessions::list_live`].
+    pub async fn list_in_status(
+        &self,
+        env: &EnvName,
+        status: SessionStatus,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.list_with_statuses(env, &[status], after, limit).await
+    }
+
+    async fn list_with_statuses(
+        &self,
+        env: &EnvName,
+        statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 AND status = ANY($2) \
+             AND ($3::uuid IS NULL OR id > $3) ORDER BY id LIMIT $4"
+        );
+        self.query_all(
+            "listing sessions",
+            SQL,
+            &[
+                &env.as_str(),
+                &names(statuses),
+                &after.map(|a| a.as_uuid()),
+                &limit(n),
+            ],
+        )
+        .await
+    }
+
+    /// Running sessions of `env` whose `expires_at` is at or before `until`, soonest first.
+    /// With `until` = the database's now, these are the expired ones (the reaper confirms
+    /// each with `ttlab-lifespan` and [`Sessions::begin_expiring`]).
+    pub async fn list_expired(
+        &self,
+        env: &EnvName,
+        until: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 AND status = $2 AND expires_at <= $3 \
+             ORDER BY expires_at, id LIMIT $4"
+        );
+        self.query_all(
+            "listing expired sessions",
+            SQL,
+            &[
+                &env.as_str(),
+                &SessionStatus::Running.as_str(),
+                &until,
+                &limit(n),
+            ],
+        )
+        .await
+    }
+
+    /// Starting sessions of `env` whose readiness deadline is at or before `now`.
+    pub async fn list_stuck_starting(
+        &self,
+        env: &EnvName,
+        now: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 AND status = $2 AND readiness_deadline <= $3 \
+             ORDER BY readiness_deadline, id LIMIT $4"
+        );
+        self.query_all(
+            "listing stuck sessions",
+            SQL,
+            &[
+                &env.as_str(),
+                &SessionStatus::Starting.as_str(),
+                &now,
+                &limit(n),
+            ],
+        )
+        .await
+    }
+
+    /// The most recently created sessions of `env`, whatever their status (admin history).
+    pub async fn list_recent(&self, env: &EnvName, n: u32) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 ORDER BY created_at DESC, id LIMIT $2"
+        );
+        self.query_all("listing recent sessions", SQL, &[&env.as_str(), &limit(n)])
+            .await
+    }
+
+    /// The earliest instant something in `env` becomes due: a running session's expiry or a
+    /// starting session's readiness deadline. `None` when nothing is pending. The reaper sleeps
+    /// until then (or until a [`Channel::SessionsChanged`](crate::Channel) notification).
+    pub async fn next_deadline(&self, env: &EnvName) -> Result<Option<DateTime<Utc>>, StoreError> {
+        const SQL: &str = "SELECT LEAST(\
+             (SELECT min(expires_at) FROM sessions WHERE env = $1 AND status = $2), \
+             (SELECT min(readiness_deadline) FROM sessions WHERE env = $1 AND status = $3))";
+        let client = self.store.client().await?;
+        let row = client
+            .query_one(
+                SQL,
+                &[
+                    &env.as_str(),
+                    &SessionStatus::Running.as_str(),
+                    &SessionStatus::Starting.as_str(),
+                ],
+            )
+            .await
+            .map_err(StoreError::query("reading the next deadline"))?;
+        row.try_get(0)
+            .map_err(StoreError::query("reading the next deadline"))
+    }
+
+    /// How many live sessions `env` has.
+    pub async fn count_live(&self, env: &EnvName) -> Result<u64, StoreError> {
+        const SQL: &str = "SELECT count(*) FROM sessions WHERE env = $1 AND status = ANY($2)";
+        let client = self.store.client().await?;
+        let row = client
+            .query_one(SQL, &[&env.as_str(), &names(&SessionStatus::LIVE)])
+            .await
+            .map_err(StoreError::query("counting live sessions"))?;
+        let n: i64 = row
+            .try_get(0)
+            .map_err(StoreError::query("counting live sessions"))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// starting → running: the VMI is Running and the agent reported the readiness marker.
+    /// Sets `ready_at`; with `restart`, also replaces the lifespan (when the clock starts at
+    /// readiness rather than at the request).
+    pub async fn mark_running(
+        &self,
+        id: SessionId,
+        restart: Option<SessionTimes>,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, ready_at = now(), updated_at = now(), \
+             started_at = COALESCE($4, started_at), expires_at = COALESCE($5, expires_at), \
+             max_expires_at = COALESCE($6, max_expires_at) \
+             WHERE id = $1 AND status = ANY($3)",
+            returning_and_notify!()
+        );
+        let (from, to) = TO_RUNNING;
+        ensure(from, to)?;
+        if let Some(t) = &restart
+            && !(t.started_at <= t.expires_at && t.expires_at <= t.max_expires_at)
+        {
+            return Err(StoreError::InvalidArgument(
+                "a session needs started_at <= expires_at <= max_expires_at",
+            ));
+        }
+        self.query_opt(
+            "marking a session running",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &to.as_str(),
+                &names(from),
+                &restart.map(|t| t.started_at),
+                &restart.map(|t| t.expires_at),
+                &restart.map(|t| t.max_expires_at),
+            ],
+        )
+        .await
+    }
+
+    /// `from` → finishing, heading for `target`: the caller is about to delete the session's
+    /// objects. Records `finished_at` (first time only) and, if given, the failure reason.
+    /// Every status in `from` must be allowed to become finishing.
+    pub async fn begin_finishing(
+        &self,
+        id: SessionId,
+        from: &[SessionStatus],
+        target: FinalStatus,
+        failure_reason: Option<&str>,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, finishing_to = $3, \
+             finished_at = COALESCE(finished_at, now()), \
+             failure_reason = COALESCE($4, failure_reason), updated_at = now() \
+             WHERE id = $1 AND status = ANY($5)",
+            returning_and_notify!()
+        );
+        ensure(from, SessionStatus::Finishing)?;
+        self.query_opt(
+            "finishing a session",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &SessionStatus::Finishing.as_str(),
+                &target.as_str(),
+                &failure_reason,
+                &names(from),
+            ],
+        )
+        .await
+    }
+
+    /// running → finishing (heading for expired), only if `expires_at` is still the value the
+    /// caller judged expired: an extension that got in between wins, and this returns `None`.
+    pub async fn begin_expiring(
+        &self,
+        id: SessionId,
+        seen_expires_at: DateTime<Utc>,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, finishing_to = $3, \
+             finished_at = COALESCE(finished_at, now()), updated_at = now() \
+             WHERE id = $1 AND status = ANY($4) AND expires_at = $5",
+            returning_and_notify!()
+        );
+        let (from, to) = EXPIRING;
+        ensure(from, to)?;
+        self.query_opt(
+            "expiring a session",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &to.as_str(),
+                &FinalStatus::Expired.as_str(),
+                &names(from),
+                &seen_expires_at,
+            ],
+        )
+        .await
+    }
+
+    /// starting → finishing (heading for failed), only if the readiness deadline has passed at
+    /// `now` (the database clock): the server that was provisioning it gave up or died.
+    pub async fn fail_stuck_starting(
+        &self,
+        id: SessionId,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, finishing_to = $3, \
+             finished_at = COALESCE(finished_at, now()), \
+             failure_reason = COALESCE(failure_reason, $6), updated_at = now() \
+             WHERE id = $1 AND status = ANY($4) AND readiness_deadline <= $5",
+            returning_and_notify!()
+        );
+        let (from, to) = STUCK_FAILING;
+        ensure(from, to)?;
+        self.query_opt(
+            "failing a stuck session",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &to.as_str(),
+                &FinalStatus::Failed.as_str(),
+                &names(from),
+                &now,
+                &"not ready before its readiness deadline",
+            ],
+        )
+        .await
+    }
+
+    /// finishing → its recorded final status: every cluster object of the session was
+    /// confirmed deleted. Sets `reclaimed_at`.
+    pub async fn complete_finishing(&self, id: SessionId) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = finishing_to, finishing_to = NULL, \
+             reclaimed_at = now(), updated_at = now() \
+             WHERE id = $1 AND status = $2 AND finishing_to = ANY($3)",
+            returning_and_notify!()
+        );
+        for target in FinalStatus::ALL {
+            ensure(&[SessionStatus::Finishing], target.status())?;
+        }
+        let targets: Vec<&str> = FinalStatus::ALL.iter().map(|t| t.as_str()).collect();
+        self.query_opt(
+            "completing a finishing session",
+            SQL,
+            &[&id.as_uuid(), &SessionStatus::Finishing.as_str(), &targets],
+        )
+        .await
+    }
+
+    /// running → ghost: its VM is gone from the cluster (confirmed by a direct get).
+    pub async fn mark_ghost(&self, id: SessionId) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, finished_at = COALESCE(finished_at, now()), \
+             updated_at = now() WHERE id = $1 AND status = ANY($3)",
+            returning_and_notify!()
+        );
+        let (from, to) = TO_GHOST;
+        ensure(from, to)?;
+        self.query_opt(
+            "marking a session ghost",
+            SQL,
+            &[&id.as_uuid(), &to.as_str(), &names(from)],
+        )
+        .await
+    }
+
+    /// Extends a running session to `new_expires_at` (computed by `ttlab-lifespan`) and uses
+    /// up one extension — only if it still has `seen_extensions_used` extensions used, has not
+    /// expired by the database clock, and the new expiry neither passes `max_expires_at` nor
+    /// moves backwards. `None` when any of that no longer holds (re-read and decide again).
+    pub async fn extend(
+        &self,
+        id: SessionId,
+        seen_extensions_used: u32,
+        new_expires_at: DateTime<Utc>,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET expires_at = $3, extensions_used = extensions_used + 1, \
+             updated_at = now() \
+             WHERE id = $1 AND status = $4 AND extensions_used = $2 \
+             AND expires_at > now() AND $3 >= expires_at AND $3 <= max_expires_at",
+            returning_and_notify!()
+        );
+        let seen = i32::try_from(seen_extensions_used)
+            .map_err(|_| StoreError::InvalidArgument("extensions_used is out of range"))?;
+        self.query_opt(
+            "extending a session",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &seen,
+                &new_expires_at,
+                &SessionStatus::Running.as_str(),
+            ],
+        )
+        .await
+    }
+
+    /// Records the first time a provisioning stage was reached (later calls keep the first
+    /// instant). `false` if the session is not live.
+    pub async fn record_stage(&self, id: SessionId, stage: Stage) -> Result<bool, StoreError> {
+        let sql = match stage {
+            Stage::VmCreated => {
+                "UPDATE sessions SET vm_created_at = COALESCE(vm_created_at, now()), \
+                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+            }
+            Stage::VmiRunning => {
+                "UPDATE sessions SET vmi_running_at = COALESCE(vmi_running_at, now()), \
+                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+            }
+            Stage::AgentUp => {
+                "UPDATE sessions SET agent_up_at = COALESCE(agent_up_at, now()), \
+                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+            }
+        };
+        self.execute(
+            "recording a provisioning stage",
+            sql,
+            &[&id.as_uuid(), &names(&SessionStatus::LIVE)],
+        )
+        .await
+    }
+
+    /// Records the root disk decision and its reason. `false` if the session is not live.
+    pub async fn record_disk(
+        &self,
+        id: SessionId,
+        kind: DiskKind,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE sessions SET disk_kind = $2, disk_reason = $3, \
+             updated_at = now() WHERE id = $1 AND status = ANY($4)";
+        self.execute(
+            "recording the disk decision",
+            SQL,
+            &[
+                &id.as_uuid(),
+                &kind.as_str(),
+                &reason,
+                &names(&SessionStatus::LIVE),
+            ],
+        )
+        .await
+    }
+
+    /// Records the session's VMs (or pod), one per lab node. `false` if it is not live.
+    pub async fn record_vms(&self, id: SessionId, vms: &[SessionVm]) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE sessions SET node_names = $2, vm_names = $3, \
+             updated_at = now() WHERE id = $1 AND status = ANY($4)";
+        let nodes: Vec<&str> = vms.iter().map(|v| v.node.as_str()).collect();
+        let names_: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+        self.execute(
+            "recording the session's VMs",
+            SQL,
+            &[&id.as_uuid(), &nodes, &names_, &names(&SessionStatus::LIVE)],
+        )
+        .await
+    }
+
+    /// Records why provisioning failed. `false` if the session is not live.
+    pub async fn record_failure_reason(
+        &self,
+        id: SessionId,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE sessions SET failure_reason = $2, updated_at = now() \
+             WHERE id = $1 AND status = ANY($3)";
+        self.execute(
+            "recording a failure reason",
+            SQL,
+            &[&id.as_uuid(), &reason, &names(&SessionStatus::LIVE)],
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fixed_transition_is_allowed_by_the_model() {
+        for (from, to) in [TO_RUNNING, EXPIRING, STUCK_FAILING, TO_GHOST] {
+            assert!(ensure(from, to).is_ok(), "{from:?} -> {to}");
+        }
+        for target in FinalStatus::ALL {
+            assert!(SessionStatus::Finishing.can_become(target.status()));
+        }
+    }
+
+    #[test]
+    fn forbidden_transitions_are_refused_before_the_database() {
+        for from in SessionStatus::ALL {
+            for to in SessionStatus::ALL {
+                let r = ensure(&[from], to);
+                assert_eq!(r.is_ok(), from.can_become(to), "{from} -> {to}");
+            }
+        }
+        let err = ensure(
+            &[SessionStatus::Running, SessionStatus::Expired],
+            SessionStatus::Finishing,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "a session cannot go from expired to finishing"
+        );
+        assert!(matches!(
+            ensure(&[], SessionStatus::Running),
+            Err(StoreError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn disk_kinds_round_trip() {
+        for k in [DiskKind::Golden, DiskKind::Container] {
+            assert_eq!(k.as_str().parse::<DiskKind>().unwrap(), k);
+        }
+        assert!("ceph".parse::<DiskKind>().is_err());
+    }
+}
