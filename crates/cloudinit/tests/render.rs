@@ -344,3 +344,41 @@ fn large_text_files_are_compressed() {
     let p = parse(ud.as_str());
     assert_eq!(p.file("/opt/lab/words.txt").content.len(), 210_000);
 }
+
+/// With the real agent (built by `cargo build -p ttlab-agent-bin --profile agent`), both
+/// sample lessons fit comfortably in a Secret. Prints the measured sizes.
+#[test]
+fn real_agent_secret_sizes() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/agent/ttlab-agent");
+    let Ok(binary) = std::fs::read(&path) else {
+        println!("SKIPPED: {} not built; sizes not measured", path.display());
+        return;
+    };
+    let agent = AgentPayload::new(&binary).unwrap();
+    println!(
+        "agent: {} bytes, gzip {} bytes, base64 {} bytes",
+        agent.binary_len(),
+        agent.compressed_len(),
+        agent.encoded_len()
+    );
+    assert!(agent.encoded_len() < 400 * 1024);
+    for (lesson, node) in [
+        (samples::systemd_basics(), "vm"),
+        (samples::kubeadm_cluster(), "control-plane"),
+    ] {
+        let node = node.parse().unwrap();
+        let ud = render_user_data(&UserDataInput {
+            lesson: &lesson,
+            node: &node,
+            agent: &agent,
+            token: &common::token(),
+            power_off_at: common::deadline(),
+        })
+        .unwrap();
+        let parsed = parse(ud.as_str());
+        assert_eq!(parsed.file(BINARY_PATH).content, binary);
+        let secret = UserDataSecret::new("s", labels(), ud).unwrap();
+        println!("{}/{node}: Secret {} bytes", lesson.id, secret.size_bytes());
+        assert!(secret.size_bytes() < UserDataSecret::MAX_BYTES / 2);
+    }
+}
