@@ -1,3 +1,503 @@
-//! A Kubernetes-API-compatible HTTP server with a simulated KubeVirt, for tests, benchmarks and the demo.
+//! kube-sim: a Kubernetes-API-compatible HTTP server with a simulated KubeVirt, for tests,
+//! benchmarks and the demo.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! It owns a faithful stand-in for the parts of the Kubernetes API the backend uses — the REST
+//! paths, discovery and OpenAPI entries kubectl and kube-rs need, CRUD with `Status` errors,
+//! label/field selectors, pagination over consistent snapshots, watches from a
+//! resourceVersion, finalizers, owner-reference garbage collection, ResourceQuota admission
+//! — and a simulated KubeVirt: a VirtualMachine with a running strategy gets a
+//! VirtualMachineInstance and a virt-launcher pod that go through the real phases; its guest
+//! applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
+//! runs the real `ttlab-agent` binary it finds there on a loopback address of its own; its
+//! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Faults
+//! (failed, hanging or slow calls) can be injected and every call is recorded.
+//!
+//! It refuses to own anything production runs: no authentication, no TLS, no persistence, no
+//! real scheduling or networking; nothing outside tests and `ttlabctl` depends on it.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use ttlab_kube_sim::{KubeSim, SimConfig};
+//!
+//! let sim = KubeSim::start(SimConfig::for_tests()).await.unwrap();
+//! assert!(sim.url().starts_with("http://127.0.0.1:"));
+//! let kubeconfig = sim.kubeconfig_yaml("default");
+//! assert!(kubeconfig.contains(sim.url()));
+//! assert_eq!(sim.stats().peak_vms, 0);
+//! sim.shutdown().await;
+//! # });
+//! ```
+
+mod api;
+mod console;
+mod control;
+mod controllers;
+mod discovery;
+pub mod faults;
+mod guest;
+mod kubevirt;
+mod patch;
+pub mod quantity;
+pub mod resources;
+pub mod selector;
+pub mod status;
+pub mod store;
+pub mod validate;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use faults::{CallRecord, FaultAction, FaultRule, Faults, Verb};
+
+/// Errors of the in-process API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listen address is not a loopback address.
+    #[error("kube-sim listens on loopback addresses only, not {0}")]
+    NotLoopback(SocketAddr),
+    /// A file (kubeconfig, guest directory) could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No VirtualMachineInstance with this namespace and name exists.
+    #[error("no VirtualMachineInstance {namespace}/{name}")]
+    NoSuchVmi {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The VirtualMachineInstance is not running (a power-off needs a running guest).
+    #[error("VirtualMachineInstance {namespace}/{name} is not running")]
+    NotRunning {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The API refused an object given through the in-process API.
+    #[error("the API refused the object: {0}")]
+    Api(String),
+}
+
+/// What the simulated guest's setup does for a lesson (chosen by the `ttlab.io/lesson` label
+/// of the VM's template).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SetupOutcome {
+    /// The readiness marker is written after [`Timings::setup`].
+    Ready,
+    /// Neither marker is ever written (a setup that hangs).
+    Never,
+    /// The failure marker is written after [`Timings::setup`], holding this reason.
+    Fail {
+        /// Content of the failure marker.
+        reason: String,
+    },
+}
+
+/// Delays of the simulation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timings {
+    /// VMI created → Scheduling (and launcher pod created).
+    pub pending: Duration,
+    /// Scheduling → Scheduled.
+    pub scheduling: Duration,
+    /// Scheduled → Running (guest boots: cloud-init applied, agent started).
+    pub boot: Duration,
+    /// Running → readiness (or failure) marker written.
+    pub setup: Duration,
+    /// Deleted VMI → gone (the guest's shutdown grace).
+    pub stop: Duration,
+    /// Owner gone → dependents deleted.
+    pub gc: Duration,
+    /// Pod created → Running, for pods that are not virt-launchers.
+    pub pod_start: Duration,
+    /// How often a watch that allows bookmarks gets one.
+    pub bookmark: Duration,
+}
+
+impl Timings {
+    /// Delays close to a real small cluster (seconds).
+    pub fn realistic() -> Self {
+        Self {
+            pending: Duration::from_millis(500),
+            scheduling: Duration::from_secs(2),
+            boot: Duration::from_secs(15),
+            setup: Duration::from_secs(20),
+            stop: Duration::from_secs(3),
+            gc: Duration::from_millis(200),
+            pod_start: Duration::from_secs(2),
+            bookmark: Duration::from_secs(60),
+        }
+    }
+
+    /// Short delays for tests (tens of milliseconds).
+    pub fn fast() -> Self {
+        Self {
+            pending: Duration::from_millis(10),
+            scheduling: Duration::from_millis(10),
+            boot: Duration::from_millis(20),
+            setup: Duration::from_millis(30),
+            stop: Duration::from_millis(10),
+            gc: Duration::from_millis(1),
+            pod_start: Duration::from_millis(10),
+            bookmark: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Configuration of a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Where to listen (must be loopback; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Namespaces that exist from the start.
+    pub namespaces: Vec<String>,
+    /// Delays of the simulation.
+    pub timings: Timings,
+    /// Setup outcome by lesson label value; lessons not listed get [`SetupOutcome::Ready`].
+    pub lesson_setup: BTreeMap<String, SetupOutcome>,
+    /// Where the per-VM guest directories go (a temporary directory, removed at shutdown,
+    /// if `None`).
+    pub guest_root: Option<PathBuf>,
+    /// Guest addresses are allocated from `127.<second octet>.x.y`.
+    pub guest_ip_second_octet: u8,
+    /// The port the guest agent is started on.
+    pub agent_port: u16,
+    /// Memory the virt-launcher pod requests on top of the guest's request (counts in a
+    /// `requests.memory` quota).
+    pub launcher_memory_overhead_mib: u64,
+    /// Seed of the generator behind `fraction` fault rules.
+    pub seed: u64,
+    /// Most calls kept in the record.
+    pub max_call_records: usize,
+}
+
+impl SimConfig {
+    /// Realistic delays, listening on `listen`, with namespace `default`.
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            namespaces: vec!["default".into()],
+            timings: Timings::realistic(),
+            lesson_setup: BTreeMap::new(),
+            guest_root: None,
+            guest_ip_second_octet: 100,
+            agent_port: ttlab_agent::protocol::PORT,
+            launcher_memory_overhead_mib: 0,
+            seed: 1,
+            max_call_records: 1_000_000,
+        }
+    }
+
+    /// Port 0 on 127.0.0.1, fast delays, namespaces `default` and `ttlab`.
+    pub fn for_tests() -> Self {
+        Self {
+            namespaces: vec!["default".into(), "ttlab".into()],
+            timings: Timings::fast(),
+            ..Self::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        }
+    }
+}
+
+/// Counters of the simulated cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimStats {
+    /// VirtualMachines now.
+    pub vms: usize,
+    /// VirtualMachineInstances now.
+    pub vmis: usize,
+    /// Most VirtualMachines that ever existed at once.
+    pub peak_vms: usize,
+    /// Most VirtualMachineInstances that ever existed at once.
+    pub peak_vmis: usize,
+    /// Current resourceVersion.
+    pub resource_version: u64,
+    /// Whether the KubeVirt simulation is paused.
+    pub kubevirt_paused: bool,
+}
+
+/// Shared state of a running sim.
+pub(crate) struct Sim {
+    pub(crate) store: Mutex<store::Store>,
+    pub(crate) faults: Faults,
+    pub(crate) config: SimConfig,
+    pub(crate) lesson_setup: Mutex<BTreeMap<String, SetupOutcome>>,
+    pub(crate) paused: watch::Sender<bool>,
+    pub(crate) kubevirt: kubevirt::Runtime,
+    pub(crate) consoles: console::Consoles,
+    pub(crate) guest_root: PathBuf,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Sim {
+    pub(crate) fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn stats(&self) -> SimStats {
+        let s = self.store();
+        let (peak_vms, peak_vmis) = s.peaks();
+        SimStats {
+            vms: s.count(resources::VMS),
+            vmis: s.count(resources::VMIS),
+            peak_vms,
+            peak_vmis,
+            resource_version: s.resource_version(),
+            kubevirt_paused: *self.paused.borrow(),
+        }
+    }
+}
+
+/// A running simulated cluster. Dropping it stops the server, the simulation and every guest
+/// agent process.
+pub struct KubeSim {
+    sim: Arc<Sim>,
+    addr: SocketAddr,
+    url: String,
+    server: Option<tokio::task::JoinHandle<()>>,
+    _guest_tmp: Option<tempfile::TempDir>,
+}
+
+impl KubeSim {
+    /// Binds `config.listen`, starts serving and simulating.
+    pub async fn start(config: SimConfig) -> Result<Self, Error> {
+        if !config.listen.ip().is_loopback() {
+            return Err(Error::NotLoopback(config.listen));
+        }
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let (guest_tmp, guest_root) = match &config.guest_root {
+            Some(p) => {
+                std::fs::create_dir_all(p).map_err(|source| Error::Write {
+                    path: p.clone(),
+                    source,
+                })?;
+                (None, p.clone())
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("kube-sim-guests-")
+                    .tempdir()
+                    .map_err(|source| Error::Write {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                let p = t.path().to_path_buf();
+                (Some(t), p)
+            }
+        };
+        let mut store = store::Store::new();
+        for ns in &config.namespaces {
+            store
+                .create(
+                    resources::NAMESPACES,
+                    "",
+                    serde_json::json!({"metadata": {"name": ns}}),
+                )
+                .map_err(|e| Error::Api(e.message))?;
+        }
+        let (paused, _) = watch::channel(false);
+        let sim = Arc::new(Sim {
+            store: Mutex::new(store),
+            faults: Faults::new(config.seed, config.max_call_records),
+            lesson_setup: Mutex::new(config.lesson_setup.clone()),
+            kubevirt: kubevirt::Runtime::new(config.guest_ip_second_octet),
+            consoles: console::Consoles::default(),
+            config,
+            paused,
+            guest_root,
+            shutdown: CancellationToken::new(),
+        });
+        controllers::spawn(sim.clone());
+        kubevirt::spawn(sim.clone());
+        let app = api::router(sim.clone());
+        let token = sim.shutdown.clone();
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "kube-sim server stopped");
+            }
+        });
+        Ok(Self {
+            url: format!("http://{addr}"),
+            addr,
+            sim,
+            server: Some(server),
+            _guest_tmp: guest_tmp,
+        })
+    }
+
+    /// The base URL (`http://127.0.0.1:PORT`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kubeconfig (plain HTTP, no credentials) whose context defaults to `namespace`.
+    pub fn kubeconfig_yaml(&self, namespace: &str) -> String {
+        kubeconfig_yaml(&self.url, namespace)
+    }
+
+    /// Writes [`KubeSim::kubeconfig_yaml`] to `path`.
+    pub fn write_kubeconfig(&self, path: &Path, namespace: &str) -> Result<(), Error> {
+        std::fs::write(path, self.kubeconfig_yaml(namespace)).map_err(|source| Error::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// The fault table (add/remove rules, latency) and the call record.
+    pub fn faults(&self) -> &Faults {
+        &self.sim.faults
+    }
+
+    /// Every recorded API call.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.sim.faults.calls()
+    }
+
+    /// Counters, including the most VMs that ever existed at once.
+    pub fn stats(&self) -> SimStats {
+        self.sim.stats()
+    }
+
+    /// Pauses (true) or resumes (false) the KubeVirt simulation: no VMI is created, advanced
+    /// or stopped while paused.
+    pub fn pause_kubevirt(&self, paused: bool) {
+        self.sim.paused.send_replace(paused);
+    }
+
+    /// The guest powers itself off: the VMI ends `Succeeded` and the run strategy decides.
+    pub fn power_off(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::PowerOff)
+    }
+
+    /// The guest crashes: the VMI ends `Failed` and the run strategy decides.
+    pub fn crash(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::Crash)
+    }
+
+    /// The directory holding the guest's files (cloud-init `write_files`, markers).
+    pub fn guest_dir(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        self.sim.kubevirt.guest(namespace, name).map(|g| g.dir)
+    }
+
+    /// The guest's loopback address.
+    pub fn guest_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
+        self.sim.kubevirt.guest(namespace, name).map(|g| g.ip)
+    }
+
+    /// Sets what the guest setup does for a lesson (for VMIs started from now on).
+    pub fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
+        self.sim
+            .lesson_setup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(lesson.to_owned(), outcome);
+    }
+
+    /// Creates an object directly (as an administrator would with kubectl): `apiVersion`,
+    /// `kind` and `metadata.namespace` pick where it goes. Returns the stored object.
+    pub fn create(&self, object: Value) -> Result<Value, Error> {
+        api::create_direct(&self.sim, object).map_err(|e| Error::Api(e.message))
+    }
+
+    /// Replaces the `status` of an object (as its controller would), e.g. a PVC's phase or a
+    /// DataVolume's progress.
+    pub fn set_status(
+        &self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+        status: Value,
+    ) -> Result<Value, Error> {
+        let t = resources::find_by_resource(resource)
+            .ok_or_else(|| Error::Api(format!("unknown resource {resource}")))?;
+        self.sim
+            .store()
+            .set_status(t, namespace, name, status)
+            .map(|v| (*v).clone())
+            .ok_or_else(|| Error::Api(format!("{resource} {namespace}/{name} not found")))
+    }
+
+    /// Gets an object directly.
+    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let t = resources::find_by_resource(resource)?;
+        self.sim
+            .store()
+            .get(t, namespace, name)
+            .map(|v| (*v).clone())
+    }
+
+    /// Waits until the server is shut down (by a signal handler calling [`KubeSim::stop`]).
+    pub async fn stopped(&self) {
+        self.sim.shutdown.cancelled().await;
+    }
+
+    /// Asks everything to stop (without waiting).
+    pub fn stop(&self) {
+        self.sim.shutdown.cancel();
+    }
+
+    /// Stops the server and the simulation, and waits for the server to finish.
+    pub async fn shutdown(mut self) {
+        self.sim.shutdown.cancel();
+        self.sim.kubevirt.stop_all();
+        if let Some(s) = self.server.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+    }
+}
+
+impl Drop for KubeSim {
+    fn drop(&mut self) {
+        self.sim.shutdown.cancel();
+        self.sim.kubevirt.stop_all();
+    }
+}
+
+/// A kubeconfig for a kube-sim at `url` (plain HTTP, no credentials), context namespace
+/// `namespace`.
+pub fn kubeconfig_yaml(url: &str, namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-sim\n  cluster:\n    server: {url}\ncontexts:\n- name: kube-sim\n  context:\n    cluster: kube-sim\n    user: kube-sim\n    namespace: {namespace}\ncurrent-context: kube-sim\nusers:\n- name: kube-sim\n  user: {{}}\npreferences: {{}}\n"
+    )
+}

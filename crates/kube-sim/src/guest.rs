@@ -1,0 +1,251 @@
+//! The simulated guest's first boot: cloud-init `write_files` from the NoCloud user-data into a
+//! per-VM directory, the real `ttlab-agent` binary started from that payload, and the
+//! readiness / failure markers the setup would write.
+
+use std::io::Read as _;
+use std::net::Ipv4Addr;
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::Value;
+
+/// What applying a cloud-config produced.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// `hostname` (or `fqdn`'s first label) from the cloud-config.
+    pub hostname: Option<String>,
+    /// Number of files written.
+    pub files: usize,
+}
+
+/// Maps an absolute guest path under `root`, refusing `..` escapes.
+pub(crate) fn guest_path(root: &Path, path: &str) -> Result<PathBuf, String> {
+    let mut out = root.to_path_buf();
+    for c in Path::new(path).components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!("path {path:?} leaves the guest root"));
+            }
+        }
+    }
+    if out == root {
+        return Err(format!("path {path:?} names no file"));
+    }
+    Ok(out)
+}
+
+/// Parses `#cloud-config` user-data and writes its `write_files` under `root`.
+pub(crate) fn apply_cloud_config(root: &Path, userdata: &[u8]) -> Result<Applied, String> {
+    let text = std::str::from_utf8(userdata).map_err(|_| "user-data is not UTF-8".to_owned())?;
+    let Some(body) = text.strip_prefix("#cloud-config") else {
+        return Err("user-data does not start with #cloud-config".into());
+    };
+    let config: Value =
+        serde_norway::from_str(body).map_err(|e| format!("cloud-config does not parse: {e}"))?;
+    let mut applied = Applied {
+        hostname: config["hostname"].as_str().map(str::to_owned).or_else(|| {
+            config["fqdn"]
+                .as_str()
+                .and_then(|f| f.split('.').next())
+                .map(str::to_owned)
+        }),
+        files: 0,
+    };
+    for (i, f) in config["write_files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let path = f["path"]
+            .as_str()
+            .ok_or(format!("write_files[{i}] has no path"))?;
+        let content = f["content"].as_str().unwrap_or("");
+        let bytes = decode_content(content, f["encoding"].as_str().unwrap_or("text/plain"))
+            .map_err(|e| format!("write_files[{i}] ({path}): {e}"))?;
+        let target = guest_path(root, path)?;
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        if f["append"].as_bool() == Some(true) {
+            use std::io::Write as _;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&target)
+                .map_err(|e| format!("{}: {e}", target.display()))?;
+            file.write_all(&bytes)
+                .map_err(|e| format!("{}: {e}", target.display()))?;
+        } else {
+            std::fs::write(&target, &bytes).map_err(|e| format!("{}: {e}", target.display()))?;
+        }
+        let mode = match &f["permissions"] {
+            Value::String(s) => {
+                u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| {
+                    format!("write_files[{i}] ({path}): permissions {s:?} are not octal")
+                })?
+            }
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0o644),
+            _ => 0o644,
+        };
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("{}: {e}", target.display()))?;
+        }
+        applied.files += 1;
+    }
+    Ok(applied)
+}
+
+fn decode_content(content: &str, encoding: &str) -> Result<Vec<u8>, String> {
+    let b64 = |s: &str| {
+        let clean: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(clean)
+            .map_err(|e| format!("bad base64: {e}"))
+    };
+    match encoding {
+        "b64" | "base64" => b64(content),
+        "gz+b64" | "gzip+base64" | "gz+base64" | "gzip+b64" => {
+            let raw = b64(content)?;
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(raw.as_slice())
+                .read_to_end(&mut out)
+                .map_err(|e| format!("bad gzip: {e}"))?;
+            Ok(out)
+        }
+        "gz" | "gzip" => Err("gzip without base64 cannot be carried in YAML".into()),
+        "text/plain" | "" => Ok(content.as_bytes().to_vec()),
+        other => Err(format!("unknown encoding {other:?}")),
+    }
+}
+
+/// Starts the agent binary found in the guest payload, if there is one and it is executable.
+pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<tokio::process::Child> {
+    let bin = guest_path(root, ttlab_agent::protocol::BINARY_PATH).ok()?;
+    let meta = std::fs::metadata(&bin).ok()?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        if meta.permissions().mode() & 0o111 == 0 {
+            tracing::warn!(path = %bin.display(), "guest agent binary is not executable; no agent in this guest");
+            return None;
+        }
+    }
+    let log_dir = root.join("var/log");
+    let _ = std::fs::create_dir_all(&log_dir);
+    let log = std::fs::File::create(log_dir.join("ttlab-agent.log")).ok();
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.arg("--root")
+        .arg(root)
+        .arg("--listen")
+        .arg(format!("{ip}:{port}"))
+        .current_dir(root)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match log.as_ref().and_then(|l| l.try_clone().ok()) {
+        Some(l) => {
+            cmd.stdout(l);
+        }
+        None => {
+            cmd.stdout(std::process::Stdio::null());
+        }
+    }
+    match log {
+        Some(l) => {
+            cmd.stderr(l);
+        }
+        None => {
+            cmd.stderr(std::process::Stdio::null());
+        }
+    }
+    match cmd.spawn() {
+        Ok(child) => Some(child),
+        Err(e) => {
+            tracing::warn!(path = %bin.display(), error = %e, "guest agent did not start");
+            None
+        }
+    }
+}
+
+/// Writes the readiness marker (or the failure marker with `reason`).
+pub(crate) fn write_marker(root: &Path, failed: Option<&str>) -> Result<(), String> {
+    let (path, content) = match failed {
+        None => (
+            ttlab_agent::protocol::READY_MARKER_PATH,
+            "ready\n".to_owned(),
+        ),
+        Some(r) => (ttlab_agent::protocol::FAILED_MARKER_PATH, format!("{r}\n")),
+    };
+    let target = guest_path(root, path)?;
+    if let Some(p) = target.parent() {
+        std::fs::create_dir_all(p).map_err(|e| e.to_string())?;
+    }
+    std::fs::write(&target, content).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    #[test]
+    fn write_files_are_decoded_and_placed_under_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"zipped").unwrap();
+        let gz = base64::engine::general_purpose::STANDARD.encode(gz.finish().unwrap());
+        let plain = base64::engine::general_purpose::STANDARD.encode("#!/bin/sh\necho hi\n");
+        let cfg = serde_json::json!({
+            "hostname": "lab-1",
+            "write_files": [
+                {"path": "/etc/ttlab/agent.token", "content": base64::engine::general_purpose::STANDARD.encode("tok"), "encoding": "b64", "permissions": "0600"},
+                {"path": "/usr/local/bin/x", "content": plain, "encoding": "b64", "permissions": "0755"},
+                {"path": "/opt/lab/z", "content": gz, "encoding": "gz+b64"},
+                {"path": "/opt/lab/t", "content": "---\nruncmd: [x]\n"}
+            ]
+        });
+        let ud = format!("#cloud-config\n{cfg}");
+        let a = apply_cloud_config(dir.path(), ud.as_bytes()).unwrap();
+        assert_eq!(
+            a,
+            Applied {
+                hostname: Some("lab-1".into()),
+                files: 4
+            }
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("etc/ttlab/agent.token")).unwrap(),
+            b"tok"
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("opt/lab/z")).unwrap(),
+            b"zipped"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("opt/lab/t")).unwrap(),
+            "---\nruncmd: [x]\n"
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("usr/local/bin/x"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+    }
+
+    #[test]
+    fn escapes_and_non_cloud_config_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(guest_path(dir.path(), "/../../etc/passwd").is_err());
+        let ud =
+            "#cloud-config\n{\"write_files\": [{\"path\": \"/a/../../b\", \"content\": \"x\"}]}";
+        assert!(apply_cloud_config(dir.path(), ud.as_bytes()).is_err());
+        assert!(apply_cloud_config(dir.path(), b"#!/bin/sh\n").is_err());
+    }
+}

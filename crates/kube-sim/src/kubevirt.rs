@@ -1,0 +1,859 @@
+//! The simulated KubeVirt: a VirtualMachine controller (run strategies, finalizer, status)
+//! and one task per VirtualMachineInstance taking it Pending → Scheduling → Scheduled →
+//! Running (launcher pod, guest boot with cloud-init and the agent), and to its end.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::watch;
+
+use crate::quantity::Milli;
+use crate::resources::{PODS, PVCS, SECRETS, VMIS, VMS};
+use crate::store::{Propagation, finalizers, is_deleting, meta_str, now_rfc3339};
+use crate::{Error, SetupOutcome, Sim};
+
+const VM_FINALIZER: &str = "kubevirt.io/virtualMachineControllerFinalize";
+const VMI_FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
+const NODE: &str = "kube-sim-node-1";
+
+/// How a guest ends by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GuestEnd {
+    /// The guest powered itself off: the VMI ends `Succeeded`.
+    PowerOff,
+    /// The guest crashed: the VMI ends `Failed`.
+    Crash,
+}
+
+/// What tests can see of a running guest.
+#[derive(Debug, Clone)]
+pub(crate) struct GuestInfo {
+    /// The guest's root directory.
+    pub dir: PathBuf,
+    /// Its loopback address.
+    pub ip: Ipv4Addr,
+}
+
+struct GuestSlot {
+    uid: String,
+    info: GuestInfo,
+    end: watch::Sender<Option<GuestEnd>>,
+    running: bool,
+}
+
+/// Runtime state of the simulation beyond the objects.
+pub(crate) struct Runtime {
+    guests: Mutex<HashMap<(String, String), GuestSlot>>,
+    /// VMs (by uid) whose guest powered off under RerunOnFailure, or that ran under Once.
+    stay_off: Mutex<HashSet<String>>,
+    next_ip: AtomicU32,
+    second_octet: u8,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Runtime {
+    pub(crate) fn new(second_octet: u8) -> Self {
+        Self {
+            guests: Mutex::new(HashMap::new()),
+            stay_off: Mutex::new(HashSet::new()),
+            next_ip: AtomicU32::new(0),
+            second_octet,
+            stop: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    fn guests(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), GuestSlot>> {
+        self.guests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn stay_off(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.stay_off
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn guest(&self, ns: &str, name: &str) -> Option<GuestInfo> {
+        self.guests()
+            .get(&(ns.to_owned(), name.to_owned()))
+            .map(|g| g.info.clone())
+    }
+
+    /// Stops every guest task (and so every agent process).
+    pub(crate) fn stop_all(&self) {
+        self.stop.cancel();
+    }
+
+    fn allocate_ip(&self) -> Ipv4Addr {
+        // 127.<octet>.x.y with y in 1..=254: 65,024 distinct addresses before reuse.
+        let n = self.next_ip.fetch_add(1, Ordering::Relaxed) % (254 * 256);
+        let hi = (n / 254) as u8;
+        let lo = (n % 254) as u8 + 1;
+        Ipv4Addr::new(127, self.second_octet, hi, lo)
+    }
+}
+
+pub(crate) fn end_guest(sim: &Sim, ns: &str, name: &str, how: GuestEnd) -> Result<(), Error> {
+    let guests = sim.kubevirt.guests();
+    let Some(slot) = guests.get(&(ns.to_owned(), name.to_owned())) else {
+        return Err(if sim.store().get(VMIS, ns, name).is_some() {
+            Error::NotRunning {
+                namespace: ns.into(),
+                name: name.into(),
+            }
+        } else {
+            Error::NoSuchVmi {
+                namespace: ns.into(),
+                name: name.into(),
+            }
+        });
+    };
+    if !slot.running {
+        return Err(Error::NotRunning {
+            namespace: ns.into(),
+            name: name.into(),
+        });
+    }
+    slot.end.send_replace(Some(how));
+    Ok(())
+}
+
+/// Waits `d`, then until the simulation is not paused. False if the sim stops meanwhile.
+async fn wait(sim: &Sim, d: Duration) -> bool {
+    if !d.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(d) => {}
+            () = sim.shutdown.cancelled() => return false,
+            () = sim.kubevirt.stop.cancelled() => return false,
+        }
+    }
+    unpaused(sim).await
+}
+
+async fn unpaused(sim: &Sim) -> bool {
+    let mut rx = sim.paused.subscribe();
+    loop {
+        if !*rx.borrow_and_update() {
+            return true;
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return false },
+            () = sim.shutdown.cancelled() => return false,
+            () = sim.kubevirt.stop.cancelled() => return false,
+        }
+    }
+}
+
+pub(crate) fn spawn(sim: Arc<Sim>) {
+    let mut rx = sim.store().subscribe();
+    let mut paused = sim.paused.subscribe();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = sim.shutdown.cancelled() => return,
+                r = paused.changed() => {
+                    if r.is_err() { return }
+                    if !*paused.borrow_and_update() {
+                        reconcile_all(&sim);
+                    }
+                }
+                ev = rx.recv() => match ev {
+                    Ok(ev) => {
+                        if *sim.paused.borrow() {
+                            continue;
+                        }
+                        match ev.type_id {
+                            VMS => reconcile_vm(&sim, meta_str(&ev.object, "namespace").unwrap_or(""), meta_str(&ev.object, "name").unwrap_or("")),
+                            VMIS => {
+                                let ns = meta_str(&ev.object, "namespace").unwrap_or("").to_owned();
+                                let name = meta_str(&ev.object, "name").unwrap_or("").to_owned();
+                                if ev.kind == crate::store::EventKind::Added && is_deleting(&ev.object) == false {
+                                    spawn_vmi(sim.clone(), ns.clone(), name.clone(), meta_str(&ev.object, "uid").unwrap_or("").to_owned());
+                                }
+                                reconcile_vm(&sim, &ns, &name);
+                            }
+                            _ => {}
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => reconcile_all(&sim),
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        }
+    });
+}
+
+fn reconcile_all(sim: &Arc<Sim>) {
+    let vms: Vec<(String, String)> = sim
+        .store()
+        .all(VMS, None)
+        .iter()
+        .map(|v| {
+            (
+                meta_str(v, "namespace").unwrap_or("").to_owned(),
+                meta_str(v, "name").unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    for (ns, name) in vms {
+        reconcile_vm(sim, &ns, &name);
+    }
+    // VMIs created while paused (directly, or before the pause) need their task.
+    for vmi in sim.store().all(VMIS, None) {
+        let ns = meta_str(&vmi, "namespace").unwrap_or("").to_owned();
+        let name = meta_str(&vmi, "name").unwrap_or("").to_owned();
+        let uid = meta_str(&vmi, "uid").unwrap_or("").to_owned();
+        let known = sim
+            .kubevirt
+            .guests()
+            .get(&(ns.clone(), name.clone()))
+            .is_some_and(|g| g.uid == uid);
+        if !known
+            && vmi["status"]["phase"]
+                .as_str()
+                .is_none_or(|p| p == "Pending" || p.is_empty())
+        {
+            spawn_vmi(sim.clone(), ns, name, uid);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    Always,
+    RerunOnFailure,
+    Once,
+    Manual,
+    Halted,
+}
+
+fn strategy(vm: &Value) -> Strategy {
+    match (
+        vm["spec"]["runStrategy"].as_str(),
+        vm["spec"]["running"].as_bool(),
+    ) {
+        (Some("Always"), _) | (None, Some(true)) => Strategy::Always,
+        (Some("RerunOnFailure"), _) => Strategy::RerunOnFailure,
+        (Some("Once"), _) => Strategy::Once,
+        (Some("Manual"), _) => Strategy::Manual,
+        _ => Strategy::Halted,
+    }
+}
+
+fn reconcile_vm(sim: &Arc<Sim>, ns: &str, name: &str) {
+    let mut store = sim.store();
+    let Some(vm) = store.get(VMS, ns, name) else {
+        return;
+    };
+    let vm_uid = meta_str(&vm, "uid").unwrap_or("").to_owned();
+    let vmi = store.get(VMIS, ns, name).filter(|v| {
+        v["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|o| o["uid"] == vm_uid.as_str()))
+    });
+    let phase = vmi
+        .as_ref()
+        .and_then(|v| v["status"]["phase"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let vmi_deleting = vmi.as_ref().is_some_and(|v| is_deleting(v));
+    if is_deleting(&vm) {
+        match &vmi {
+            Some(_) if !vmi_deleting => {
+                let _ = store.delete(VMIS, ns, name, Propagation::Background, None, None);
+            }
+            Some(_) => {}
+            None => {
+                sim.kubevirt.stay_off().remove(&vm_uid);
+                if finalizers(&vm).iter().any(|f| f == VM_FINALIZER) {
+                    store.remove_finalizer(VMS, ns, name, VM_FINALIZER);
+                }
+                return;
+            }
+        }
+        set_vm_status(&mut store, &vm, "Terminating", vmi.as_deref());
+        return;
+    }
+    if !finalizers(&vm).iter().any(|f| f == VM_FINALIZER) {
+        let _ = store.update_with(VMS, ns, name, |c| {
+            let mut c = c.clone();
+            let list = c["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mut list = list;
+            list.push(Value::from(VM_FINALIZER));
+            c["metadata"]["finalizers"] = Value::Array(list);
+            c["metadata"]["resourceVersion"] = Value::from("");
+            Ok(c)
+        });
+    }
+    let strat = strategy(&vm);
+    let ended = matches!(phase.as_str(), "Succeeded" | "Failed");
+    let stay_off = sim.kubevirt.stay_off().contains(&vm_uid);
+    match (strat, &vmi) {
+        (Strategy::Halted, Some(_)) if !vmi_deleting => {
+            let _ = store.delete(VMIS, ns, name, Propagation::Background, None, None);
+        }
+        (Strategy::Always, Some(_)) if ended && !vmi_deleting => {
+            let _ = store.delete(VMIS, ns, name, Propagation::Background, None, None);
+        }
+        (Strategy::RerunOnFailure, Some(_)) if ended && !vmi_deleting => {
+            if phase == "Succeeded" {
+                sim.kubevirt.stay_off().insert(vm_uid.clone());
+            }
+            let _ = store.delete(VMIS, ns, name, Propagation::Background, None, None);
+        }
+        (Strategy::Always | Strategy::RerunOnFailure | Strategy::Once, None) if !stay_off => {
+            if strat == Strategy::Once {
+                sim.kubevirt.stay_off().insert(vm_uid.clone());
+            }
+            if store.get(VMIS, ns, name).is_none() {
+                let vmi = new_vmi(&vm);
+                if let Err(e) = store.create(VMIS, ns, vmi) {
+                    tracing::warn!(vm = name, error = %e.message, "VMI not created");
+                    if strat == Strategy::Once {
+                        sim.kubevirt.stay_off().remove(&vm_uid);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    let vmi = store.get(VMIS, ns, name);
+    let vm = store.get(VMS, ns, name).unwrap_or(vm);
+    let printable = match vmi.as_deref() {
+        None => "Stopped".to_owned(),
+        Some(v) if is_deleting(v) => "Stopping".to_owned(),
+        Some(v) => match v["status"]["phase"].as_str().unwrap_or("Pending") {
+            "Running" => "Running".to_owned(),
+            "Succeeded" => "Stopped".to_owned(),
+            "Failed" => "CrashLoopBackOff".to_owned(),
+            _ => {
+                let reason = v["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c["type"] == "Synchronized" && c["status"] == "False")
+                    })
+                    .and_then(|c| c["reason"].as_str());
+                match reason {
+                    Some("FailedPvcNotFound") => "ErrorPvcNotFound".to_owned(),
+                    _ => "Starting".to_owned(),
+                }
+            }
+        },
+    };
+    set_vm_status(&mut store, &vm, &printable, vmi.as_deref());
+}
+
+fn set_vm_status(
+    store: &mut crate::store::Store,
+    vm: &Value,
+    printable: &str,
+    vmi: Option<&Value>,
+) {
+    let running = vmi.is_some_and(|v| v["status"]["phase"] == "Running" && !is_deleting(v));
+    let mut status = json!({
+        "printableStatus": printable,
+        "created": vmi.is_some(),
+        "ready": running,
+        "runStrategy": vm["spec"]["runStrategy"].as_str().unwrap_or(if vm["spec"]["running"] == true { "Always" } else { "Halted" }),
+        "conditions": [{
+            "type": "Ready",
+            "status": if running { "True" } else { "False" },
+            "lastProbeTime": null,
+            "lastTransitionTime": now_rfc3339(),
+        }],
+    });
+    if let Some(g) = vm["metadata"]["generation"].as_i64() {
+        status["observedGeneration"] = Value::from(g);
+        status["desiredGeneration"] = Value::from(g);
+    }
+    // Only write when something a reader would notice changed.
+    let cur = &vm["status"];
+    if cur["printableStatus"] == status["printableStatus"]
+        && cur["ready"] == status["ready"]
+        && cur["created"] == status["created"]
+        && cur["observedGeneration"] == status["observedGeneration"]
+    {
+        return;
+    }
+    let ns = meta_str(vm, "namespace").unwrap_or("").to_owned();
+    let name = meta_str(vm, "name").unwrap_or("").to_owned();
+    store.set_status(VMS, &ns, &name, status);
+}
+
+fn new_vmi(vm: &Value) -> Value {
+    let name = meta_str(vm, "name").unwrap_or("");
+    let template = &vm["spec"]["template"];
+    let mut labels = template["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    labels.insert("vm.kubevirt.io/name".into(), Value::from(name));
+    let mut meta = json!({
+        "name": name,
+        "labels": labels,
+        "ownerReferences": [{
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "name": name,
+            "uid": meta_str(vm, "uid").unwrap_or(""),
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+        "finalizers": [VMI_FINALIZER],
+    });
+    if let Some(a) = template["metadata"]["annotations"].as_object() {
+        meta["annotations"] = Value::Object(a.clone());
+    }
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": meta,
+        "spec": template["spec"].clone(),
+        "status": {"phase": "Pending", "phaseTransitionTimestamps": [{"phase": "Pending", "phaseTransitionTimestamp": now_rfc3339()}]},
+    })
+}
+
+/// Why a VMI cannot get a launcher pod yet, as KubeVirt reports it.
+fn missing_volume(
+    store: &crate::store::Store,
+    ns: &str,
+    vmi: &Value,
+) -> Option<(&'static str, String)> {
+    for v in vmi["spec"]["volumes"].as_array().into_iter().flatten() {
+        let claim = v["ephemeral"]["persistentVolumeClaim"]["claimName"]
+            .as_str()
+            .or_else(|| v["persistentVolumeClaim"]["claimName"].as_str())
+            .or_else(|| v["dataVolume"]["name"].as_str());
+        if let Some(c) = claim {
+            match store.get(PVCS, ns, c) {
+                None => {
+                    return Some((
+                        "FailedPvcNotFound",
+                        format!("PVC {ns}/{c} does not exist, waiting for it to appear"),
+                    ));
+                }
+                Some(p) if is_deleting(&p) => {
+                    return Some((
+                        "FailedPvcNotFound",
+                        format!("PVC {ns}/{c} is being deleted"),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(s) = v["cloudInitNoCloud"]["secretRef"]["name"]
+            .as_str()
+            .or_else(|| v["cloudInitNoCloud"]["networkDataSecretRef"]["name"].as_str())
+            .or_else(|| v["secret"]["secretName"].as_str())
+            && store.get(SECRETS, ns, s).is_none()
+        {
+            return Some(("FailedCreate", format!("secret \"{s}\" not found")));
+        }
+    }
+    None
+}
+
+fn launcher_pod(vmi: &Value, overhead_mib: u64) -> Value {
+    let name = meta_str(vmi, "name").unwrap_or("");
+    let uid = meta_str(vmi, "uid").unwrap_or("");
+    let mut labels = vmi["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    labels.insert("kubevirt.io".into(), Value::from("virt-launcher"));
+    labels.insert("kubevirt.io/created-by".into(), Value::from(uid));
+    labels.insert("vm.kubevirt.io/name".into(), Value::from(name));
+    let domain = &vmi["spec"]["domain"];
+    let guest_mem = Milli::from_json(&domain["resources"]["requests"]["memory"])
+        .or_else(|| Milli::from_json(&domain["memory"]["guest"]))
+        .unwrap_or(Milli(0));
+    let memory = Milli(guest_mem.0 + i128::from(overhead_mib) * (1 << 20) * 1000);
+    let mut requests = json!({"memory": memory.render()});
+    if let Some(cpu) = domain["resources"]["requests"].get("cpu") {
+        requests["cpu"] = cpu.clone();
+    }
+    let volumes: Vec<Value> = vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let vname = v["name"].as_str()?;
+            let claim = v["ephemeral"]["persistentVolumeClaim"]["claimName"]
+                .as_str()
+                .or_else(|| v["persistentVolumeClaim"]["claimName"].as_str())
+                .or_else(|| v["dataVolume"]["name"].as_str())?;
+            Some(json!({"name": vname, "persistentVolumeClaim": {"claimName": claim, "readOnly": v["ephemeral"].is_object()}}))
+        })
+        .collect();
+    let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_owned();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("virt-launcher-{name}-{suffix}"),
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "containers": [{"name": "compute", "image": "quay.io/kubevirt/virt-launcher:v1.9.0", "resources": {"requests": requests}}],
+            "volumes": volumes,
+            "terminationGracePeriodSeconds": vmi["spec"]["terminationGracePeriodSeconds"].as_i64().unwrap_or(30),
+        },
+        "status": {"phase": "Pending"},
+    })
+}
+
+fn vmi_status(cur: &Value, phase: &str) -> Value {
+    let mut status = cur["status"].clone();
+    if !status.is_object() {
+        status = json!({});
+    }
+    status["phase"] = Value::from(phase);
+    let mut ts = status["phaseTransitionTimestamps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ts.push(json!({"phase": phase, "phaseTransitionTimestamp": now_rfc3339()}));
+    status["phaseTransitionTimestamps"] = Value::Array(ts);
+    status
+}
+
+/// Waits for any store change (or a guest end, or the sim stopping). False when stopping.
+async fn changed(
+    sim: &Sim,
+    rx: &mut tokio::sync::broadcast::Receiver<Arc<crate::store::Event>>,
+) -> bool {
+    tokio::select! {
+        r = rx.recv() => !matches!(r, Err(RecvError::Closed)),
+        () = sim.shutdown.cancelled() => false,
+        () = sim.kubevirt.stop.cancelled() => false,
+    }
+}
+
+/// The VMI's current object if it is still this one (same uid).
+fn current(sim: &Sim, ns: &str, name: &str, uid: &str) -> Option<Arc<Value>> {
+    sim.store()
+        .get(VMIS, ns, name)
+        .filter(|v| meta_str(v, "uid") == Some(uid))
+}
+
+fn spawn_vmi(sim: Arc<Sim>, ns: String, name: String, uid: String) {
+    let (end_tx, end_rx) = watch::channel(None);
+    let dir = sim
+        .guest_root
+        .join(&ns)
+        .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
+    let ip = sim.kubevirt.allocate_ip();
+    sim.kubevirt.guests().insert(
+        (ns.clone(), name.clone()),
+        GuestSlot {
+            uid: uid.clone(),
+            info: GuestInfo {
+                dir: dir.clone(),
+                ip,
+            },
+            end: end_tx,
+            running: false,
+        },
+    );
+    tokio::spawn(async move {
+        run_vmi(&sim, &ns, &name, &uid, dir, ip, end_rx).await;
+        let mut guests = sim.kubevirt.guests();
+        if guests
+            .get(&(ns.clone(), name.clone()))
+            .is_some_and(|g| g.uid == uid)
+        {
+            guests.remove(&(ns.clone(), name.clone()));
+        }
+        drop(guests);
+        sim.consoles.end(&ns, &name);
+    });
+}
+
+async fn run_vmi(
+    sim: &Arc<Sim>,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    dir: PathBuf,
+    ip: Ipv4Addr,
+    mut end_rx: watch::Receiver<Option<GuestEnd>>,
+) {
+    let mut rx = sim.store().subscribe();
+    let t = sim.config.timings.clone();
+    if !wait(sim, t.pending).await {
+        return;
+    }
+    // Pending until every volume exists and the launcher pod is admitted.
+    let mut reported: Option<String> = None;
+    let pod_name = loop {
+        let Some(vmi) = current(sim, ns, name, uid) else {
+            return;
+        };
+        if is_deleting(&vmi) {
+            finish_deletion(sim, ns, name, uid, None).await;
+            return;
+        }
+        let blocked = {
+            let mut store = sim.store();
+            match missing_volume(&store, ns, &vmi) {
+                Some(b) => Some(b),
+                None => {
+                    let pod = launcher_pod(&vmi, sim.config.launcher_memory_overhead_mib);
+                    match store.create(PODS, ns, pod) {
+                        Ok(p) => break meta_str(&p, "name").unwrap_or("").to_owned(),
+                        Err(e) => Some(("FailedCreate", e.message)),
+                    }
+                }
+            }
+        };
+        if let Some((reason, message)) = blocked
+            && reported.as_deref() != Some(message.as_str())
+        {
+            let mut store = sim.store();
+            let mut status = vmi["status"].clone();
+            status["conditions"] = json!([{"type": "Synchronized", "status": "False", "reason": reason, "message": message, "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}]);
+            store.set_status(VMIS, ns, name, status);
+            reported = Some(message);
+        }
+        if !changed(sim, &mut rx).await || !unpaused(sim).await {
+            return;
+        }
+    };
+    let steps = [("Scheduling", Duration::ZERO), ("Scheduled", t.scheduling)];
+    for (phase, delay) in steps {
+        if !wait(sim, delay).await {
+            return;
+        }
+        let Some(vmi) = current(sim, ns, name, uid) else {
+            return;
+        };
+        if is_deleting(&vmi) {
+            finish_deletion(sim, ns, name, uid, None).await;
+            return;
+        }
+        let mut store = sim.store();
+        let mut status = vmi_status(&vmi, phase);
+        status["conditions"] = json!([]);
+        if phase == "Scheduled" {
+            status["nodeName"] = Value::from(NODE);
+            if let Some(pod) = store.get(PODS, ns, &pod_name) {
+                let mut ps = pod["status"].clone();
+                ps["phase"] = Value::from("Running");
+                ps["podIP"] = Value::from(ip.to_string());
+                store.set_status(PODS, ns, &pod_name, ps);
+            }
+        }
+        store.set_status(VMIS, ns, name, status);
+    }
+    if !wait(sim, t.boot).await {
+        return;
+    }
+    // Boot: cloud-init, agent, console.
+    let Some(vmi) = current(sim, ns, name, uid) else {
+        return;
+    };
+    if is_deleting(&vmi) {
+        finish_deletion(sim, ns, name, uid, None).await;
+        return;
+    }
+    let _ = std::fs::create_dir_all(&dir);
+    let userdata = {
+        let store = sim.store();
+        vmi["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|v| v["cloudInitNoCloud"]["secretRef"]["name"].as_str())
+            .and_then(|s| store.get(SECRETS, ns, s))
+            .and_then(|s| {
+                let d = &s["data"];
+                d["userdata"]
+                    .as_str()
+                    .or_else(|| d["userData"].as_str())
+                    .map(str::to_owned)
+            })
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+    };
+    let mut hostname = name.to_owned();
+    let mut cloud_init_ok = false;
+    if let Some(ud) = userdata {
+        match crate::guest::apply_cloud_config(&dir, &ud) {
+            Ok(a) => {
+                if let Some(h) = a.hostname {
+                    hostname = h;
+                }
+                cloud_init_ok = true;
+            }
+            Err(e) => {
+                tracing::warn!(vmi = name, error = %e, "cloud-init failed in the simulated guest")
+            }
+        }
+    }
+    let mut agent = if cloud_init_ok {
+        crate::guest::start_agent(&dir, ip, sim.config.agent_port)
+    } else {
+        None
+    };
+    {
+        let mut store = sim.store();
+        let mut status = vmi_status(&vmi, "Running");
+        status["nodeName"] = Value::from(NODE);
+        status["interfaces"] = json!([{"name": "default", "ipAddress": ip.to_string(), "ipAddresses": [ip.to_string()], "interfaceName": "eth0", "infoSource": "domain, guest-agent"}]);
+        status["guestOSInfo"] = json!({"id": "ubuntu", "name": "Ubuntu", "prettyName": "Ubuntu 22.04 LTS (kube-sim)", "version": "22.04"});
+        status["conditions"] = json!([{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}]);
+        store.set_status(VMIS, ns, name, status);
+    }
+    if let Some(g) = sim
+        .kubevirt
+        .guests()
+        .get_mut(&(ns.to_owned(), name.to_owned()))
+        && g.uid == uid
+    {
+        g.running = true;
+    }
+    sim.consoles.boot(ns, name, uid, &hostname);
+    reconcile_vm(sim, ns, name);
+    // Setup: the markers, per lesson.
+    if cloud_init_ok {
+        let lesson = vmi["metadata"]["labels"][ttlab_model::labels::LESSON]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let outcome = sim
+            .lesson_setup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&lesson)
+            .cloned()
+            .unwrap_or(SetupOutcome::Ready);
+        let dir = dir.clone();
+        let setup = t.setup;
+        let sim2 = sim.clone();
+        let mut end2 = end_rx.clone();
+        tokio::spawn(async move {
+            if matches!(outcome, SetupOutcome::Never) {
+                return;
+            }
+            tokio::select! {
+                ok = wait(&sim2, setup) => if !ok { return },
+                _ = end2.changed() => return,
+            }
+            let failed = match &outcome {
+                SetupOutcome::Fail { reason } => Some(reason.as_str()),
+                _ => None,
+            };
+            if let Err(e) = crate::guest::write_marker(&dir, failed) {
+                tracing::warn!(error = %e, "marker not written");
+            }
+        });
+    }
+    // Running until deleted, powered off or crashed.
+    let end = loop {
+        match current(sim, ns, name, uid) {
+            None => break None,
+            Some(v) if is_deleting(&v) => break None,
+            Some(_) => {}
+        }
+        if let Some(how) = *end_rx.borrow_and_update() {
+            break Some(how);
+        }
+        tokio::select! {
+            ok = changed(sim, &mut rx) => if !ok { kill(&mut agent).await; return },
+            r = end_rx.changed() => if r.is_err() { kill(&mut agent).await; return },
+        }
+        if *sim.paused.borrow() && !unpaused(sim).await {
+            kill(&mut agent).await;
+            return;
+        }
+    };
+    if let Some(g) = sim
+        .kubevirt
+        .guests()
+        .get_mut(&(ns.to_owned(), name.to_owned()))
+        && g.uid == uid
+    {
+        g.running = false;
+    }
+    sim.consoles.end(ns, name);
+    match end {
+        None => finish_deletion(sim, ns, name, uid, agent).await,
+        Some(how) => {
+            kill(&mut agent).await;
+            let phase = match how {
+                GuestEnd::PowerOff => "Succeeded",
+                GuestEnd::Crash => "Failed",
+            };
+            {
+                let mut store = sim.store();
+                if let Some(vmi) = store
+                    .get(VMIS, ns, name)
+                    .filter(|v| meta_str(v, "uid") == Some(uid))
+                {
+                    let mut status = vmi_status(&vmi, phase);
+                    status["conditions"] = json!([]);
+                    store.set_status(VMIS, ns, name, status);
+                }
+                if let Some(pod) = store.get(PODS, ns, &pod_name) {
+                    let mut ps = pod["status"].clone();
+                    ps["phase"] = Value::from(phase);
+                    store.set_status(PODS, ns, &pod_name, ps);
+                }
+            }
+            reconcile_vm(sim, ns, name);
+            // Wait for the deletion that the run strategy (or a user) decides.
+            loop {
+                match current(sim, ns, name, uid) {
+                    None => return,
+                    Some(v) if is_deleting(&v) => break,
+                    Some(_) => {}
+                }
+                if !changed(sim, &mut rx).await {
+                    return;
+                }
+            }
+            finish_deletion(sim, ns, name, uid, None).await;
+        }
+    }
+}
+
+async fn kill(agent: &mut Option<tokio::process::Child>) {
+    if let Some(mut c) = agent.take() {
+        let _ = c.kill().await;
+    }
+}
+
+/// The guest shuts down within its grace, then the VMI's finalizer goes (and with the VMI,
+/// through garbage collection, its launcher pod).
+async fn finish_deletion(
+    sim: &Arc<Sim>,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    mut agent: Option<tokio::process::Child>,
+) {
+    let _ = wait(sim, sim.config.timings.stop).await;
+    kill(&mut agent).await;
+    if current(sim, ns, name, uid).is_some() {
+        sim.store().remove_finalizer(VMIS, ns, name, VMI_FINALIZER);
+    }
+    reconcile_vm(sim, ns, name);
+}

@@ -1,0 +1,1150 @@
+//! The object store: every object of every type, a global resourceVersion, label and owner
+//! indexes, the watch history, consistent list snapshots for `continue`, finalizers and
+//! deletion, and ResourceQuota admission and usage.
+//!
+//! Everything here is synchronous and runs under one lock held by the server; background work
+//! (garbage collection, controllers) is driven from outside through [`Store::subscribe`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::quantity::Milli;
+use crate::resources::{self, NAMESPACES, PODS, PVCS, QUOTAS, SECRETS, TYPES, TypeId, VMIS, VMS};
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::status::ApiError;
+
+/// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
+pub type Key = (String, String);
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// Created.
+    Added,
+    /// Changed.
+    Modified,
+    /// Removed.
+    Deleted,
+}
+
+impl EventKind {
+    /// The watch event `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as kept in the watch history and sent to watchers.
+#[derive(Debug)]
+pub struct Event {
+    /// resourceVersion of the change.
+    pub rv: u64,
+    /// Type of the object.
+    pub type_id: TypeId,
+    /// What happened.
+    pub kind: EventKind,
+    /// The object after the change (its last state for deletions).
+    pub object: Arc<Value>,
+    /// The object before a modification.
+    pub prev: Option<Arc<Value>>,
+}
+
+#[derive(Default)]
+struct Table {
+    objects: BTreeMap<Key, Arc<Value>>,
+    by_label: HashMap<(String, String), BTreeSet<Key>>,
+    per_ns: HashMap<String, usize>,
+}
+
+struct Snapshot {
+    created: Instant,
+    rv: u64,
+    items: Vec<Arc<Value>>,
+}
+
+/// Propagation policy of a delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Propagation {
+    /// Delete the object now, dependents in the background.
+    #[default]
+    Background,
+    /// Delete dependents first; the object stays (with a `foregroundDeletion` finalizer).
+    Foreground,
+    /// Leave dependents, removing their owner references.
+    Orphan,
+}
+
+/// The outcome of a delete call.
+#[derive(Debug)]
+pub enum Deleted {
+    /// The object is gone.
+    Gone(Arc<Value>),
+    /// The object is marked for deletion and waits for finalizers.
+    Pending(Arc<Value>),
+}
+
+/// A page of a list.
+#[derive(Debug)]
+pub struct ListPage {
+    /// The items of this page.
+    pub items: Vec<Arc<Value>>,
+    /// resourceVersion of the list.
+    pub rv: u64,
+    /// Token for the next page.
+    pub continue_token: Option<String>,
+    /// Items left after this page (only without selectors, as the real server reports it).
+    pub remaining: Option<u64>,
+}
+
+/// List parameters.
+#[derive(Debug, Default, Clone)]
+pub struct ListQuery {
+    /// Restrict to a namespace.
+    pub namespace: Option<String>,
+    /// Label selector.
+    pub labels: LabelSelector,
+    /// Field selector.
+    pub fields: FieldSelector,
+    /// Page size (0 = all).
+    pub limit: usize,
+    /// Continue token from a previous page.
+    pub continue_token: Option<String>,
+}
+
+const HISTORY: usize = 200_000;
+const SNAPSHOTS: usize = 512;
+const SNAPSHOT_TTL_SECS: u64 = 300;
+
+/// The object store.
+pub struct Store {
+    rv: u64,
+    tables: Vec<Table>,
+    uids: HashMap<String, (TypeId, Key)>,
+    dependents: HashMap<String, BTreeSet<(TypeId, Key)>>,
+    history: VecDeque<Arc<Event>>,
+    tx: broadcast::Sender<Arc<Event>>,
+    snapshots: BTreeMap<u64, Snapshot>,
+    next_snapshot: u64,
+    peak_vms: usize,
+    peak_vmis: usize,
+}
+
+/// Current time as the API server writes it.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// `metadata.<field>` as a string.
+pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str()
+}
+
+fn labels_of(obj: &Value) -> Vec<(String, String)> {
+    obj.get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|l| {
+            l.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn owner_uids(obj: &Value) -> Vec<String> {
+    obj.get("metadata")
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .map(|r| {
+            r.iter()
+                .filter_map(|o| o.get("uid")?.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The finalizers of an object.
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.get("metadata")
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|f| {
+            f.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the object has a deletionTimestamp.
+pub fn is_deleting(obj: &Value) -> bool {
+    meta_str(obj, "deletionTimestamp").is_some()
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new() -> Self {
+        let (tx, _) = broadcast::channel(65_536);
+        Self {
+            rv: 1000,
+            tables: TYPES.iter().map(|_| Table::default()).collect(),
+            uids: HashMap::new(),
+            dependents: HashMap::new(),
+            history: VecDeque::new(),
+            tx,
+            snapshots: BTreeMap::new(),
+            next_snapshot: 1,
+            peak_vms: 0,
+            peak_vmis: 0,
+        }
+    }
+
+    /// Receives every change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.tx.subscribe()
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Most VirtualMachines / VirtualMachineInstances that ever existed at once.
+    pub fn peaks(&self) -> (usize, usize) {
+        (self.peak_vms, self.peak_vmis)
+    }
+
+    /// Number of objects of a type (all namespaces).
+    pub fn count(&self, t: TypeId) -> usize {
+        self.tables[t].objects.len()
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn emit(
+        &mut self,
+        type_id: TypeId,
+        kind: EventKind,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        let ev = Arc::new(Event {
+            rv: self.rv,
+            type_id,
+            kind,
+            object,
+            prev,
+        });
+        if self.history.len() >= HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(ev.clone());
+        let _ = self.tx.send(ev);
+    }
+
+    fn index_insert(&mut self, t: TypeId, key: &Key, obj: &Value) {
+        let table = &mut self.tables[t];
+        for l in labels_of(obj) {
+            table.by_label.entry(l).or_default().insert(key.clone());
+        }
+        if let Some(uid) = meta_str(obj, "uid") {
+            self.uids.insert(uid.to_owned(), (t, key.clone()));
+        }
+        for o in owner_uids(obj) {
+            self.dependents
+                .entry(o)
+                .or_default()
+                .insert((t, key.clone()));
+        }
+    }
+
+    fn index_remove(&mut self, t: TypeId, key: &Key, obj: &Value) {
+        let table = &mut self.tables[t];
+        for l in labels_of(obj) {
+            if let Some(set) = table.by_label.get_mut(&l) {
+                set.remove(key);
+                if set.is_empty() {
+                    table.by_label.remove(&l);
+                }
+            }
+        }
+        if let Some(uid) = meta_str(obj, "uid") {
+            self.uids.remove(uid);
+        }
+        for o in owner_uids(obj) {
+            if let Some(set) = self.dependents.get_mut(&o) {
+                set.remove(&(t, key.clone()));
+                if set.is_empty() {
+                    self.dependents.remove(&o);
+                }
+            }
+        }
+    }
+
+    /// Gets an object.
+    pub fn get(&self, t: TypeId, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.tables[t]
+            .objects
+            .get(&(ns.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Looks up an object by uid.
+    pub fn by_uid(&self, uid: &str) -> Option<(TypeId, Arc<Value>)> {
+        let (t, key) = self.uids.get(uid)?;
+        Some((*t, self.tables[*t].objects.get(key)?.clone()))
+    }
+
+    /// The objects whose owner references name `uid`.
+    pub fn dependents_of(&self, uid: &str) -> Vec<(TypeId, Key)> {
+        self.dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// All objects of a type in a namespace (or everywhere), in key order.
+    pub fn all(&self, t: TypeId, ns: Option<&str>) -> Vec<Arc<Value>> {
+        let table = &self.tables[t];
+        match ns {
+            Some(ns) => table
+                .objects
+                .range((ns.to_owned(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => table.objects.values().cloned().collect(),
+        }
+    }
+
+    /// Whether a namespace exists, and whether it is terminating.
+    pub fn namespace_state(&self, ns: &str) -> Option<bool> {
+        self.get(NAMESPACES, "", ns).map(|o| is_deleting(&o))
+    }
+
+    /// Creates an object (metadata.name already resolved, body validated). Returns the stored
+    /// object.
+    pub fn create(&mut self, t: TypeId, ns: &str, mut obj: Value) -> Result<Arc<Value>, ApiError> {
+        let rt = &TYPES[t];
+        let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
+        if rt.namespaced {
+            match self.namespace_state(ns) {
+                None => return Err(ApiError::not_found("", "namespaces", ns)),
+                Some(true) => {
+                    return Err(ApiError::forbidden(
+                        rt.group,
+                        rt.plural,
+                        &name,
+                        &format!(
+                            "unable to create new content in namespace {ns} because it is being terminated"
+                        ),
+                    ));
+                }
+                Some(false) => {}
+            }
+        }
+        let key = (ns.to_owned(), name.clone());
+        if self.tables[t].objects.contains_key(&key) {
+            return Err(ApiError::already_exists(rt.group, rt.plural, &name));
+        }
+        self.admit_quota(t, ns, &name, &obj, None)?;
+        let rv = self.bump();
+        {
+            let meta = obj
+                .as_object_mut()
+                .and_then(|o| Some(o.entry("metadata").or_insert_with(|| json!({}))))
+                .and_then(Value::as_object_mut);
+            if let Some(meta) = meta {
+                meta.insert("uid".into(), Value::from(uuid::Uuid::new_v4().to_string()));
+                meta.insert("resourceVersion".into(), Value::from(rv.to_string()));
+                meta.insert("creationTimestamp".into(), Value::from(now_rfc3339()));
+                meta.insert("generation".into(), Value::from(1));
+                meta.remove("deletionTimestamp");
+                meta.remove("deletionGracePeriodSeconds");
+                meta.remove("selfLink");
+                if rt.namespaced {
+                    meta.insert("namespace".into(), Value::from(ns));
+                } else {
+                    meta.remove("namespace");
+                }
+                if t == PVCS {
+                    add_finalizer(meta, "kubernetes.io/pvc-protection");
+                }
+            }
+            if t == NAMESPACES {
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+                obj["status"] = json!({"phase": "Active"});
+            }
+            obj["apiVersion"] = Value::from(rt.api_version());
+            obj["kind"] = Value::from(rt.kind);
+            if t == SECRETS {
+                normalize_secret(&mut obj);
+            }
+        }
+        let obj = Arc::new(obj);
+        self.index_insert(t, &key, &obj);
+        self.tables[t].objects.insert(key, obj.clone());
+        *self.tables[t].per_ns.entry(ns.to_owned()).or_default() += 1;
+        self.emit(t, EventKind::Added, obj.clone(), None);
+        self.track_peaks();
+        if rt.namespaced {
+            self.refresh_quotas(ns);
+        }
+        Ok(obj)
+    }
+
+    fn track_peaks(&mut self) {
+        self.peak_vms = self.peak_vms.max(self.tables[VMS].objects.len());
+        self.peak_vmis = self.peak_vmis.max(self.tables[VMIS].objects.len());
+    }
+
+    /// Replaces an object with `f(current)`. Keeps identity fields, checks a non-empty
+    /// `resourceVersion` in the result against the current one (409 on mismatch), bumps
+    /// `generation` on spec changes, finishes a pending deletion when the last finalizer goes.
+    pub fn update_with(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Arc<Value>, ApiError> {
+        let rt = &TYPES[t];
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(cur) = self.tables[t].objects.get(&key).cloned() else {
+            return Err(ApiError::not_found(rt.group, rt.plural, name));
+        };
+        let mut new = f(&cur)?;
+        if let Some(want) = meta_str(&new, "resourceVersion").filter(|s| !s.is_empty())
+            && Some(want) != meta_str(&cur, "resourceVersion")
+        {
+            return Err(ApiError::conflict(
+                rt.group,
+                rt.plural,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+        if meta_str(&new, "name").is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(&new, "name").unwrap_or_default()
+            )));
+        }
+        // Immutable identity and server-owned fields.
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "namespace",
+            "name",
+        ] {
+            match cur["metadata"].get(f) {
+                Some(v) => new["metadata"][f] = v.clone(),
+                None => {
+                    if let Some(m) = new["metadata"].as_object_mut() {
+                        m.remove(f);
+                    }
+                }
+            }
+        }
+        if t == QUOTAS {
+            new["status"] = cur["status"].clone();
+        }
+        if new.get("spec") != cur.get("spec") {
+            let g = cur["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
+            new["metadata"]["generation"] = Value::from(g);
+        }
+        new["apiVersion"] = Value::from(rt.api_version());
+        new["kind"] = Value::from(rt.kind);
+        if t == SECRETS {
+            normalize_secret(&mut new);
+        }
+        if new == *cur {
+            return Ok(cur);
+        }
+        if t == PODS {
+            self.admit_quota(t, ns, name, &new, Some(&cur))?;
+        }
+        let rv = self.bump();
+        new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        let finished = is_deleting(&new)
+            && finalizers(&new).is_empty()
+            && (t != NAMESPACES || self.namespace_is_empty(name));
+        let new = Arc::new(new);
+        self.index_remove(t, &key, &cur);
+        if finished {
+            self.remove_now(t, &key, new.clone());
+            return Ok(new);
+        }
+        self.index_insert(t, &key, &new);
+        self.tables[t].objects.insert(key, new.clone());
+        self.emit(t, EventKind::Modified, new.clone(), Some(cur));
+        if t == PODS {
+            self.refresh_quotas(ns);
+        }
+        Ok(new)
+    }
+
+    fn remove_now(&mut self, t: TypeId, key: &Key, last: Arc<Value>) {
+        if let Some(old) = self.tables[t].objects.remove(key) {
+            self.index_remove(t, key, &old);
+            if let Some(c) = self.tables[t].per_ns.get_mut(&key.0) {
+                *c = c.saturating_sub(1);
+            }
+        }
+        let mut last = (*last).clone();
+        last["metadata"]["resourceVersion"] = Value::from(self.rv.to_string());
+        self.emit(t, EventKind::Deleted, Arc::new(last), None);
+        if TYPES[t].namespaced {
+            self.refresh_quotas(&key.0);
+        }
+    }
+
+    /// Deletes an object (see [`Propagation`]); `precondition_uid` / `precondition_rv` give a
+    /// 409 when they do not match.
+    pub fn delete(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+        precondition_uid: Option<&str>,
+        precondition_rv: Option<&str>,
+    ) -> Result<Deleted, ApiError> {
+        let rt = &TYPES[t];
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(cur) = self.tables[t].objects.get(&key).cloned() else {
+            return Err(ApiError::not_found(rt.group, rt.plural, name));
+        };
+        if let Some(u) = precondition_uid
+            && Some(u) != meta_str(&cur, "uid")
+        {
+            return Err(ApiError::conflict(
+                rt.group,
+                rt.plural,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {u}, UID in object meta: {}",
+                    meta_str(&cur, "uid").unwrap_or_default()
+                ),
+            ));
+        }
+        if let Some(r) = precondition_rv
+            && Some(r) != meta_str(&cur, "resourceVersion")
+        {
+            return Err(ApiError::conflict(
+                rt.group,
+                rt.plural,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {r}, ResourceVersion in object meta: {}",
+                    meta_str(&cur, "resourceVersion").unwrap_or_default()
+                ),
+            ));
+        }
+        let uid = meta_str(&cur, "uid").unwrap_or_default().to_owned();
+        if propagation == Propagation::Orphan {
+            for (dt, dk) in self.dependents_of(&uid) {
+                let _ = self.update_with(dt, &dk.0, &dk.1, |d| {
+                    let mut d = d.clone();
+                    if let Some(refs) = d["metadata"]["ownerReferences"].as_array_mut() {
+                        refs.retain(|r| r["uid"].as_str() != Some(uid.as_str()));
+                    }
+                    d["metadata"]["resourceVersion"] = Value::from("");
+                    Ok(d)
+                });
+            }
+        }
+        let mut fins = finalizers(&cur);
+        if propagation == Propagation::Foreground && !self.dependents_of(&uid).is_empty() {
+            fins.push("foregroundDeletion".into());
+        }
+        if t == NAMESPACES && !self.namespace_is_empty(name) {
+            fins.push("kubernetes".into());
+        }
+        if is_deleting(&cur) {
+            return Ok(Deleted::Pending(cur));
+        }
+        if fins.is_empty() {
+            let rv = self.bump();
+            let mut last = (*cur).clone();
+            last["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+            let last = Arc::new(last);
+            self.remove_now(t, &key, last.clone());
+            return Ok(Deleted::Gone(last));
+        }
+        let rv = self.bump();
+        let mut marked = (*cur).clone();
+        marked["metadata"]["deletionTimestamp"] = Value::from(now_rfc3339());
+        marked["metadata"]["deletionGracePeriodSeconds"] = Value::from(0);
+        marked["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        if let Some(m) = marked["metadata"].as_object_mut() {
+            for f in fins.iter().filter(|f| *f == "foregroundDeletion") {
+                add_finalizer(m, f);
+            }
+        }
+        if t == NAMESPACES {
+            marked["status"]["phase"] = Value::from("Terminating");
+        }
+        let marked = Arc::new(marked);
+        self.index_remove(t, &key, &cur);
+        self.index_insert(t, &key, &marked);
+        self.tables[t].objects.insert(key, marked.clone());
+        self.emit(t, EventKind::Modified, marked.clone(), Some(cur));
+        Ok(Deleted::Pending(marked))
+    }
+
+    /// Removes a finalizer (by a controller); finishes the deletion if it was the last one.
+    pub fn remove_finalizer(&mut self, t: TypeId, ns: &str, name: &str, finalizer: &str) {
+        let _ = self.update_with(t, ns, name, |c| {
+            let mut c = c.clone();
+            if let Some(f) = c["metadata"]["finalizers"].as_array_mut() {
+                f.retain(|x| x.as_str() != Some(finalizer));
+                if f.is_empty()
+                    && let Some(m) = c["metadata"].as_object_mut()
+                {
+                    m.remove("finalizers");
+                }
+            }
+            c["metadata"]["resourceVersion"] = Value::from("");
+            Ok(c)
+        });
+    }
+
+    /// Removes a terminating object whose finalizers are all gone (a namespace once empty).
+    pub fn finish_if_unblocked(&mut self, t: TypeId, ns: &str, name: &str) {
+        let key = (ns.to_owned(), name.to_owned());
+        if let Some(cur) = self.tables[t].objects.get(&key).cloned()
+            && is_deleting(&cur)
+            && finalizers(&cur).is_empty()
+            && (t != NAMESPACES || self.namespace_is_empty(name))
+        {
+            self.bump();
+            self.remove_now(t, &key, cur);
+        }
+    }
+
+    /// Whether a namespace holds no objects.
+    pub fn namespace_is_empty(&self, ns: &str) -> bool {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| TYPES[*t].namespaced)
+            .all(|(_, table)| table.per_ns.get(ns).copied().unwrap_or(0) == 0)
+    }
+
+    /// Lists with selectors and pagination over a consistent snapshot.
+    pub fn list(&mut self, t: TypeId, q: &ListQuery) -> Result<ListPage, ApiError> {
+        let (rv, items, offset) = match &q.continue_token {
+            Some(tok) => {
+                let (id, offset) = decode_continue(tok).ok_or_else(|| {
+                    ApiError::bad_request(format!("continue key is not valid: {tok}"))
+                })?;
+                self.expire_snapshots();
+                let snap = self.snapshots.get(&id).ok_or_else(|| {
+                    ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                })?;
+                (snap.rv, None, offset)
+            }
+            None => (self.rv, Some(self.select(t, q)), 0),
+        };
+        let selectors = !q.labels.requirements.is_empty() || !q.fields.terms.is_empty();
+        let all: Vec<Arc<Value>> = match items {
+            Some(v) => v,
+            None => {
+                let id = q
+                    .continue_token
+                    .as_deref()
+                    .and_then(decode_continue)
+                    .map(|x| x.0);
+                id.and_then(|id| self.snapshots.get(&id))
+                    .map(|s| s.items.clone())
+                    .unwrap_or_default()
+            }
+        };
+        if q.limit == 0 || offset + q.limit >= all.len() {
+            let items = all.get(offset..).map(<[_]>::to_vec).unwrap_or_default();
+            return Ok(ListPage {
+                items,
+                rv,
+                continue_token: None,
+                remaining: None,
+            });
+        }
+        let page = all[offset..offset + q.limit].to_vec();
+        let left = all.len() - offset - q.limit;
+        let id = match q.continue_token.as_deref().and_then(decode_continue) {
+            Some((id, _)) => id,
+            None => {
+                let id = self.next_snapshot;
+                self.next_snapshot += 1;
+                self.expire_snapshots();
+                if self.snapshots.len() >= SNAPSHOTS
+                    && let Some(first) = self.snapshots.keys().next().copied()
+                {
+                    self.snapshots.remove(&first);
+                }
+                self.snapshots.insert(
+                    id,
+                    Snapshot {
+                        created: Instant::now(),
+                        rv,
+                        items: all,
+                    },
+                );
+                id
+            }
+        };
+        Ok(ListPage {
+            items: page,
+            rv,
+            continue_token: Some(encode_continue(id, offset + q.limit, rv)),
+            remaining: (!selectors).then_some(left as u64),
+        })
+    }
+
+    fn expire_snapshots(&mut self) {
+        self.snapshots
+            .retain(|_, s| s.created.elapsed().as_secs() < SNAPSHOT_TTL_SECS);
+    }
+
+    /// The objects matching a query (no pagination), in key order.
+    pub fn select(&self, t: TypeId, q: &ListQuery) -> Vec<Arc<Value>> {
+        let table = &self.tables[t];
+        let ns = q.namespace.as_deref();
+        if let Some(name) = q.fields.name() {
+            return match ns {
+                Some(ns) => table
+                    .objects
+                    .get(&(ns.to_owned(), name.to_owned()))
+                    .filter(|o| q.labels.matches(o) && q.fields.matches(o))
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+                None => table
+                    .objects
+                    .values()
+                    .filter(|o| q.labels.matches(o) && q.fields.matches(o))
+                    .cloned()
+                    .collect(),
+            };
+        }
+        // Use the smallest equality index among the requirements, if any.
+        let indexed = q
+            .labels
+            .requirements
+            .iter()
+            .filter_map(|r| r.equality())
+            .map(|(k, v)| table.by_label.get(&(k.to_owned(), v.to_owned())))
+            .min_by_key(|s| s.map_or(0, BTreeSet::len));
+        let matches = |o: &&Arc<Value>| q.labels.matches(o) && q.fields.matches(o);
+        match indexed {
+            Some(None) => Vec::new(),
+            Some(Some(keys)) => keys
+                .iter()
+                .filter(|(n, _)| ns.is_none_or(|ns| ns == n))
+                .filter_map(|k| table.objects.get(k))
+                .filter(matches)
+                .cloned()
+                .collect(),
+            None => match ns {
+                Some(ns) => table
+                    .objects
+                    .range((ns.to_owned(), String::new())..)
+                    .take_while(|((n, _), _)| n == ns)
+                    .map(|(_, v)| v)
+                    .filter(matches)
+                    .cloned()
+                    .collect(),
+                None => table.objects.values().filter(matches).cloned().collect(),
+            },
+        }
+    }
+
+    /// The history of changes after `rv`, or `None` if it is older than what is kept.
+    pub fn history_since(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
+        let oldest = self.history.front().map_or(self.rv, |e| e.rv);
+        if rv + 1 < oldest && rv < self.rv {
+            return None;
+        }
+        let start = self.history.partition_point(|e| e.rv <= rv);
+        Some(self.history.range(start..).cloned().collect())
+    }
+
+    // ---- ResourceQuota ----
+
+    fn quota_usage(&self, ns: &str, resource: &str) -> Option<Milli> {
+        let count =
+            |t: TypeId| Milli(self.tables[t].per_ns.get(ns).copied().unwrap_or(0) as i128 * 1000);
+        let live_pods = || {
+            self.all(PODS, Some(ns))
+                .into_iter()
+                .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+        };
+        match resource {
+            "pods" | "count/pods" => Some(Milli(live_pods().count() as i128 * 1000)),
+            "requests.memory" | "memory" => Some(
+                live_pods()
+                    .map(|p| pod_request(&p, "requests", "memory"))
+                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+            ),
+            "limits.memory" => Some(
+                live_pods()
+                    .map(|p| pod_request(&p, "limits", "memory"))
+                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+            ),
+            "requests.cpu" | "cpu" => Some(
+                live_pods()
+                    .map(|p| pod_request(&p, "requests", "cpu"))
+                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+            ),
+            "limits.cpu" => Some(
+                live_pods()
+                    .map(|p| pod_request(&p, "limits", "cpu"))
+                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+            ),
+            other => {
+                let plural = other.strip_prefix("count/").unwrap_or(other);
+                resources::find_by_resource(plural)
+                    .filter(|t| {
+                        TYPES[*t].namespaced
+                            && (other.starts_with("count/") || TYPES[*t].group.is_empty())
+                    })
+                    .map(count)
+            }
+        }
+    }
+
+    /// What creating (or changing `old` into) `obj` adds to a quota resource.
+    fn quota_delta(t: TypeId, resource: &str, obj: &Value, old: Option<&Value>) -> Option<Milli> {
+        let rt = &TYPES[t];
+        let plural = resource.strip_prefix("count/").unwrap_or(resource);
+        let counts_me = plural == rt.plural || plural == rt.qualified();
+        if counts_me && (resource.starts_with("count/") || rt.group.is_empty()) {
+            return old.is_none().then_some(Milli(1000));
+        }
+        if t != PODS {
+            return None;
+        }
+        let (kind, res) = match resource {
+            "requests.memory" | "memory" => ("requests", "memory"),
+            "limits.memory" => ("limits", "memory"),
+            "requests.cpu" | "cpu" => ("requests", "cpu"),
+            "limits.cpu" => ("limits", "cpu"),
+            _ => return None,
+        };
+        let new = pod_request(obj, kind, res);
+        let before = old.map_or(Milli(0), |o| pod_request(o, kind, res));
+        Some(Milli(new.0 - before.0))
+    }
+
+    fn admit_quota(
+        &self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        if !TYPES[t].namespaced {
+            return Ok(());
+        }
+        let rt = &TYPES[t];
+        for q in self.all(QUOTAS, Some(ns)) {
+            let Some(hard) = q["spec"]["hard"].as_object() else {
+                continue;
+            };
+            let qname = meta_str(&q, "name").unwrap_or_default();
+            let mut requested = Vec::new();
+            let mut used = Vec::new();
+            let mut limited = Vec::new();
+            let mut over = false;
+            for (res, limit) in hard {
+                let Some(delta) = Self::quota_delta(t, res, obj, old) else {
+                    continue;
+                };
+                if t == PODS
+                    && old.is_none()
+                    && matches!(
+                        res.as_str(),
+                        "requests.memory"
+                            | "memory"
+                            | "requests.cpu"
+                            | "cpu"
+                            | "limits.memory"
+                            | "limits.cpu"
+                    )
+                    && !pod_specifies(obj, res)
+                {
+                    return Err(ApiError::forbidden(
+                        rt.group,
+                        rt.plural,
+                        name,
+                        &format!("failed quota: {qname}: must specify {res}"),
+                    ));
+                }
+                if delta.0 <= 0 {
+                    continue;
+                }
+                let Some(limit) = Milli::from_json(limit) else {
+                    continue;
+                };
+                let cur = self.quota_usage(ns, res).unwrap_or_default();
+                requested.push(format!("{res}={}", delta.render()));
+                used.push(format!("{res}={}", cur.render()));
+                limited.push(format!("{res}={}", limit.render()));
+                if cur.0 + delta.0 > limit.0 {
+                    over = true;
+                }
+            }
+            if over {
+                return Err(ApiError::forbidden(
+                    rt.group,
+                    rt.plural,
+                    name,
+                    &format!(
+                        "exceeded quota: {qname}, requested: {}, used: {}, limited: {}",
+                        requested.join(","),
+                        used.join(","),
+                        limited.join(",")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes `status.hard` / `status.used` of the namespace's quotas.
+    pub fn refresh_quotas(&mut self, ns: &str) {
+        for q in self.all(QUOTAS, Some(ns)) {
+            let Some(hard) = q["spec"]["hard"].as_object() else {
+                continue;
+            };
+            let mut used = serde_json::Map::new();
+            for res in hard.keys() {
+                if let Some(u) = self.quota_usage(ns, res) {
+                    used.insert(res.clone(), Value::from(u.render()));
+                }
+            }
+            let status = json!({"hard": hard, "used": used});
+            if q.get("status") == Some(&status) {
+                continue;
+            }
+            let name = meta_str(&q, "name").unwrap_or_default().to_owned();
+            let key = (ns.to_owned(), name);
+            let rv = self.bump();
+            let mut new = (*q).clone();
+            new["status"] = status;
+            new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+            let new = Arc::new(new);
+            self.tables[QUOTAS].objects.insert(key, new.clone());
+            self.emit(QUOTAS, EventKind::Modified, new, Some(q));
+        }
+    }
+
+    /// Sets the status of an object directly (controllers), bumping resourceVersion.
+    pub fn set_status(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        status: Value,
+    ) -> Option<Arc<Value>> {
+        self.update_with(t, ns, name, |c| {
+            let mut c = c.clone();
+            c["status"] = status;
+            c["metadata"]["resourceVersion"] = Value::from("");
+            Ok(c)
+        })
+        .ok()
+    }
+}
+
+/// Moves `stringData` into `data` (base64), as the API server does on every write.
+fn normalize_secret(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let Some(map) = string_data.as_object() else {
+        return;
+    };
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (k, v) in map {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = Value::from(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
+fn add_finalizer(meta: &mut serde_json::Map<String, Value>, f: &str) {
+    let list = meta
+        .entry("finalizers")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Some(a) = list.as_array_mut()
+        && !a.iter().any(|x| x.as_str() == Some(f))
+    {
+        a.push(Value::from(f));
+    }
+}
+
+fn pod_request(pod: &Value, kind: &str, res: &str) -> Milli {
+    let sum = |list: &Value| -> Milli {
+        Milli(
+            list.as_array()
+                .map(|cs| {
+                    cs.iter()
+                        .filter_map(|c| Milli::from_json(&c["resources"][kind][res]))
+                        .map(|m| m.0)
+                        .sum()
+                })
+                .unwrap_or(0),
+        )
+    };
+    let main = sum(&pod["spec"]["containers"]);
+    let init_max = pod["spec"]["initContainers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| Milli::from_json(&c["resources"][kind][res]))
+                .map(|m| m.0)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0);
+    Milli(main.0.max(init_max))
+}
+
+fn pod_specifies(pod: &Value, quota_res: &str) -> bool {
+    let (kind, res) = match quota_res {
+        "limits.memory" => ("limits", "memory"),
+        "limits.cpu" => ("limits", "cpu"),
+        "requests.cpu" | "cpu" => ("requests", "cpu"),
+        _ => ("requests", "memory"),
+    };
+    pod["spec"]["containers"].as_array().is_some_and(|cs| {
+        cs.iter().all(|c| {
+            !c["resources"][kind][res].is_null()
+                || (kind == "requests" && !c["resources"]["limits"][res].is_null())
+        })
+    })
+}
+
+fn encode_continue(id: u64, offset: usize, rv: u64) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
+        "{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"snapshot\":{id},\"offset\":{offset}}}"
+    ))
+}
+
+fn decode_continue(tok: &str) -> Option<(u64, usize)> {
+    use base64::Engine as _;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(tok.trim_end_matches('='))
+        .ok()?;
+    let v: Value = serde_json::from_slice(&raw).ok()?;
+    Some((
+        v["snapshot"].as_u64()?,
+        usize::try_from(v["offset"].as_u64()?).ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_with_ns() -> Store {
+        let mut s = Store::new();
+        s.create(NAMESPACES, "", json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        s
+    }
+
+    fn secret(name: &str, env: &str) -> Value {
+        json!({"metadata": {"name": name, "labels": {"env": env}}, "type": "Opaque"})
+    }
+
+    #[test]
+    fn pagination_is_a_consistent_snapshot() {
+        let mut s = store_with_ns();
+        for i in 0..10 {
+            s.create(SECRETS, "ns", secret(&format!("s{i:02}"), "dev"))
+                .unwrap();
+        }
+        let mut q = ListQuery {
+            namespace: Some("ns".into()),
+            limit: 4,
+            ..Default::default()
+        };
+        let p1 = s.list(SECRETS, &q).unwrap();
+        assert_eq!(p1.items.len(), 4);
+        assert_eq!(p1.remaining, Some(6));
+        // A change between pages does not show up in later pages.
+        s.delete(SECRETS, "ns", "s09", Propagation::Background, None, None)
+            .unwrap();
+        q.continue_token = p1.continue_token.clone();
+        let p2 = s.list(SECRETS, &q).unwrap();
+        q.continue_token = p2.continue_token.clone();
+        let p3 = s.list(SECRETS, &q).unwrap();
+        assert_eq!(p3.items.len(), 2);
+        assert!(p3.continue_token.is_none());
+        assert_eq!(meta_str(&p3.items[1], "name"), Some("s09"));
+        assert_eq!(p2.rv, p1.rv);
+    }
+
+    #[test]
+    fn string_data_is_stored_as_data() {
+        let mut s = store_with_ns();
+        let o = s
+            .create(
+                SECRETS,
+                "ns",
+                json!({"metadata": {"name": "a"}, "stringData": {"userdata": "hi"}}),
+            )
+            .unwrap();
+        assert_eq!(o["data"]["userdata"], "aGk=");
+        assert!(o.get("stringData").is_none());
+    }
+
+    #[test]
+    fn quota_counts_and_rejects_like_admission() {
+        let mut s = store_with_ns();
+        s.create(
+            QUOTAS,
+            "ns",
+            json!({"metadata": {"name": "q"}, "spec": {"hard": {"count/secrets": "1"}}}),
+        )
+        .unwrap();
+        s.create(SECRETS, "ns", secret("a", "dev")).unwrap();
+        let e = s.create(SECRETS, "ns", secret("b", "dev")).unwrap_err();
+        assert_eq!(e.code, 403);
+        assert_eq!(
+            e.message,
+            "secrets \"b\" is forbidden: exceeded quota: q, requested: count/secrets=1, used: count/secrets=1, limited: count/secrets=1"
+        );
+        assert_eq!(
+            s.get(QUOTAS, "ns", "q").unwrap()["status"]["used"]["count/secrets"],
+            "1"
+        );
+    }
+}
