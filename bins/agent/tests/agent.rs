@@ -7,7 +7,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::process::Command;
 
-use support::{PATIENCE, RunningAgent, process_alive, read_answer, status_kib, write_file};
+use support::{PATIENCE, RunningAgent, exits, read_answer, status_kib, write_file};
 use ttlab_agent::protocol::{
     self, ExecResponse, MAX_OUTPUT_BYTES, MAX_REQUEST_HEAD_BYTES, ReadyResponse,
 };
@@ -259,7 +259,7 @@ fn a_command_past_its_timeout_is_killed_with_its_children() {
         .parse()
         .unwrap();
     assert!(
-        !process_alive(child),
+        exits(child),
         "the background sleep {child} survived the timeout"
     );
 }

@@ -40,6 +40,9 @@ const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 1024 * 1024;
 /// Threads answering `busy` at once; connections beyond are closed unanswered.
 const MAX_REFUSING: usize = 16;
+/// Answered connections still draining unread bytes (they no longer hold a request slot);
+/// beyond this they are closed at once.
+const MAX_LINGERING: usize = 16;
 /// Stack of a connection thread.
 const CONNECTION_STACK: usize = 1024 * 1024;
 /// Largest failure-marker text returned by `/v1/ready`.
@@ -136,6 +139,7 @@ impl Agent {
     pub fn run(self) -> ! {
         let active = Arc::new(AtomicUsize::new(0));
         let refusing = Arc::new(AtomicUsize::new(0));
+        let lingering = Arc::new(AtomicUsize::new(0));
         loop {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
@@ -149,13 +153,11 @@ impl Agent {
             match Slot::take(&active, MAX_CONCURRENT_REQUESTS) {
                 Some(slot) => {
                     let paths = Arc::clone(&self.paths);
+                    let lingering = Arc::clone(&lingering);
                     let spawned = thread::Builder::new()
                         .name("ttlab-agent-conn".into())
                         .stack_size(CONNECTION_STACK)
-                        .spawn(move || {
-                            let _slot = slot;
-                            serve_connection(stream, &paths);
-                        });
+                        .spawn(move || serve_connection(stream, &paths, slot, &lingering));
                     if let Err(e) = spawned {
                         eprintln!("ttlab-agent: cannot start a connection thread: {e}");
                     }
@@ -211,8 +213,14 @@ fn refuse_busy(mut stream: TcpStream) {
     eprintln!("ttlab-agent: {} refused: busy", peer(&stream));
 }
 
-/// Reads, answers and logs one request.
-fn serve_connection(mut stream: TcpStream, paths: &AgentPaths) {
+/// Reads, answers and logs one request. The request slot is given back as soon as the answer
+/// is written, so a client sending its next request at once does not find it still taken.
+fn serve_connection(
+    mut stream: TcpStream,
+    paths: &AgentPaths,
+    slot: Slot,
+    lingering: &Arc<AtomicUsize>,
+) {
     let started = Instant::now();
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
@@ -229,19 +237,24 @@ fn serve_connection(mut stream: TcpStream, paths: &AgentPaths) {
         return;
     };
     let written = response.write_to(&mut stream);
-    if written.is_ok() && !read_all {
-        linger(&mut stream);
-    }
+    drop(slot);
     eprintln!(
         "ttlab-agent: {} {what} -> {} ({} ms){}",
         peer(&stream),
         response.status,
         started.elapsed().as_millis(),
         written
+            .as_ref()
             .err()
             .map(|e| format!(", answer not delivered: {e}"))
             .unwrap_or_default()
     );
+    if written.is_ok()
+        && !read_all
+        && let Some(_linger_slot) = Slot::take(lingering, MAX_LINGERING)
+    {
+        linger(&mut stream);
+    }
 }
 
 fn describe_read_error(e: &ReadError) -> String {
