@@ -1,8 +1,50 @@
-//! ttlabctl: operator CLI (migrate, render, sim, demo, bench, soak).
+//! ttlabctl: the operator CLI. Each subcommand lives in its own module (`mod x;` with
+//! `pub async fn run(args) -> anyhow::Result<()>`, or a plain `fn run` for work that does no
+//! I/O); this file only parses the command line and reports errors: exit status 1 and one line
+//! on stderr. Subcommands that need the database flatten [`database::DatabaseArgs`]
+//! (`--database-url`, or `DATABASE_URL`).
 //!
-//! Not built yet: this binary refuses to run rather than pretend to work.
+//! Subcommands: `migrate` (apply the database schema).
 
-fn main() {
-    eprintln!("ttlabctl: not available in this build yet");
-    std::process::exit(2);
+mod database;
+mod migrate;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// ttlab operator CLI.
+#[derive(Debug, Parser)]
+#[command(name = "ttlabctl", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the database schema (idempotent; safe to run while servers start).
+    Migrate(migrate::MigrateArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let result = match cli.command {
+        Command::Migrate(args) => migrate::run(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ttlabctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
