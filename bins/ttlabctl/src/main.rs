@@ -4,10 +4,12 @@
 //! on stderr. Subcommands that need the database flatten [`database::DatabaseArgs`]
 //! (`--database-url`, or `DATABASE_URL`).
 //!
-//! Subcommands: `migrate` (apply the database schema).
+//! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
+//! lesson would create).
 
 mod database;
 mod migrate;
+mod render;
 
 use std::process::ExitCode;
 
@@ -25,6 +27,8 @@ struct Cli {
 enum Command {
     /// Apply the database schema (idempotent; safe to run while servers start).
     Migrate(migrate::MigrateArgs),
+    /// Print, as a YAML stream, every object the server would create for one session.
+    Render(render::RenderArgs),
 }
 
 #[tokio::main]
@@ -39,6 +43,7 @@ async fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Migrate(args) => migrate::run(args).await,
+        Command::Render(args) => render::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,272 @@
+//! `ttlabctl render` end to end: the real binary, the shipped sample lessons, every simulated
+//! golden-disk state, and the errors an operator can cause.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde::Deserialize as _;
+use serde_json::Value;
+
+const SESSION: &str = "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a";
+const CASES: [&str; 7] = [
+    "ready",
+    "missing",
+    "importing",
+    "deleting",
+    "rwo",
+    "wrong-image",
+    "forbidden",
+];
+
+fn lessons_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lessons")
+}
+
+/// A stand-in agent binary: its bytes only travel inside the user-data.
+fn fake_agent(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("ttlab-agent");
+    let bytes: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7919 % 251) as u8).collect();
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn ttlabctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
+        .args(args)
+        .env_remove("TTLAB_LESSONS")
+        .env_remove("TTLAB_NAMESPACE")
+        .env_remove("TTLAB_AGENT_BINARY")
+        .env_remove("TTLAB_SESSION_TTL")
+        .env_remove("TTLAB_SESSION_MAX")
+        .output()
+        .expect("ttlabctl runs")
+}
+
+fn render(lesson: &str, golden: &str, agent: &Path) -> String {
+    let lessons = lessons_dir();
+    let out = ttlabctl(&[
+        "render",
+        "--lesson",
+        lesson,
+        "--lessons",
+        lessons.to_str().unwrap(),
+        "--session-id",
+        SESSION,
+        "--env",
+        "dev",
+        "--namespace",
+        "labs",
+        "--golden",
+        golden,
+        "--agent-binary",
+        agent.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{lesson} --golden {golden}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The documents of a YAML stream, each with the comment lines heading it.
+fn documents(stream: &str) -> Vec<(Vec<String>, Value)> {
+    let comments: Vec<Vec<String>> = stream
+        .split("\n---\n")
+        .skip(1)
+        .map(|doc| {
+            doc.lines()
+                .take_while(|l| l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    let values: Vec<Value> = serde_norway::Deserializer::from_str(stream)
+        .map(|d| Value::deserialize(d).expect("valid YAML document"))
+        .filter(|v| !v.is_null())
+        .collect();
+    assert_eq!(
+        comments.len(),
+        values.len(),
+        "one comment block per document"
+    );
+    comments.into_iter().zip(values).collect()
+}
+
+#[test]
+fn both_sample_lessons_render_for_every_golden_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    for (lesson, nodes) in [
+        ("systemd-basics", vec!["vm"]),
+        (
+            "kubeadm-cluster",
+            vec!["control-plane", "worker-1", "worker-2"],
+        ),
+    ] {
+        for case in CASES {
+            let stream = render(lesson, case, &agent);
+            let docs = documents(&stream);
+            let kinds: Vec<&str> = docs
+                .iter()
+                .map(|(_, v)| v["kind"].as_str().unwrap())
+                .collect();
+            let mut want = Vec::new();
+            for _ in &nodes {
+                want.extend(["Secret", "VirtualMachine"]);
+            }
+            if nodes.len() > 1 {
+                want.extend(["Service", "NetworkPolicy"]);
+            }
+            assert_eq!(kinds, want, "{lesson} {case}");
+
+            let reason = match case {
+                "ready" => "ready",
+                "missing" => "not_found",
+                "importing" => "importing",
+                "deleting" => "deleting",
+                "rwo" => "single_node",
+                "wrong-image" => "wrong_image",
+                "forbidden" => "forbidden",
+                _ => unreachable!(),
+            };
+            for (comments, doc) in &docs {
+                let line = comments
+                    .iter()
+                    .find(|l| l.starts_with("# disk: "))
+                    .unwrap_or_else(|| panic!("{lesson} {case}: no disk line in {comments:?}"));
+                assert!(line.contains(&format!("reason: {reason};")), "{line}");
+                assert!(line.contains(" bytes"), "size given: {line}");
+                assert_eq!(doc["metadata"]["namespace"], "labs");
+                assert_eq!(doc["metadata"]["labels"]["ttlab.io/session"], SESSION);
+                assert_eq!(doc["metadata"]["labels"]["ttlab.io/env"], "dev");
+            }
+            for (i, node) in nodes.iter().enumerate() {
+                let secret = &docs[2 * i].1;
+                let vm = &docs[2 * i + 1].1;
+                let name = format!("tt-6f1c1d2e0b7a4c2b9a551f0e2d3c4b5a-{node}");
+                assert_eq!(vm["metadata"]["name"], Value::String(name.clone()));
+                assert_eq!(
+                    secret["metadata"]["name"],
+                    Value::String(format!("{name}-ci"))
+                );
+                let user_data = secret["stringData"]["userdata"].as_str().unwrap();
+                assert!(
+                    user_data.starts_with("#cloud-config\n{"),
+                    "readable userdata"
+                );
+                assert!(secret.get("data").is_none());
+                let spec = &vm["spec"]["template"]["spec"];
+                assert_eq!(
+                    spec["volumes"][1]["cloudInitNoCloud"]["secretRef"]["name"],
+                    Value::String(format!("{name}-ci"))
+                );
+                let root = &spec["volumes"][0];
+                if case == "ready" {
+                    assert_eq!(root["ephemeral"]["persistentVolumeClaim"]["readOnly"], true);
+                } else {
+                    assert!(
+                        root["containerDisk"]["image"].is_string(),
+                        "{lesson} {case}: {root}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn output_is_deterministic_and_carries_only_the_placeholder_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    let a = render("systemd-basics", "ready", &agent);
+    let b = render("systemd-basics", "ready", &agent);
+    assert_eq!(a, b);
+    assert!(
+        a.contains(&format!("#   | {}", "0".repeat(64))),
+        "token shown as the zero placeholder"
+    );
+    assert!(
+        a.contains("hard-deadline power-off at 2026-01-01T03:15:00Z"),
+        "from the fixed --now"
+    );
+}
+
+#[test]
+fn bad_input_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    let lessons = lessons_dir();
+    let base = |lesson: &str, session: &str, agent: &str| {
+        ttlabctl(&[
+            "render",
+            "--lesson",
+            lesson,
+            "--lessons",
+            lessons.to_str().unwrap(),
+            "--session-id",
+            session,
+            "--env",
+            "dev",
+            "--agent-binary",
+            agent,
+        ])
+    };
+    let agent = agent.to_str().unwrap();
+    let cases = [
+        (
+            base("no-such-lesson", SESSION, agent),
+            "unknown lesson `no-such-lesson`",
+        ),
+        (base("systemd-basics", "not-a-uuid", agent), "--session-id"),
+        (base("Bad_Id", SESSION, agent), "--lesson"),
+        (
+            base("systemd-basics", SESSION, "/nonexistent/ttlab-agent"),
+            "cannot read the agent binary /nonexistent/ttlab-agent",
+        ),
+        (
+            ttlabctl(&[
+                "render",
+                "--lesson",
+                "systemd-basics",
+                "--lessons",
+                "/nonexistent",
+                "--session-id",
+                SESSION,
+                "--env",
+                "dev",
+                "--agent-binary",
+                agent,
+            ]),
+            "cannot load lessons from /nonexistent",
+        ),
+        (
+            ttlabctl(&[
+                "render",
+                "--lesson",
+                "systemd-basics",
+                "--lessons",
+                lessons.to_str().unwrap(),
+                "--session-id",
+                SESSION,
+                "--env",
+                "dev",
+                "--golden",
+                "sometimes",
+                "--agent-binary",
+                agent,
+            ]),
+            "--golden",
+        ),
+    ];
+    for (out, want) in cases {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{want}: must fail");
+        assert!(out.stdout.is_empty(), "{want}: nothing on stdout");
+        assert!(
+            stderr.contains(want),
+            "stderr {stderr:?} should mention {want:?}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
