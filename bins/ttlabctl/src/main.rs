@@ -10,6 +10,7 @@
 mod database;
 mod migrate;
 mod render;
+mod sim;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,8 @@ enum Command {
     Migrate(migrate::MigrateArgs),
     /// Print, as a YAML stream, every object the server would create for one session.
     Render(render::RenderArgs),
+    /// Run kube-sim (a local Kubernetes API with a simulated KubeVirt) and write a kubeconfig.
+    Sim(sim::SimArgs),
 }
 
 #[tokio::main]
@@ -44,6 +47,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Render(args) => render::run(&args),
+        Command::Sim(args) => sim::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -139,7 +139,7 @@ impl ApiError {
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?}; kube-sim does not speak protobuf: use `kubectl apply -f` or `kubectl create -f`)"
             ),
         )
     }
