@@ -40,7 +40,11 @@
 //!
 //! It travels gzip+base64 inside the cloud-init Secret (≤ 1 MiB), so the agent code path uses
 //! only std, serde_json, httparse and rustix (raw syscalls for process groups). Build the
-//! shipped binary with `cargo build -p ttlab-agent-bin --profile agent`.
+//! shipped binary with `cargo build -p ttlab-agent-bin --profile agent`;
+//! `bins/agent/measure-size.sh` builds it and prints its raw, gzip and base64 sizes and the
+//! newest glibc symbol version it needs, failing past 400 KiB of base64 or GLIBC_2.34. Dev
+//! builds of the agent crates are optimised for size too (root `Cargo.toml`), so the
+//! `target/debug/ttlab-agent` that tests and the simulator embed also fits the Secret.
 //!
 //! # Using the real binary in tests
 //!
