@@ -16,7 +16,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use crate::StoreError;
 pub const SUPERUSER: &str = "postgres";
 
 /// Bump when the template's settings change, so older cached templates are not reused.
-const TEMPLATE_FORMAT: u32 = 1;
+const TEMPLATE_FORMAT: u32 = 2;
 
 /// The port number in the socket file name (`.s.PGSQL.<port>`); no TCP port is opened.
 const SOCKET_PORT: u16 = 5432;
@@ -43,6 +43,9 @@ shared_buffers = 16MB
 max_connections = 200
 autovacuum = off
 timezone = 'UTC'
+# Dynamic shared memory inside the data directory, so a killed server leaves nothing behind
+# outside it.
+dynamic_shared_memory_type = mmap
 log_min_messages = warning
 ";
 
@@ -215,6 +218,11 @@ impl RunAs {
     }
 }
 
+/// `name` as a quoted SQL identifier.
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 fn run(step: &'static str, mut cmd: Command) -> Result<Output, StoreError> {
     let out = cmd
         .output()
@@ -243,12 +251,16 @@ pub struct ClusterOptions {
 impl Default for ClusterOptions {
     /// Clusters in `/dev/shm` where it exists (memory: copying the template there is several
     /// times faster than to disk), else in the system temp directory; the template cache in
-    /// the system temp directory (`$TMPDIR` or `/tmp`), so it survives between runs.
+    /// the system temp directory (`$TMPDIR` or `/tmp`, one per user), so it survives between
+    /// runs.
     fn default() -> Self {
         let tmp = std::env::temp_dir();
         let shm = Path::new("/dev/shm");
+        let uid = fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .unwrap_or(u32::MAX);
         Self {
-            cache_dir: tmp.join("ttlab-pg-cache"),
+            cache_dir: tmp.join(format!("ttlab-pg-cache-{uid}")),
             base_dir: if shm.is_dir() { shm.to_path_buf() } else { tmp },
         }
     }
@@ -278,10 +290,17 @@ impl PgCluster {
 
         fs::create_dir_all(&options.base_dir)
             .map_err(io_fail("creating the cluster directory", &options.base_dir))?;
+        sweep_abandoned(&options.base_dir);
         let root = tempfile::Builder::new()
-            .prefix("ttlab-pg-")
+            .prefix(CLUSTER_DIR_PREFIX)
             .tempdir_in(&options.base_dir)
             .map_err(io_fail("creating the cluster directory", &options.base_dir))?;
+        // Private: only the server's user (and root) may reach the socket.
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o700))
+            .map_err(io_fail("creating the cluster directory", root.path()))?;
+        let owner = root.path().join(OWNER_FILE);
+        fs::write(&owner, std::process::id().to_string())
+            .map_err(io_fail("creating the cluster directory", &owner))?;
         run_as.hand_over(root.path())?;
         let data = root.path().join("data");
         let mut cp = Command::new("cp");
@@ -368,6 +387,17 @@ impl PgCluster {
         )
     }
 
+    /// Creates database `name` (owned by the superuser) and returns its [`PgCluster::url`].
+    pub async fn create_database(&self, name: &str) -> Result<String, StoreError> {
+        let admin = crate::DbUrl::parse(&self.url("postgres"))?;
+        let client = admin.connect().await?;
+        client
+            .batch_execute(&format!("CREATE DATABASE {}", quote_ident(name)))
+            .await
+            .map_err(StoreError::query("creating a database"))?;
+        Ok(self.url(name))
+    }
+
     /// The directory holding the server's socket (and its data directory and log).
     pub fn socket_dir(&self) -> &Path {
         &self.socket_dir
@@ -428,6 +458,64 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         if self.root.is_some() {
             self.stop_quietly();
+        }
+    }
+}
+
+/// Prefix of every cluster directory.
+const CLUSTER_DIR_PREFIX: &str = "ttlab-pg-";
+/// File in a cluster directory holding the pid of the process that owns the cluster.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Whether process `pid` exists and is not a zombie.
+fn pid_alive(pid: &str) -> bool {
+    let pid = pid.trim();
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    // /proc/<pid>/stat: `pid (comm) state …`; the command may contain spaces and parentheses.
+    fs::read_to_string(Path::new("/proc").join(pid).join("stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
+    })
+}
+
+/// Removes cluster directories whose owning process is gone (it was killed before it could
+/// clean up), stopping their server first if it still runs. Best effort: errors are ignored.
+fn sweep_abandoned(base_dir: &Path) {
+    let Ok(entries) = fs::read_dir(base_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let is_cluster_dir = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(CLUSTER_DIR_PREFIX) && !n.contains("cache"));
+        if !is_cluster_dir {
+            continue;
+        }
+        let dir = entry.path();
+        // A directory without an owner file is being created right now, or is not ours.
+        let Ok(owner) = fs::read_to_string(dir.join(OWNER_FILE)) else {
+            continue;
+        };
+        if pid_alive(&owner) {
+            continue;
+        }
+        if let Ok(pid_file) = fs::read_to_string(dir.join("data").join("postmaster.pid"))
+            && let Some(postmaster) = pid_file.lines().next()
+            && pid_alive(postmaster)
+            && fs::read_to_string(Path::new("/proc").join(postmaster.trim()).join("comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        {
+            let _ = Command::new("kill")
+                .args(["-QUIT", postmaster.trim()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        if fs::remove_dir_all(&dir).is_ok() {
+            tracing::info!(dir = %dir.display(), "removed an abandoned throwaway PostgreSQL");
         }
     }
 }

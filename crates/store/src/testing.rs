@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::ephemeral::PgCluster;
+use crate::ephemeral::{PgCluster, quote_ident};
 use crate::{DbUrl, Store, StoreError, StoreOptions};
 
 /// The migrated template database on throwaway clusters.
@@ -196,10 +196,6 @@ fn database_url_from_env() -> Option<String> {
 
 fn fresh_name() -> String {
     format!("ttlab_test_{}", uuid::Uuid::new_v4().simple())
-}
-
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 async fn create_database(
