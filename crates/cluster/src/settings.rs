@@ -19,6 +19,13 @@ pub struct ClusterSettings {
     pub request_timeout: Duration,
     /// The field manager named on writes. Default `ttlab`.
     pub field_manager: String,
+    /// Whether answers of 429 Too Many Requests, 503 and 504 are retried inside the client
+    /// (kube-rs' server-aware policy: exponential backoff from 5 ms, honouring
+    /// `Retry-After`, as client-go does for API priority and fairness), within
+    /// `request_timeout`. Default true. When false they surface at once as
+    /// [`ClusterError::Transient`](crate::ClusterError::Transient). Applies to clients this
+    /// crate builds (not to [`KubeCluster::new`](crate::KubeCluster::new)).
+    pub retry_throttled: bool,
 }
 
 impl Default for ClusterSettings {
@@ -29,6 +36,7 @@ impl Default for ClusterSettings {
             page_size: 500,
             request_timeout: Duration::from_secs(30),
             field_manager: "ttlab".to_owned(),
+            retry_throttled: true,
         }
     }
 }

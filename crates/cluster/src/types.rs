@@ -102,17 +102,18 @@ pub struct Created {
 
 impl Created {
     /// An owner reference to this object, for a dependent that Kubernetes' garbage collector
-    /// deletes when this object is deleted (`blockOwnerDeletion: true`, so a foreground
-    /// deletion of the owner waits for it; `controller: false`, so it never fights KubeVirt's
-    /// own controller reference on VMIs).
+    /// deletes when this object is deleted. `blockOwnerDeletion` and `controller` are left
+    /// unset: setting `blockOwnerDeletion` needs update rights on the owner's finalizers
+    /// (which ttlab's service account does not have), and a controller reference would fight
+    /// KubeVirt's own. Same shape as `ttlab_vm_manifest::owner_reference`.
     pub fn owner_reference(&self) -> OwnerReference {
         OwnerReference {
             api_version: self.kind.api_version().to_owned(),
             kind: self.kind.name().to_owned(),
             name: self.name.clone(),
             uid: self.uid.clone(),
-            block_owner_deletion: Some(true),
-            controller: Some(false),
+            block_owner_deletion: None,
+            controller: None,
         }
     }
 }
@@ -152,9 +153,9 @@ pub enum Propagation {
     /// The default: the reaper deletes a VM, then its Secret explicitly, and does not wait.
     #[default]
     Background,
-    /// The object stays (with a `deletionTimestamp`) until every dependent with
-    /// `blockOwnerDeletion` is gone. For callers that must observe "everything is gone"
-    /// (a multi-VM rollback, a test) by watching the owner alone.
+    /// The object stays (with a `deletionTimestamp` and the `foregroundDeletion` finalizer)
+    /// while the garbage collector deletes its dependents, and goes once those with
+    /// `blockOwnerDeletion` are gone. For callers that want the owner to disappear last.
     Foreground,
 }
 

@@ -89,7 +89,11 @@ impl KubeCluster {
 
     /// Builds the client from a kube-rs [`Config`]. Must run inside a Tokio runtime (the
     /// client spawns its request buffer).
-    pub fn from_config(config: Config, settings: ClusterSettings) -> Result<Self, ClusterError> {
+    pub fn from_config(
+        mut config: Config,
+        settings: ClusterSettings,
+    ) -> Result<Self, ClusterError> {
+        config.default_retry = settings.retry_throttled;
         let client = Client::try_from(config).map_err(|e| ClusterError::Config {
             message: e.to_string(),
         })?;

@@ -1,0 +1,6 @@
+//! The kube-rs `Cluster` implementation against kube-sim, over HTTP.
+
+mod common;
+mod errors;
+mod objects;
+mod vmi;

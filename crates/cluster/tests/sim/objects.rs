@@ -1,0 +1,401 @@
+//! Creating, reading, listing and deleting objects; owner references; quota; golden facts.
+
+use std::collections::BTreeSet;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::json;
+use ttlab_cluster::{
+    Cluster, ClusterError, ClusterSettings, Deleted, GoldenRef, Kind, Lookup, Propagation,
+};
+use ttlab_model::labels::{self, ObjectLabels};
+
+use crate::common::{self, NS, within};
+
+#[tokio::test]
+async fn a_vm_is_created_found_by_label_and_deleted_once() {
+    let h = common::start().await;
+    let l = common::labels("dev");
+    let created = h.cluster.create_vm(common::vm("lab-a", &l)).await.unwrap();
+    assert_eq!(created.kind, Kind::VirtualMachine);
+    assert_eq!(created.name, "lab-a");
+    assert!(!created.uid.is_empty());
+
+    let got = h
+        .cluster
+        .get(Kind::VirtualMachine, "lab-a")
+        .await
+        .unwrap()
+        .expect("VM exists");
+    assert_eq!(got.uid, created.uid);
+    assert_eq!(ObjectLabels::from_map(&got.labels), Some(l.clone()));
+    assert!(got.created_at.is_some());
+    assert!(!got.deleting);
+
+    let mine = h
+        .cluster
+        .list_all(
+            Kind::VirtualMachine,
+            &labels::session_selector(&l.env, l.session),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        mine.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(),
+        ["lab-a"]
+    );
+    let prod = h
+        .cluster
+        .list_all(
+            Kind::VirtualMachine,
+            &labels::env_selector(&"prod".parse().unwrap()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        prod.is_empty(),
+        "another environment's selector sees nothing: {prod:?}"
+    );
+
+    // Creating it again is a conflict, never an update.
+    let again = h
+        .cluster
+        .create_vm(common::vm("lab-a", &l))
+        .await
+        .unwrap_err();
+    assert!(matches!(again, ClusterError::Conflict { .. }), "{again:?}");
+
+    let first = h
+        .cluster
+        .delete(Kind::VirtualMachine, "lab-a", Propagation::Background)
+        .await
+        .unwrap();
+    assert_eq!(first, Deleted::Deleted);
+    // Deleting it again while it is still terminating is accepted again; once it is gone,
+    // a delete finds nothing, which is success too.
+    let vm_api: Api<DynamicObject> = Api::namespaced_with(
+        h.cluster.client().clone(),
+        NS,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        ),
+    );
+    within(
+        10,
+        await_condition(vm_api, "lab-a", conditions::is_deleted(&created.uid)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        h.cluster.get(Kind::VirtualMachine, "lab-a").await.unwrap(),
+        None
+    );
+    let second = h
+        .cluster
+        .delete(Kind::VirtualMachine, "lab-a", Propagation::Background)
+        .await
+        .unwrap();
+    assert_eq!(second, Deleted::AlreadyGone);
+}
+
+#[tokio::test]
+async fn deleting_what_never_existed_is_success() {
+    let h = common::start().await;
+    for kind in Kind::ALL {
+        let outcome = h
+            .cluster
+            .delete(kind, "never-was", Propagation::Foreground)
+            .await
+            .unwrap();
+        assert_eq!(outcome, Deleted::AlreadyGone, "{kind}");
+        assert_eq!(
+            h.cluster.get(kind, "never-was").await.unwrap(),
+            None,
+            "{kind}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_page_of_2500_objects_is_read_exactly_once() {
+    let settings = ClusterSettings {
+        page_size: 100,
+        ..ClusterSettings::in_namespace(NS)
+    };
+    let h = common::start_with(settings).await;
+    let dev = common::labels("dev");
+    let prod = common::labels("prod");
+    // 2,500 of ours through the real API (16 at a time), and 30 of another environment.
+    let names: Vec<(String, ObjectLabels)> = (0..2500)
+        .map(|i| (format!("s-{i:04}"), dev.clone()))
+        .chain((0..30).map(|i| (format!("p-{i:02}"), prod.clone())))
+        .collect();
+    within(
+        120,
+        stream::iter(names)
+            .map(|(name, l)| {
+                let cluster = &h.cluster;
+                async move { cluster.create_secret(common::secret(&name, &l)).await }
+            })
+            .buffer_unordered(16)
+            .try_collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+
+    let selector = labels::env_selector(&dev.env);
+    let mut token = None;
+    let mut pages = 0;
+    let mut seen = BTreeSet::new();
+    loop {
+        let page = h
+            .cluster
+            .list_page(Kind::Secret, &selector, token)
+            .await
+            .unwrap();
+        pages += 1;
+        assert!(page.items.len() <= 100, "page of {}", page.items.len());
+        for item in page.items {
+            assert!(seen.insert(item.name.clone()), "{} seen twice", item.name);
+            assert_eq!(item.labels[labels::ENV], "dev");
+        }
+        match page.continue_token {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 2500);
+    assert_eq!(pages, 25);
+
+    let all = h.cluster.list_all(Kind::Secret, &selector).await.unwrap();
+    assert_eq!(all.len(), 2500);
+    let everything = h
+        .cluster
+        .list_all(Kind::Secret, &labels::managed_selector())
+        .await
+        .unwrap();
+    assert_eq!(everything.len(), 2530);
+}
+
+#[tokio::test]
+async fn live_vms_are_counted_across_environments_but_not_foreign_ones() {
+    let h = common::start().await;
+    h.sim.pause_kubevirt(true);
+    for (name, env) in [("d-1", "dev"), ("d-2", "dev"), ("p-1", "prod")] {
+        h.cluster
+            .create_vm(common::vm(name, &common::labels(env)))
+            .await
+            .unwrap();
+    }
+    // A VM someone else made, without ttlab's labels.
+    let mut foreign = common::vm("foreign", &common::labels("dev"));
+    foreign["metadata"]["labels"] = json!({"app": "other"});
+    h.cluster.create_vm(foreign).await.unwrap();
+
+    assert_eq!(h.cluster.count_live_vms().await.unwrap(), 3);
+    h.cluster
+        .delete(Kind::VirtualMachine, "d-1", Propagation::Background)
+        .await
+        .unwrap();
+    assert_eq!(h.cluster.count_live_vms().await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn deleting_the_vm_takes_its_secret_along() {
+    let h = common::start().await;
+    let l = common::labels("dev");
+    let vm = h
+        .cluster
+        .create_vm(common::vm("lab-owner", &l))
+        .await
+        .unwrap();
+    let mut s = common::secret("lab-owner-cloudinit", &l);
+    s.metadata.owner_references = Some(vec![vm.owner_reference()]);
+    let secret = h.cluster.create_secret(s).await.unwrap();
+    let got = h
+        .cluster
+        .get(Kind::Secret, &secret.name)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.owner_uids, vec![vm.uid.clone()]);
+
+    h.cluster
+        .delete(Kind::VirtualMachine, &vm.name, Propagation::Background)
+        .await
+        .unwrap();
+    // Watch (with kube-rs' own helper) until the garbage collector removed the Secret.
+    let api: Api<Secret> = Api::namespaced(h.cluster.client().clone(), NS);
+    within(
+        10,
+        await_condition(api, &secret.name, conditions::is_deleted(&secret.uid)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        h.cluster.get(Kind::Secret, &secret.name).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_full_quota_is_reported_as_quota_exceeded() {
+    let h = common::start().await;
+    h.sim.pause_kubevirt(true);
+    h.sim
+        .create(json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "ttlab-vms", "namespace": NS},
+            "spec": {"hard": {"count/virtualmachines.kubevirt.io": "2"}}
+        }))
+        .unwrap();
+    for name in ["q-1", "q-2"] {
+        h.cluster
+            .create_vm(common::vm(name, &common::labels("dev")))
+            .await
+            .unwrap();
+    }
+    let err = h
+        .cluster
+        .create_vm(common::vm("q-3", &common::labels("dev")))
+        .await
+        .unwrap_err();
+    match &err {
+        ClusterError::QuotaExceeded { message } => {
+            assert!(message.contains("ttlab-vms"), "{message}")
+        }
+        other => panic!("expected QuotaExceeded, got {other:?}"),
+    }
+    assert!(!err.is_retryable());
+    assert_eq!(
+        h.cluster.get(Kind::VirtualMachine, "q-3").await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn golden_disk_facts_are_observed_raw() {
+    let h = common::start().await;
+    h.sim
+        .create(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "ubuntu-ab12", "namespace": NS,
+                         "annotations": {"cdi.kubevirt.io/storage.pod.phase": "Succeeded"}},
+            "spec": {"accessModes": ["ReadOnlyMany"], "volumeMode": "Filesystem",
+                     "resources": {"requests": {"storage": "5Gi"}}}
+        }))
+        .unwrap();
+    h.sim
+        .set_status(
+            "persistentvolumeclaims",
+            NS,
+            "ubuntu-ab12",
+            json!({"phase": "Bound", "capacity": {"storage": "5Gi"}}),
+        )
+        .unwrap();
+    h.sim
+        .create(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "ubuntu-ab12", "namespace": NS},
+            "spec": {"source": {"registry": {"url": "docker://quay.io/containerdisks/ubuntu:22.04"}},
+                     "storage": {"resources": {"requests": {"storage": "5Gi"}}}}
+        }))
+        .unwrap();
+    h.sim
+        .set_status(
+            "datavolumes",
+            NS,
+            "ubuntu-ab12",
+            json!({"phase": "ImportInProgress", "progress": "45.20%"}),
+        )
+        .unwrap();
+    h.sim
+        .create(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+            "metadata": {"name": "ubuntu", "namespace": NS},
+            "spec": {"source": {"pvc": {"name": "ubuntu-ab12", "namespace": NS}}}
+        }))
+        .unwrap();
+
+    let facts = h
+        .cluster
+        .observe_golden(&GoldenRef::DataSource("ubuntu".into()))
+        .await
+        .unwrap();
+    let ds = facts
+        .data_source
+        .as_ref()
+        .and_then(Lookup::found)
+        .expect("DataSource found");
+    assert_eq!(ds.pvc_name.as_deref(), Some("ubuntu-ab12"));
+    let pvc = facts
+        .pvc
+        .as_ref()
+        .and_then(Lookup::found)
+        .expect("PVC found");
+    assert_eq!(pvc.access_modes, ["ReadOnlyMany"]);
+    assert_eq!(pvc.phase.as_deref(), Some("Bound"));
+    assert_eq!(pvc.capacity.as_deref(), Some("5Gi"));
+    assert!(!pvc.deleting);
+    assert_eq!(
+        pvc.annotations["cdi.kubevirt.io/storage.pod.phase"],
+        "Succeeded"
+    );
+    let dv = facts
+        .data_volume
+        .as_ref()
+        .and_then(Lookup::found)
+        .expect("DataVolume found");
+    assert_eq!(dv.phase.as_deref(), Some("ImportInProgress"));
+    assert_eq!(dv.progress.as_deref(), Some("45.20%"));
+
+    // Missing and forbidden are answers, not errors.
+    let missing = h
+        .cluster
+        .observe_golden(&GoldenRef::Pvc("nope".into()))
+        .await
+        .unwrap();
+    assert_eq!(missing.pvc, Some(Lookup::NotFound));
+    assert_eq!(missing.data_volume, Some(Lookup::NotFound));
+    let missing_ds = h
+        .cluster
+        .observe_golden(&GoldenRef::DataSource("nope".into()))
+        .await
+        .unwrap();
+    assert_eq!(missing_ds.data_source, Some(Lookup::NotFound));
+    assert_eq!(missing_ds.pvc, None);
+
+    h.sim.faults().add(ttlab_kube_sim::FaultRule::fail(
+        Some(ttlab_kube_sim::Verb::Get),
+        Some("persistentvolumeclaims"),
+        403,
+    ));
+    let forbidden = h
+        .cluster
+        .observe_golden(&GoldenRef::Pvc("ubuntu-ab12".into()))
+        .await
+        .unwrap();
+    assert_eq!(forbidden.pvc, Some(Lookup::Forbidden));
+    h.sim.faults().clear();
+
+    // A PVC being deleted (held by a finalizer: pvc-protection while a pod uses it, here one
+    // that nothing removes) says so.
+    h.sim
+        .create(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "old-golden", "namespace": NS, "finalizers": ["example.com/hold"]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .unwrap();
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(h.cluster.client().clone(), NS);
+    api.delete("old-golden", &Default::default()).await.unwrap();
+    let Lookup::Found(old) = h.cluster.observe_pvc(None, "old-golden").await.unwrap() else {
+        panic!("a Terminating PVC is still found");
+    };
+    assert!(old.deleting);
+    assert_eq!(old.access_modes, ["ReadWriteOnce"]);
+}

@@ -1,0 +1,367 @@
+//! Waiting for a VMI by watching it, its address, its serial console, pod exec.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use ttlab_cluster::{Cluster, ClusterError, Terminal, VmiPhase};
+use ttlab_kube_sim::{FaultRule, Verb};
+
+use crate::common::{self, NS, within};
+
+#[tokio::test]
+async fn waiting_returns_once_the_vmi_runs() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm("lab-run", &common::labels("dev")))
+        .await
+        .unwrap();
+    h.sim.faults().clear_calls();
+    let state = h
+        .cluster
+        .wait_vmi_running("lab-run", Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(state.phase, VmiPhase::Running);
+    assert_eq!(state.name, "lab-run");
+    let ip = h
+        .cluster
+        .vmi_ip("lab-run")
+        .await
+        .unwrap()
+        .expect("a Running VMI has an IP");
+    assert_eq!(Some(ip), h.sim.guest_ip(NS, "lab-run").map(Into::into));
+    assert!(ip.is_loopback());
+    // It watched rather than polled: one list, then watches, and no repeated gets.
+    let calls = h.sim.calls();
+    let on_vmis: Vec<_> = calls
+        .iter()
+        .filter(|c| c.resource == "virtualmachineinstances")
+        .map(|c| c.verb)
+        .collect();
+    assert!(on_vmis.contains(&Verb::Watch), "{on_vmis:?}");
+    assert!(
+        on_vmis.iter().filter(|v| **v == Verb::List).count() <= 2,
+        "{on_vmis:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_already_running_vmi_is_returned_at_once() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm("lab-early", &common::labels("dev")))
+        .await
+        .unwrap();
+    h.cluster
+        .wait_vmi_running("lab-early", Duration::from_secs(20))
+        .await
+        .unwrap();
+    let again = within(
+        5,
+        h.cluster
+            .wait_vmi_running("lab-early", Duration::from_secs(20)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.phase, VmiPhase::Running);
+}
+
+#[tokio::test]
+async fn a_vmi_that_never_appears_times_out_with_nothing_seen() {
+    let h = common::start().await;
+    h.sim.pause_kubevirt(true);
+    h.cluster
+        .create_vm(common::vm("lab-paused", &common::labels("dev")))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = h
+        .cluster
+        .wait_vmi_running("lab-paused", Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    match err {
+        ClusterError::WaitTimedOut {
+            name,
+            waited: w,
+            last,
+        } => {
+            assert_eq!(name, "lab-paused");
+            assert_eq!(w, Duration::from_millis(500));
+            assert!(last.is_none(), "{last:?}");
+        }
+        other => panic!("expected WaitTimedOut, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_vmi_stuck_on_a_missing_pvc_times_out_saying_why() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm_on_pvc(
+            "lab-nopvc",
+            &common::labels("dev"),
+            "golden-missing",
+        ))
+        .await
+        .unwrap();
+    let err = h
+        .cluster
+        .wait_vmi_running("lab-nopvc", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    let ClusterError::WaitTimedOut { last, .. } = &err else {
+        panic!("expected WaitTimedOut, got {err:?}");
+    };
+    let last = last.as_ref().expect("the VMI was seen");
+    assert_eq!(last.phase, VmiPhase::Pending);
+    let reason = last.blocking_condition().and_then(|c| c.reason.clone());
+    assert_eq!(reason.as_deref(), Some("FailedPvcNotFound"), "{last:?}");
+    assert!(err.to_string().contains("FailedPvcNotFound"), "{err}");
+}
+
+#[tokio::test]
+async fn a_vmi_that_ends_stops_the_wait() {
+    let h = common::start().await;
+    let mut vm = common::vm("lab-once", &common::labels("dev"));
+    vm["spec"]["runStrategy"] = "Once".into();
+    h.cluster.create_vm(vm).await.unwrap();
+    h.cluster
+        .wait_vmi_running("lab-once", Duration::from_secs(20))
+        .await
+        .unwrap();
+    h.sim.crash(NS, "lab-once").unwrap();
+    let err = within(
+        10,
+        h.cluster
+            .wait_vmi_running("lab-once", Duration::from_secs(60)),
+    )
+    .await
+    .unwrap_err();
+    match err {
+        ClusterError::VmiEnded { state, .. } => assert_eq!(state.phase, VmiPhase::Failed),
+        other => panic!("expected VmiEnded, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_transient_failure_during_the_wait_is_ridden_out() {
+    let h = common::start().await;
+    h.sim
+        .faults()
+        .add(FaultRule::fail(Some(Verb::Watch), Some("virtualmachineinstances"), 503).times(2));
+    h.cluster
+        .create_vm(common::vm("lab-flaky", &common::labels("dev")))
+        .await
+        .unwrap();
+    let state = h
+        .cluster
+        .wait_vmi_running("lab-flaky", Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(state.phase, VmiPhase::Running);
+}
+
+#[tokio::test]
+async fn a_forbidden_watch_fails_at_once() {
+    let h = common::start().await;
+    h.sim.faults().add(FaultRule::fail(
+        Some(Verb::List),
+        Some("virtualmachineinstances"),
+        403,
+    ));
+    let err = within(
+        5,
+        h.cluster.wait_vmi_running("lab-x", Duration::from_secs(60)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ClusterError::Forbidden { .. }), "{err:?}");
+}
+
+/// Reads console output until `needle` appears (or the stream ends).
+async fn read_until(term: &mut Terminal, needle: &str) -> String {
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        match term.output.next().await {
+            Some(Ok(bytes)) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Err(e)) => panic!("console error after {seen:?}: {e}"),
+            None => panic!("console closed before {needle:?}; saw {seen:?}"),
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn the_console_echoes_binary_frames_and_runs_builtins() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm("lab-tty", &common::labels("dev")))
+        .await
+        .unwrap();
+    h.cluster
+        .wait_vmi_running("lab-tty", Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut term = h.cluster.open_console("lab-tty").await.unwrap();
+    term.input
+        .send(Bytes::from_static(b"hostname\r"))
+        .await
+        .unwrap();
+    let out = within(10, read_until(&mut term, "lab-tty\r\n")).await;
+    assert!(
+        out.contains("hostname"),
+        "the typed command is echoed: {out:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_console_closes_the_first() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm("lab-two", &common::labels("dev")))
+        .await
+        .unwrap();
+    h.cluster
+        .wait_vmi_running("lab-two", Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut first = h.cluster.open_console("lab-two").await.unwrap();
+    let mut second = h.cluster.open_console("lab-two").await.unwrap();
+    // The first one's output ends (after whatever it had buffered).
+    within(10, async {
+        while let Some(item) = first.output.next().await {
+            if item.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    second
+        .input
+        .send(Bytes::from_static(b"whoami\r"))
+        .await
+        .unwrap();
+    within(10, read_until(&mut second, "root")).await;
+}
+
+#[tokio::test]
+async fn a_console_before_running_is_not_ready_and_a_missing_vmi_not_found() {
+    let h = common::start().await;
+    let err = h.cluster.open_console("no-such-vmi").await.unwrap_err();
+    assert!(matches!(err, ClusterError::NotFound { .. }), "{err:?}");
+
+    // A VMI whose PVC is missing stays Pending for ever.
+    h.cluster
+        .create_vm(common::vm_on_pvc(
+            "lab-pending",
+            &common::labels("dev"),
+            "nope",
+        ))
+        .await
+        .unwrap();
+    let err = h
+        .cluster
+        .wait_vmi_running("lab-pending", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClusterError::WaitTimedOut { last: Some(_), .. }),
+        "{err:?}"
+    );
+    let err = h.cluster.open_console("lab-pending").await.unwrap_err();
+    assert!(
+        matches!(err, ClusterError::ConsoleNotReady { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+}
+
+#[tokio::test]
+async fn console_refusals_from_the_server_are_typed() {
+    let h = common::start().await;
+    h.cluster
+        .create_vm(common::vm("lab-deny", &common::labels("dev")))
+        .await
+        .unwrap();
+    h.cluster
+        .wait_vmi_running("lab-deny", Duration::from_secs(20))
+        .await
+        .unwrap();
+    h.sim.faults().add(
+        FaultRule::fail(
+            Some(Verb::Get),
+            Some("virtualmachineinstances/console"),
+            403,
+        )
+        .times(1),
+    );
+    let err = h.cluster.open_console("lab-deny").await.unwrap_err();
+    assert!(matches!(err, ClusterError::Forbidden { .. }), "{err:?}");
+    h.sim.faults().add(
+        FaultRule::fail(
+            Some(Verb::Get),
+            Some("virtualmachineinstances/console"),
+            400,
+        )
+        .times(1),
+    );
+    let err = h.cluster.open_console("lab-deny").await.unwrap_err();
+    assert!(
+        matches!(err, ClusterError::ConsoleNotReady { .. }),
+        "{err:?}"
+    );
+    // And then it opens.
+    h.cluster.open_console("lab-deny").await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "kube-sim does not serve the pods/exec subresource (v5.channel.k8s.io) yet"]
+async fn pod_exec_is_a_tty_byte_stream() {
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    let h = common::start().await;
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("lab-pod".into()),
+            labels: Some(common::labels("dev").to_map()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "lab".into(),
+                image: Some("debian:12".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    h.cluster.create_pod(pod).await.unwrap();
+    let api: kube::Api<Pod> = kube::Api::namespaced(h.cluster.client().clone(), NS);
+    within(
+        10,
+        kube::runtime::wait::await_condition(
+            api,
+            "lab-pod",
+            kube::runtime::wait::conditions::is_pod_running(),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut term = h
+        .cluster
+        .exec_pod("lab-pod", Some("lab"), vec!["/bin/sh".into()])
+        .await
+        .unwrap();
+    term.input
+        .send(Bytes::from_static(b"echo hi-there\n"))
+        .await
+        .unwrap();
+    within(10, read_until(&mut term, "hi-there")).await;
+}
