@@ -561,8 +561,16 @@ fn spawn_vmi(sim: Arc<Sim>, ns: String, name: String, uid: String) {
         .guest_root
         .join(&ns)
         .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
+    let mut guests = sim.kubevirt.guests();
+    // One task per VMI: the VMI event and a resync may both ask for it.
+    if guests
+        .get(&(ns.clone(), name.clone()))
+        .is_some_and(|g| g.uid == uid)
+    {
+        return;
+    }
     let ip = sim.kubevirt.allocate_ip();
-    sim.kubevirt.guests().insert(
+    guests.insert(
         (ns.clone(), name.clone()),
         GuestSlot {
             uid: uid.clone(),
@@ -574,6 +582,7 @@ fn spawn_vmi(sim: Arc<Sim>, ns: String, name: String, uid: String) {
             running: false,
         },
     );
+    drop(guests);
     tokio::spawn(async move {
         run_vmi(&sim, &ns, &name, &uid, dir, ip, end_rx).await;
         let mut guests = sim.kubevirt.guests();
@@ -713,6 +722,7 @@ async fn run_vmi(
     } else {
         None
     };
+    sim.consoles.boot(ns, name, uid, &hostname);
     {
         let mut store = sim.store();
         let mut status = vmi_status(&vmi, "Running");
@@ -730,7 +740,6 @@ async fn run_vmi(
     {
         g.running = true;
     }
-    sim.consoles.boot(ns, name, uid, &hostname);
     reconcile_vm(sim, ns, name);
     // Setup: the markers, per lesson.
     if cloud_init_ok {
