@@ -84,6 +84,14 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// An advisory lock this process held is no longer held (its connection was lost).
+    #[error("lost the {what} lock on {target}")]
+    LockLost {
+        /// Which lock.
+        what: &'static str,
+        /// `host:port/database` of the server.
+        target: String,
+    },
     /// Waited longer than allowed.
     #[error("timed out after {:.1}s waiting for {what}", elapsed.as_secs_f64())]
     Timeout {

@@ -96,8 +96,9 @@ impl LeaderLock {
         &self.env
     }
 
-    /// Confirms the lock is still held (its connection is alive). A reaper checks this before
-    /// each cycle and stops acting when it fails.
+    /// Confirms the lock is still held. A reaper checks this before each cycle and stops
+    /// acting when it fails ([`StoreError::LockLost`], or a query error if the connection
+    /// is gone — which also released the lock).
     pub async fn check(&self) -> Result<(), StoreError> {
         let (class, _) = lock_key(LockKind::ReaperLeader, 0);
         let row = self
@@ -116,9 +117,9 @@ impl LeaderLock {
         if held {
             Ok(())
         } else {
-            Err(StoreError::ListenerClosed {
+            Err(StoreError::LockLost {
+                what: "reaper leader",
                 target: self.target.clone(),
-                reason: "the reaper leader lock is no longer held".into(),
             })
         }
     }
