@@ -197,6 +197,10 @@ impl Store {
     fn pool_error(&self, e: PoolError) -> StoreError {
         match e {
             PoolError::Backend(e) => self.url.connect_error(&e),
+            PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => StoreError::Connect {
+                target: self.target().to_owned(),
+                reason: "timed out waiting for a free pooled connection".into(),
+            },
             PoolError::Timeout(_) => StoreError::Connect {
                 target: self.target().to_owned(),
                 reason: "timed out".into(),
