@@ -41,6 +41,7 @@ mod client;
 mod cluster;
 mod error;
 mod settings;
+mod teardown;
 mod terminal;
 mod types;
 
@@ -48,6 +49,10 @@ pub use client::KubeCluster;
 pub use cluster::{Cluster, ClusterFuture};
 pub use error::ClusterError;
 pub use settings::ClusterSettings;
+pub use teardown::{
+    LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,
+    teardown_session,
+};
 pub use terminal::{ByteSink, ByteStream, Terminal};
 pub use types::{
     Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind,

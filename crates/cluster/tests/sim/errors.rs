@@ -212,4 +212,5 @@ async fn no_more_calls_than_the_limit_are_in_flight() {
         .max()
         .unwrap();
     assert_eq!(most_together, LIMIT, "arrivals (ms): {arrivals:?}");
+    eprintln!("limit {LIMIT}, sim latency {LATENCY:?}: arrivals (ms) {arrivals:?}");
 }

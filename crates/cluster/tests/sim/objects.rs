@@ -133,6 +133,7 @@ async fn every_page_of_2500_objects_is_read_exactly_once() {
         .map(|i| (format!("s-{i:04}"), dev.clone()))
         .chain((0..30).map(|i| (format!("p-{i:02}"), prod.clone())))
         .collect();
+    let started = std::time::Instant::now();
     within(
         120,
         stream::iter(names)
@@ -146,7 +147,9 @@ async fn every_page_of_2500_objects_is_read_exactly_once() {
     .await
     .unwrap();
 
+    let created_in = started.elapsed();
     let selector = labels::env_selector(&dev.env);
+    let started = std::time::Instant::now();
     let mut token = None;
     let mut pages = 0;
     let mut seen = BTreeSet::new();
@@ -169,6 +172,10 @@ async fn every_page_of_2500_objects_is_read_exactly_once() {
     }
     assert_eq!(seen.len(), 2500);
     assert_eq!(pages, 25);
+    eprintln!(
+        "2,530 Secrets created in {created_in:?} (16 in flight); 2,500 listed in {pages} pages in {:?}",
+        started.elapsed()
+    );
 
     let all = h.cluster.list_all(Kind::Secret, &selector).await.unwrap();
     assert_eq!(all.len(), 2500);

@@ -17,11 +17,16 @@ async fn waiting_returns_once_the_vmi_runs() {
         .await
         .unwrap();
     h.sim.faults().clear_calls();
+    let started = Instant::now();
     let state = h
         .cluster
         .wait_vmi_running("lab-run", Duration::from_secs(20))
         .await
         .unwrap();
+    eprintln!(
+        "VMI Running after {:?} (sim fast timings: 40 ms of phases)",
+        started.elapsed()
+    );
     assert_eq!(state.phase, VmiPhase::Running);
     assert_eq!(state.name, "lab-run");
     let ip = h
