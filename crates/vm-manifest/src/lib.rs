@@ -60,7 +60,7 @@ use ttlab_disk_select::DiskDecision;
 use ttlab_model::labels::{self, ObjectLabels};
 use ttlab_model::{EnvName, LessonId, NodeName, SessionId};
 
-pub use names::{NAME_PREFIX, network_policy_name, secret_name, service_name, vm_name};
+pub use names::{NAME_PREFIX, network_policy_name, pod_name, secret_name, service_name, vm_name};
 pub use network::{network_policy, service};
 pub use vm::{
     API_VERSION, ClaimRef, Cpu, Devices, Disk, DiskTarget, Domain, Empty, Interface, KIND, Memory,

@@ -2,7 +2,7 @@
 //!
 //! Every name starts with `tt-` and the session id's 32 hex digits, so it starts with a letter
 //! (valid as a DNS-1035 label, which Services need) and is unique per session. A [`NodeName`]
-//! is at most 20 characters, so the longest name here is 3 + 32 + 1 + 20 + 3 = 59 ≤ 63.
+//! is at most 20 characters, so the longest name here is 3 + 32 + 1 + 20 + 4 = 60 ≤ 63.
 
 use ttlab_model::{NodeName, SessionId};
 
@@ -23,6 +23,11 @@ pub fn secret_name(session: SessionId, node: &NodeName) -> String {
 /// peer resolves as `<node>.tt-<32 hex>` inside the namespace.
 pub fn service_name(session: SessionId) -> String {
     format!("{NAME_PREFIX}{}", session.simple())
+}
+
+/// The Pod of a pod lab (`runtime: pod`, exactly one node): `tt-<32 hex>-<node>-pod`.
+pub fn pod_name(session: SessionId, node: &NodeName) -> String {
+    format!("{}-pod", vm_name(session, node))
 }
 
 /// The NetworkPolicy letting a multi-VM session's VMs reach each other: `tt-<32 hex>-peers`.
@@ -52,6 +57,7 @@ mod tests {
             secret_name(id, &longest),
             service_name(id),
             network_policy_name(id),
+            pod_name(id, &longest),
         ] {
             assert!(is_dns1123_label(&name), "{name}");
             assert!(
@@ -78,6 +84,7 @@ mod tests {
             secret_name(id, &b),
             service_name(id),
             network_policy_name(id),
+            pod_name(id, &a),
         ];
         let unique: std::collections::BTreeSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len());

@@ -1,0 +1,269 @@
+//! Deleting everything of one session: the one teardown the server (finish, failed
+//! provisioning) and the reaper (expiry, stuck sessions) share.
+//!
+//! The order follows the operators' write-up: the VirtualMachine(s) first (KubeVirt stops the
+//! guest, and the garbage collector and storage-in-use protection take the launcher pod and
+//! volumes after it), then each cloud-init Secret explicitly by name — its owner link to the
+//! VM can fail, and a stale Secret would revive old cloud-init if the name were reused — then
+//! the session's Service and NetworkPolicy, the Pod of a pod lab, and finally anything still
+//! labelled with the session and environment. A missing object is already deleted: success.
+//!
+//! Every deletion is attempted even when an earlier one failed, and the report says, object by
+//! object, what happened; the caller marks the session final only when
+//! [`TeardownReport::all_deleted`] holds.
+
+use std::collections::BTreeSet;
+
+use ttlab_model::labels::session_selector;
+use ttlab_model::{EnvName, NodeName, Runtime, SessionId};
+
+use crate::{Cluster, ClusterError, Deleted, Kind, Propagation};
+
+/// When the teardown also lists, kind by kind, what is still labelled with the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LabelSweep {
+    /// Always (one list call per kind): catches objects whose names were never recorded.
+    #[default]
+    Always,
+    /// Only when the session's nodes are unknown (nothing recorded yet). The reaper's orphan
+    /// direction still finds any other labelled leftover on a later cycle; this keeps a
+    /// session's teardown to two calls (VM and Secret) in the common case.
+    IfNodesUnknown,
+}
+
+/// What to tear down: one session of one environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTarget<'a> {
+    /// The environment of the backend that created it (the label sweep selects on it).
+    pub env: &'a EnvName,
+    /// The session.
+    pub session: SessionId,
+    /// What it runs on: VMs and their Secrets, or a Pod.
+    pub runtime: Runtime,
+    /// Its lab nodes (one VM or pod each). Empty when none were recorded yet.
+    pub nodes: &'a [NodeName],
+}
+
+/// What happened to one object.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The deletion was accepted (the object may linger while finalizers run).
+    Deleted,
+    /// It did not exist: someone already deleted it, or it was never created.
+    AlreadyGone,
+    /// The deletion (or the list that looks for labelled leftovers) failed.
+    Failed(ClusterError),
+}
+
+impl Outcome {
+    /// Whether the object is deleted or gone.
+    pub fn is_success(&self) -> bool {
+        !matches!(self, Outcome::Failed(_))
+    }
+}
+
+/// One object of the teardown and its outcome.
+#[derive(Debug)]
+pub struct ObjectOutcome {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its name (for a failed label sweep: the selector).
+    pub name: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// The per-object outcomes of a teardown, in the order they were attempted.
+#[derive(Debug, Default)]
+pub struct TeardownReport {
+    /// Every object attempted.
+    pub objects: Vec<ObjectOutcome>,
+}
+
+impl TeardownReport {
+    /// Whether every deletion succeeded (or found the object gone): only then may the session
+    /// be marked final.
+    pub fn all_deleted(&self) -> bool {
+        self.objects.iter().all(|o| o.outcome.is_success())
+    }
+
+    /// The failures, in order.
+    pub fn failures(&self) -> impl Iterator<Item = (&ObjectOutcome, &ClusterError)> {
+        self.objects.iter().filter_map(|o| match &o.outcome {
+            Outcome::Failed(e) => Some((o, e)),
+            _ => None,
+        })
+    }
+
+    /// How many deletions were accepted (objects that existed).
+    pub fn deleted(&self) -> usize {
+        self.objects
+            .iter()
+            .filter(|o| matches!(o.outcome, Outcome::Deleted))
+            .count()
+    }
+
+    fn push(&mut self, kind: Kind, name: String, result: Result<Deleted, ClusterError>) {
+        let outcome = match result {
+            Ok(Deleted::Deleted) => Outcome::Deleted,
+            Ok(Deleted::AlreadyGone) => Outcome::AlreadyGone,
+            Err(e) => Outcome::Failed(e),
+        };
+        self.objects.push(ObjectOutcome {
+            kind,
+            name,
+            outcome,
+        });
+    }
+}
+
+/// The objects of a session that are deleted by name, in teardown order.
+pub fn named_objects(target: &SessionTarget<'_>) -> Vec<(Kind, String)> {
+    use ttlab_vm_manifest as names;
+    let mut out = Vec::new();
+    match target.runtime {
+        Runtime::Vm => {
+            for node in target.nodes {
+                out.push((Kind::VirtualMachine, names::vm_name(target.session, node)));
+            }
+            for node in target.nodes {
+                out.push((Kind::Secret, names::secret_name(target.session, node)));
+            }
+            // A single-VM session has neither; multi-VM sessions (and sessions whose nodes are
+            // unknown, found by the label sweep) do.
+            if target.nodes.len() > 1 {
+                out.push((Kind::Service, names::service_name(target.session)));
+                out.push((
+                    Kind::NetworkPolicy,
+                    names::network_policy_name(target.session),
+                ));
+            }
+        }
+        Runtime::Pod => {
+            for node in target.nodes {
+                out.push((Kind::Pod, names::pod_name(target.session, node)));
+            }
+        }
+    }
+    out
+}
+
+/// Deletes every object of one session, in the order described in the module docs, and
+/// reports each outcome. Never stops at a failure: every object is attempted.
+pub async fn teardown_session(
+    cluster: &dyn Cluster,
+    target: &SessionTarget<'_>,
+    sweep: LabelSweep,
+) -> TeardownReport {
+    let mut report = TeardownReport::default();
+    let named = named_objects(target);
+    for (kind, name) in &named {
+        let result = cluster.delete(*kind, name, Propagation::Background).await;
+        report.push(*kind, name.clone(), result);
+    }
+    let sweep_now = match sweep {
+        LabelSweep::Always => true,
+        LabelSweep::IfNodesUnknown => target.nodes.is_empty(),
+    };
+    if !sweep_now {
+        return report;
+    }
+    let already: BTreeSet<(Kind, &str)> = named.iter().map(|(k, n)| (*k, n.as_str())).collect();
+    let selector = session_selector(target.env, target.session);
+    // VMs first, as above; VMIs and launcher pods are KubeVirt's to delete.
+    for kind in [
+        Kind::VirtualMachine,
+        Kind::Secret,
+        Kind::Service,
+        Kind::NetworkPolicy,
+        Kind::Pod,
+    ] {
+        match cluster.list_all(kind, &selector).await {
+            Ok(items) => {
+                for item in items {
+                    if item.deleting || already.contains(&(kind, item.name.as_str())) {
+                        continue;
+                    }
+                    // A VM's launcher pod carries the session labels too; KubeVirt owns it.
+                    if kind == Kind::Pod && item.labels.contains_key("kubevirt.io") {
+                        continue;
+                    }
+                    let result = cluster
+                        .delete(kind, &item.name, Propagation::Background)
+                        .await;
+                    report.push(kind, item.name, result);
+                }
+            }
+            Err(e) => report.objects.push(ObjectOutcome {
+                kind,
+                name: selector.clone(),
+                outcome: Outcome::Failed(e),
+            }),
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vms_come_before_their_secrets_and_session_objects_only_for_several_nodes() {
+        let env: EnvName = "dev".parse().unwrap();
+        let id: SessionId = "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap();
+        let nodes: Vec<NodeName> = vec!["a".parse().unwrap(), "b".parse().unwrap()];
+        let kinds: Vec<Kind> = named_objects(&SessionTarget {
+            env: &env,
+            session: id,
+            runtime: Runtime::Vm,
+            nodes: &nodes,
+        })
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::VirtualMachine,
+                Kind::VirtualMachine,
+                Kind::Secret,
+                Kind::Secret,
+                Kind::Service,
+                Kind::NetworkPolicy
+            ]
+        );
+        let single = named_objects(&SessionTarget {
+            env: &env,
+            session: id,
+            runtime: Runtime::Vm,
+            nodes: &nodes[..1],
+        });
+        assert_eq!(
+            single,
+            [
+                (
+                    Kind::VirtualMachine,
+                    "tt-6f1c1d2e0b7a4c2b9a551f0e2d3c4b5a-a".to_owned()
+                ),
+                (
+                    Kind::Secret,
+                    "tt-6f1c1d2e0b7a4c2b9a551f0e2d3c4b5a-a-ci".to_owned()
+                ),
+            ]
+        );
+        let pod = named_objects(&SessionTarget {
+            env: &env,
+            session: id,
+            runtime: Runtime::Pod,
+            nodes: &nodes[..1],
+        });
+        assert_eq!(
+            pod,
+            [(
+                Kind::Pod,
+                "tt-6f1c1d2e0b7a4c2b9a551f0e2d3c4b5a-a-pod".to_owned()
+            )]
+        );
+    }
+}
