@@ -189,10 +189,10 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
     let token = CancellationToken::new();
     {
         let mut slots = sim.consoles.slots();
-        if let Some(s) = slots.get_mut(&(ns.to_owned(), name.to_owned())) {
-            if let Some(old) = s.current.replace(token.clone()) {
-                old.cancel();
-            }
+        if let Some(s) = slots.get_mut(&(ns.to_owned(), name.to_owned()))
+            && let Some(old) = s.current.replace(token.clone())
+        {
+            old.cancel();
         }
     }
     let shutdown = sim.shutdown.clone();
@@ -288,11 +288,10 @@ fn input(t: &mut Terminal, data: &[u8]) -> Vec<Action> {
                 actions.push(Action::Out(b"^C\r\n".to_vec()));
                 actions.push(Action::Out(prompt(t)));
             }
-            0x7f | 0x08 => {
-                if t.line.pop().is_some() {
-                    actions.push(Action::Out(b"\x08 \x08".to_vec()));
-                }
+            0x7f | 0x08 if t.line.pop().is_some() => {
+                actions.push(Action::Out(b"\x08 \x08".to_vec()));
             }
+            0x7f | 0x08 => {}
             0x04 if t.line.is_empty() => actions.extend(run_line(t, "logout")),
             b if b >= 0x20 || b == b'\t' => {
                 t.line.push(b);

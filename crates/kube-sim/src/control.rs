@@ -52,10 +52,6 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
         Err(_) => return err(StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
     };
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let parse = |what: &str| -> Result<Value, Response> {
-        serde_json::from_slice(&body)
-            .map_err(|e| err(StatusCode::BAD_REQUEST, format!("{what}: {e}")))
-    };
     match (method, segs.as_slice()) {
         (Method::GET, ["sim", "stats"]) => reply(StatusCode::OK, &json!(sim.stats())),
         (Method::GET, ["sim", "calls"]) => {
@@ -109,7 +105,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
             Ok(_) => err(StatusCode::NOT_FOUND, format!("no fault rule {id}")),
             Err(_) => err(StatusCode::BAD_REQUEST, format!("bad rule id {id:?}")),
         },
-        (Method::PUT, ["sim", "latency"]) => match parse("latency") {
+        (Method::PUT, ["sim", "latency"]) => match serde_json::from_slice::<Value>(&body) {
             Ok(v) => match v["millis"].as_u64() {
                 Some(ms) => {
                     sim.faults.set_latency(Duration::from_millis(ms));
@@ -120,7 +116,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
                     "expected {\"millis\": <non-negative integer>}",
                 ),
             },
-            Err(r) => r,
+            Err(e) => err(StatusCode::BAD_REQUEST, format!("latency: {e}")),
         },
         (Method::POST, ["sim", "kubevirt", "pause"]) => {
             sim.paused.send_replace(true);

@@ -326,9 +326,8 @@ fn spawn_kubelet(sim: Arc<Sim>, ns: String, name: String) {
                 let mut status = pod["status"].clone();
                 status["phase"] = Value::from("Failed");
                 status["reason"] = Value::from("DeadlineExceeded");
-                status["message"] = Value::from(format!(
-                    "Pod was active on the node longer than the specified deadline"
-                ));
+                status["message"] =
+                    Value::from("Pod was active on the node longer than the specified deadline");
                 store.set_status(PODS, &ns, &name, status);
             }
         }

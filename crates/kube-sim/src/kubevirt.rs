@@ -175,7 +175,7 @@ pub(crate) fn spawn(sim: Arc<Sim>) {
                             VMIS => {
                                 let ns = meta_str(&ev.object, "namespace").unwrap_or("").to_owned();
                                 let name = meta_str(&ev.object, "name").unwrap_or("").to_owned();
-                                if ev.kind == crate::store::EventKind::Added && is_deleting(&ev.object) == false {
+                                if ev.kind == crate::store::EventKind::Added && !is_deleting(&ev.object) {
                                     spawn_vmi(sim.clone(), ns.clone(), name.clone(), meta_str(&ev.object, "uid").unwrap_or("").to_owned());
                                 }
                                 reconcile_vm(&sim, &ns, &name);

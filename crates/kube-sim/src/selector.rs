@@ -245,7 +245,7 @@ impl FieldSelector {
                 ));
             };
             let field = field.trim();
-            if !FIELDS.contains(&field) && !(is_pods && POD_FIELDS.contains(&field)) {
+            if !(FIELDS.contains(&field) || (is_pods && POD_FIELDS.contains(&field))) {
                 return Err(format!("field label not supported: {field}"));
             }
             terms.push((field.to_owned(), value.trim().to_owned(), eq));

@@ -12,6 +12,13 @@ pub struct ApiError {
     pub reason: &'static str,
     /// Human-readable `message`.
     pub message: String,
+    /// `details` of the body.
+    pub details: Box<Details>,
+}
+
+/// The `details` of a `Status`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Details {
     /// `details.name`.
     pub name: Option<String>,
     /// `details.group`.
@@ -29,20 +36,17 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
-            name: None,
-            group: None,
-            kind: None,
-            causes: Vec::new(),
+            details: Box::default(),
         }
     }
 
     /// Adds `details` naming the object.
     pub fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
         if !group.is_empty() {
-            self.group = Some(group.to_owned());
+            self.details.group = Some(group.to_owned());
         }
-        self.kind = Some(kind.to_owned());
-        self.name = Some(name.to_owned());
+        self.details.kind = Some(kind.to_owned());
+        self.details.name = Some(name.to_owned());
         self
     }
 
@@ -99,7 +103,7 @@ impl ApiError {
             format!("{qualified_kind} \"{name}\" is invalid: {joined}"),
         )
         .with_details(group, kind, name);
-        e.causes = causes;
+        e.details.causes = causes;
         e
     }
 
@@ -170,20 +174,21 @@ impl ApiError {
             "code": self.code,
         });
         let mut details = serde_json::Map::new();
-        if let Some(n) = &self.name {
+        if let Some(n) = &self.details.name {
             details.insert("name".into(), Value::from(n.clone()));
         }
-        if let Some(g) = &self.group {
+        if let Some(g) = &self.details.group {
             details.insert("group".into(), Value::from(g.clone()));
         }
-        if let Some(k) = &self.kind {
+        if let Some(k) = &self.details.kind {
             details.insert("kind".into(), Value::from(k.clone()));
         }
-        if !self.causes.is_empty() {
+        if !self.details.causes.is_empty() {
             details.insert(
                 "causes".into(),
                 Value::Array(
-                    self.causes
+                    self.details
+                        .causes
                         .iter()
                         .map(|(reason, message, field)| {
                             json!({"reason": reason, "message": message, "field": field})

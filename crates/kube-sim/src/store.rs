@@ -369,7 +369,7 @@ impl Store {
         {
             let meta = obj
                 .as_object_mut()
-                .and_then(|o| Some(o.entry("metadata").or_insert_with(|| json!({}))))
+                .map(|o| o.entry("metadata").or_insert_with(|| json!({})))
                 .and_then(Value::as_object_mut);
             if let Some(meta) = meta {
                 meta.insert("uid".into(), Value::from(uuid::Uuid::new_v4().to_string()));

@@ -277,7 +277,7 @@ pub fn check_object(
                             "admission webhook \"virtualmachine-validator.kubevirt.io\" denied the request: {msg}"
                         ),
                     );
-                    e.causes = causes;
+                    e.details.causes = causes;
                     return Err(e);
                 }
             }
