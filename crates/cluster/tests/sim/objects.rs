@@ -10,6 +10,7 @@ use serde_json::json;
 use ttlab_cluster::{
     Cluster, ClusterError, ClusterSettings, Deleted, GoldenRef, Kind, Lookup, Propagation,
 };
+use ttlab_kube_sim::Verb;
 use ttlab_model::labels::{self, ObjectLabels};
 
 use crate::common::{self, NS, within};
@@ -246,6 +247,16 @@ async fn deleting_the_vm_takes_its_secret_along() {
         h.cluster.get(Kind::Secret, &secret.name).await.unwrap(),
         None
     );
+    // The owner link was set at creation: the Secret was never updated or patched.
+    let writes: Vec<Verb> = h
+        .sim
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource == "secrets")
+        .map(|c| c.verb)
+        .filter(|v| !matches!(v, Verb::Get | Verb::List | Verb::Watch))
+        .collect();
+    assert_eq!(writes, [Verb::Create]);
 }
 
 #[tokio::test]
