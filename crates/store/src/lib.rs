@@ -51,7 +51,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
 pub use error::StoreError;
-pub use locks::{CapacityGuard, LeaderLock};
+pub use locks::{CapacityGuard, LeaderLock, ProvisioningLock};
 pub use migrate::{MigrationReport, SCHEMA_VERSION};
 pub use notify::{Channel, Listener, Notification};
 pub use reaper_cycles::{

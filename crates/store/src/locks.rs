@@ -1,8 +1,9 @@
 //! Advisory locks: the migration lock, the reaper's leader lock (one reaper per environment
-//! acts at a time) and the capacity lock that serialises "count, then open a session".
+//! acts at a time), the capacity lock that serialises "count, then open a session", and the
+//! provisioning lock a server holds on each session it is provisioning.
 //!
 //! Keys are the two-integer form `(class, key)`: the class says what the lock is for, the key
-//! which one (the environment's `hashtext`, or 0).
+//! which one (the environment's or session id's `hashtext`, or 0).
 
 use ttlab_model::EnvName;
 
@@ -18,6 +19,8 @@ pub(crate) enum LockKind {
     ReaperLeader = 2,
     /// Counting capacity and opening a session.
     Capacity = 3,
+    /// Provisioning one session (held by the server process doing it).
+    Provisioning = 4,
 }
 
 /// The `(class, key)` pair of a lock.
@@ -135,6 +138,44 @@ impl LeaderLock {
             .await
             .map_err(StoreError::query("releasing the reaper leader lock"))?;
         Ok(())
+    }
+}
+
+/// The right to provision one session: a session-level advisory lock on a dedicated
+/// connection, held by the server process driving the session's provisioning. A server that
+/// starts and finds a `starting` session it cannot lock knows another replica is still on it;
+/// one it can lock was abandoned (its provisioner died, and its connection with it). Dropping
+/// the value (or losing the connection) releases the lock.
+pub struct ProvisioningLock {
+    _client: tokio_postgres::Client,
+}
+
+impl std::fmt::Debug for ProvisioningLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProvisioningLock").finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Tries to take the provisioning lock of session `id`, without waiting. `None` means
+    /// another process holds it.
+    pub async fn try_provisioning_lock(
+        &self,
+        id: ttlab_model::SessionId,
+    ) -> Result<Option<ProvisioningLock>, StoreError> {
+        let client = self.url().connect().await?;
+        let (class, _) = lock_key(LockKind::Provisioning, 0);
+        let row = client
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                &[&class, &id.to_string()],
+            )
+            .await
+            .map_err(StoreError::query("taking a provisioning lock"))?;
+        let got: bool = row
+            .try_get(0)
+            .map_err(StoreError::query("taking a provisioning lock"))?;
+        Ok(got.then_some(ProvisioningLock { _client: client }))
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! | channel | sent when | payload |
 //! |---|---|---|
-//! | [`SESSIONS_CHANGED`] | a session is opened, extended or changes status | its environment |
+//! | [`SESSIONS_CHANGED`] | a session is opened, extended, changes status or records provisioning progress (stage, disk, VMs, failure reason) | its environment |
 //! | [`COLLECT_REQUESTED`] | an admin asks for a collection now | the environment |
 //! | [`COLLECT_ANSWERED`] | a reaper cycle answered a collect request | the request id |
 //!
@@ -33,7 +33,8 @@ macro_rules! channel_collect_answered {
 }
 pub(crate) use {channel_collect_answered, channel_collect_requested, channel_sessions_changed};
 
-/// Channel: a session was opened, extended or changed status (payload: its environment).
+/// Channel: a session was opened, extended, changed status or recorded provisioning progress
+/// (payload: its environment).
 pub const SESSIONS_CHANGED: &str = channel_sessions_changed!();
 /// Channel: an admin asked for a collection now (payload: the environment).
 pub const COLLECT_REQUESTED: &str = channel_collect_requested!();

@@ -5,7 +5,9 @@
 //! (someone else got there first — callers treat that as "already done" or re-read). Each
 //! change is checked against [`SessionStatus::can_become`] before any statement is sent, and
 //! changes that move a deadline notify [`Channel::SessionsChanged`](crate::Channel) with the
-//! environment as payload, so the reaper can sleep until the next deadline.
+//! environment as payload, so the reaper can sleep until the next deadline. Progress records
+//! (stage, disk, VMs, failure reason) notify the same channel, so a server replica streaming
+//! a session's progress hears about changes another replica made.
 
 use std::fmt;
 use std::str::FromStr;
@@ -39,6 +41,19 @@ macro_rules! returning_and_notify {
             " RETURNING ",
             columns!(),
             ", pg_notify('",
+            channel_sessions_changed!(),
+            "', env)"
+        )
+    };
+}
+
+/// `RETURNING` clause of a progress update (stage, disk, VMs, failure reason): no deadline
+/// moves, but watchers of the session (the server's event streams, on every replica) hear
+/// about it on the same channel.
+macro_rules! notify_progress {
+    () => {
+        concat!(
+            " RETURNING pg_notify('",
             channel_sessions_changed!(),
             "', env)"
         )
@@ -837,16 +852,25 @@ impl<'a> Sessions<'a> {
     pub async fn record_stage(&self, id: SessionId, stage: Stage) -> Result<bool, StoreError> {
         let sql = match stage {
             Stage::VmCreated => {
-                "UPDATE sessions SET vm_created_at = COALESCE(vm_created_at, now()), \
-                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+                concat!(
+                    "UPDATE sessions SET vm_created_at = COALESCE(vm_created_at, now()), \
+                     updated_at = now() WHERE id = $1 AND status = ANY($2)",
+                    notify_progress!()
+                )
             }
             Stage::VmiRunning => {
-                "UPDATE sessions SET vmi_running_at = COALESCE(vmi_running_at, now()), \
-                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+                concat!(
+                    "UPDATE sessions SET vmi_running_at = COALESCE(vmi_running_at, now()), \
+                     updated_at = now() WHERE id = $1 AND status = ANY($2)",
+                    notify_progress!()
+                )
             }
             Stage::AgentUp => {
-                "UPDATE sessions SET agent_up_at = COALESCE(agent_up_at, now()), \
-                 updated_at = now() WHERE id = $1 AND status = ANY($2)"
+                concat!(
+                    "UPDATE sessions SET agent_up_at = COALESCE(agent_up_at, now()), \
+                     updated_at = now() WHERE id = $1 AND status = ANY($2)",
+                    notify_progress!()
+                )
             }
         };
         self.execute(
@@ -864,8 +888,11 @@ impl<'a> Sessions<'a> {
         kind: DiskKind,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        const SQL: &str = "UPDATE sessions SET disk_kind = $2, disk_reason = $3, \
-             updated_at = now() WHERE id = $1 AND status = ANY($4)";
+        const SQL: &str = concat!(
+            "UPDATE sessions SET disk_kind = $2, disk_reason = $3, \
+             updated_at = now() WHERE id = $1 AND status = ANY($4)",
+            notify_progress!()
+        );
         self.execute(
             "recording the disk decision",
             SQL,
@@ -881,8 +908,11 @@ impl<'a> Sessions<'a> {
 
     /// Records the session's VMs (or pod), one per lab node. `false` if it is not live.
     pub async fn record_vms(&self, id: SessionId, vms: &[SessionVm]) -> Result<bool, StoreError> {
-        const SQL: &str = "UPDATE sessions SET node_names = $2, vm_names = $3, \
-             updated_at = now() WHERE id = $1 AND status = ANY($4)";
+        const SQL: &str = concat!(
+            "UPDATE sessions SET node_names = $2, vm_names = $3, \
+             updated_at = now() WHERE id = $1 AND status = ANY($4)",
+            notify_progress!()
+        );
         let nodes: Vec<&str> = vms.iter().map(|v| v.node.as_str()).collect();
         let names_: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
         self.execute(
@@ -899,8 +929,11 @@ impl<'a> Sessions<'a> {
         id: SessionId,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        const SQL: &str = "UPDATE sessions SET failure_reason = $2, updated_at = now() \
-             WHERE id = $1 AND status = ANY($3)";
+        const SQL: &str = concat!(
+            "UPDATE sessions SET failure_reason = $2, updated_at = now() \
+             WHERE id = $1 AND status = ANY($3)",
+            notify_progress!()
+        );
         self.execute(
             "recording a failure reason",
             SQL,
