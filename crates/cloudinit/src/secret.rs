@@ -8,8 +8,8 @@ use ttlab_model::labels::{COMPONENT, ObjectLabels};
 
 use crate::{CloudInitError, UserData};
 
-/// The value of the `ttlab.io/component` label on cloud-init Secrets.
-pub const COMPONENT_VALUE: &str = "cloud-init";
+/// The `ttlab.io/component` value on cloud-init Secrets.
+pub const COMPONENT_VALUE: &str = ttlab_model::labels::component::CLOUD_INIT;
 
 /// The Secret that carries one VM's user-data (`cloudInitNoCloud.secretRef`). It is always
 /// used, whatever the size: inline `userData` is never rendered. Its size is checked when it is

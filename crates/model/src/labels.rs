@@ -37,8 +37,20 @@ pub const ENV: &str = "ttlab.io/env";
 pub const LESSON: &str = "ttlab.io/lesson";
 /// The node of a (possibly multi-VM) lab; absent on session-wide objects.
 pub const NODE: &str = "ttlab.io/node";
-/// What the object is for (`vm`, `cloud-init`, `session-network`, `pod`).
+/// What the object is for: one of the values in [`component`].
 pub const COMPONENT: &str = "ttlab.io/component";
+
+/// The values of the [`COMPONENT`] label.
+pub mod component {
+    /// A lab VirtualMachine (and, through its template, its launcher pod).
+    pub const VM: &str = "vm";
+    /// A node's cloud-init Secret.
+    pub const CLOUD_INIT: &str = "cloud-init";
+    /// A multi-VM session's Service and NetworkPolicy.
+    pub const SESSION_NETWORK: &str = "session-network";
+    /// A pod lab's Pod.
+    pub const POD: &str = "pod";
+}
 
 /// The label set of one object ttlab created.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

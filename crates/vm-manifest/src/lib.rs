@@ -81,11 +81,11 @@ pub const POD_NETWORK: &str = "default";
 /// The disk bus of both disks.
 pub const DISK_BUS: &str = "virtio";
 /// `ttlab.io/component` of VMs (and so of their launcher pods).
-pub const COMPONENT_VM: &str = "vm";
+pub const COMPONENT_VM: &str = labels::component::VM;
 /// `ttlab.io/component` of the session Service and NetworkPolicy.
-pub const COMPONENT_SESSION_NETWORK: &str = "session-network";
+pub const COMPONENT_SESSION_NETWORK: &str = labels::component::SESSION_NETWORK;
 /// `ttlab.io/component` of the cloud-init Secrets (for the cloudinit crate).
-pub const COMPONENT_CLOUD_INIT: &str = "cloud-init";
+pub const COMPONENT_CLOUD_INIT: &str = labels::component::CLOUD_INIT;
 
 /// Errors of this crate: an input that cannot become a valid manifest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
