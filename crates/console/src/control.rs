@@ -1,0 +1,148 @@
+//! Telling a running relay when to stop: a deadline that can move (an extension) and a close
+//! order with its reason (session finished, console opened elsewhere, server shutdown).
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::CloseReason;
+
+#[derive(Debug, Clone)]
+struct State {
+    deadline: Option<Instant>,
+    close: Option<CloseReason>,
+}
+
+/// The owner's end: moves the deadline and orders a close. Cheap to clone; dropping every
+/// clone leaves the relay running until its last deadline (never closes it by itself).
+#[derive(Debug, Clone)]
+pub struct Controller {
+    tx: watch::Sender<State>,
+}
+
+/// The relay's end, given to [`relay`](crate::relay).
+#[derive(Debug)]
+pub struct Controls {
+    rx: watch::Receiver<State>,
+}
+
+/// A connected pair; `deadline` is the instant the session expires (`None`: no deadline).
+pub fn controls(deadline: Option<Instant>) -> (Controller, Controls) {
+    let (tx, rx) = watch::channel(State {
+        deadline,
+        close: None,
+    });
+    (Controller { tx }, Controls { rx })
+}
+
+impl Controller {
+    /// Moves the expiry (after an extension). A deadline already in the past closes the
+    /// console with [`CloseReason::Expired`] at once.
+    pub fn set_deadline(&self, deadline: Option<Instant>) {
+        self.tx.send_modify(|s| s.deadline = deadline);
+    }
+
+    /// Orders the relay to close with `reason`. The first order wins; later ones are ignored.
+    pub fn close(&self, reason: CloseReason) {
+        self.tx.send_modify(|s| {
+            if s.close.is_none() {
+                s.close = Some(reason);
+            }
+        });
+    }
+
+    /// The current deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.tx.borrow().deadline
+    }
+
+    /// Whether the relay has ended (its [`Controls`] were dropped).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+impl Controls {
+    /// A close order already given, or the deadline if it has passed, without waiting.
+    pub fn pending(&self) -> Option<CloseReason> {
+        let state = self.rx.borrow();
+        if let Some(reason) = &state.close {
+            return Some(reason.clone());
+        }
+        match state.deadline {
+            Some(d) if d <= Instant::now() => Some(CloseReason::Expired),
+            _ => None,
+        }
+    }
+
+    /// Waits for a close order or the deadline, whichever comes first, following deadline
+    /// changes. Cancel-safe: it may be dropped and called again.
+    pub async fn until_close(&mut self) -> CloseReason {
+        loop {
+            let state = self.rx.borrow_and_update().clone();
+            if let Some(reason) = state.close {
+                return reason;
+            }
+            let expiry = async {
+                match state.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = expiry => return CloseReason::Expired,
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        // Every controller is gone: only the last deadline remains.
+                        match state.deadline {
+                            Some(d) => {
+                                tokio::time::sleep_until(d).await;
+                                return CloseReason::Expired;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_fires_at_its_instant_and_follows_an_extension() {
+        let start = Instant::now();
+        let (controller, mut controls) = controls(Some(start + Duration::from_secs(60)));
+        let waiter = tokio::spawn(async move {
+            let reason = controls.until_close().await;
+            (reason, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        controller.set_deadline(Some(start + Duration::from_secs(90)));
+        let (reason, at) = waiter.await.unwrap();
+        assert_eq!(reason, CloseReason::Expired);
+        assert_eq!(at - start, Duration::from_secs(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_close_order_wins() {
+        let (controller, mut controls) = controls(None);
+        controller.close(CloseReason::Replaced);
+        controller.close(CloseReason::Finished);
+        assert_eq!(controls.pending(), Some(CloseReason::Replaced));
+        assert_eq!(controls.until_close().await, CloseReason::Replaced);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_controller_leaves_the_last_deadline_in_force() {
+        let start = Instant::now();
+        let (controller, mut controls) = controls(Some(start + Duration::from_secs(5)));
+        drop(controller);
+        assert_eq!(controls.until_close().await, CloseReason::Expired);
+        assert_eq!(Instant::now() - start, Duration::from_secs(5));
+    }
+}
