@@ -1,0 +1,209 @@
+//! Test support for the `deploy/` manifests and the code examples in `docs/`.
+//!
+//! It owns the few steps the tests of this package share: finding the repository, rendering a
+//! kustomization with `kubectl kustomize` into JSON objects, picking objects out of the
+//! rendered set, and reading the environment a Deployment would give its container. It also
+//! compiles and runs the examples of `docs/crates.md` as doctests ([`stable_crates`]), so an
+//! example in the docs cannot stop compiling unnoticed.
+//!
+//! It refuses to own anything that runs in production, and it never changes the cluster
+//! manifests: tests read `deploy/` as an operator would apply it.
+//!
+//! ```
+//! let stream = "kind: Namespace\nmetadata: {name: a}\n---\n---\nkind: Namespace\nmetadata: {name: b}\n";
+//! let objects = ttlab_deploy_tests::parse_stream(stream).unwrap();
+//! let rendered = ttlab_deploy_tests::Rendered::new(objects);
+//! assert_eq!(rendered.names_of("Namespace"), ["a", "b"]);
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize as _;
+use serde_json::Value;
+
+#[doc = include_str!("../../../docs/crates.md")]
+pub mod stable_crates {}
+
+/// Errors of rendering and reading manifests.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// `kubectl` could not be started.
+    #[error("cannot run kubectl: {0}")]
+    Spawn(#[from] std::io::Error),
+    /// `kubectl kustomize` failed.
+    #[error("kubectl kustomize {dir} failed: {stderr}")]
+    Kustomize {
+        /// The kustomization directory.
+        dir: String,
+        /// What kubectl printed on standard error.
+        stderr: String,
+    },
+    /// The output is not a YAML stream of objects.
+    #[error("rendered YAML does not parse: {0}")]
+    Yaml(String),
+}
+
+/// The repository root (two levels above this package).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root exists")
+}
+
+/// A kustomization directory under `deploy/`, e.g. `overlays/prod`.
+pub fn deploy_dir(relative: &str) -> PathBuf {
+    repo_root().join("deploy").join(relative)
+}
+
+/// `kubectl` if it is on `PATH`; tests that need it print why they skip when it is not.
+pub fn kubectl() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("kubectl"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Renders the kustomization in `dir` with `kubectl kustomize` into JSON objects, in the order
+/// kubectl prints them.
+pub fn kustomize(kubectl: &Path, dir: &Path) -> Result<Vec<Value>, DeployError> {
+    let out = Command::new(kubectl).arg("kustomize").arg(dir).output()?;
+    if !out.status.success() {
+        return Err(DeployError::Kustomize {
+            dir: dir.display().to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    parse_stream(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses a YAML stream (`---`-separated documents) into JSON objects, skipping empty
+/// documents.
+pub fn parse_stream(yaml: &str) -> Result<Vec<Value>, DeployError> {
+    let mut objects = Vec::new();
+    for document in serde_norway::Deserializer::from_str(yaml) {
+        let value = Value::deserialize(document).map_err(|e| DeployError::Yaml(e.to_string()))?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+/// A rendered set of objects.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// Every object, in render order.
+    pub objects: Vec<Value>,
+}
+
+impl Rendered {
+    /// Wraps rendered objects.
+    pub fn new(objects: Vec<Value>) -> Self {
+        Self { objects }
+    }
+
+    /// The objects of `kind`.
+    pub fn of_kind<'a>(&'a self, kind: &str) -> impl Iterator<Item = &'a Value> + 'a {
+        let kind = kind.to_owned();
+        self.objects
+            .iter()
+            .filter(move |o| o["kind"] == kind.as_str())
+    }
+
+    /// The names of the objects of `kind`, in render order.
+    pub fn names_of(&self, kind: &str) -> Vec<String> {
+        self.of_kind(kind)
+            .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// The one object of `kind` named `name`; panics with the names there are otherwise.
+    pub fn get(&self, kind: &str, name: &str) -> &Value {
+        self.of_kind(kind)
+            .find(|o| o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}; there are {:?}", self.names_of(kind)))
+    }
+
+    /// The ConfigMap whose generated name starts with `prefix-` (kustomize adds a content
+    /// hash).
+    pub fn generated_config_map(&self, prefix: &str) -> &Value {
+        self.of_kind("ConfigMap")
+            .find(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .and_then(|n| n.strip_prefix(prefix))
+                    .is_some_and(|rest| rest.starts_with('-'))
+            })
+            .unwrap_or_else(|| panic!("no generated ConfigMap {prefix}-<hash>"))
+    }
+
+    /// The environment the first container of `workload`'s pod template gets from the
+    /// ConfigMaps it names in `envFrom` (Secrets are not in the manifests: they are listed
+    /// in the second value) and its literal `env` entries.
+    pub fn container_env(&self, workload: &Value) -> (BTreeMap<String, String>, Vec<String>) {
+        let spec = pod_spec(workload);
+        let container = &spec["containers"][0];
+        let mut env = BTreeMap::new();
+        let mut secrets = Vec::new();
+        for source in container["envFrom"].as_array().into_iter().flatten() {
+            if let Some(name) = source["configMapRef"]["name"].as_str() {
+                let cm = self.get("ConfigMap", name);
+                for (k, v) in cm["data"].as_object().into_iter().flatten() {
+                    env.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
+                }
+            }
+            if let Some(name) = source["secretRef"]["name"].as_str() {
+                secrets.push(name.to_owned());
+            }
+        }
+        for var in container["env"].as_array().into_iter().flatten() {
+            if let (Some(k), Some(v)) = (var["name"].as_str(), var["value"].as_str()) {
+                env.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        (env, secrets)
+    }
+}
+
+/// The pod spec of a Deployment, Job or CronJob (or a Pod).
+pub fn pod_spec(workload: &Value) -> &Value {
+    match workload["kind"].as_str() {
+        Some("Deployment" | "Job") => &workload["spec"]["template"]["spec"],
+        Some("CronJob") => &workload["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => &workload["spec"],
+    }
+}
+
+/// The pod template's labels of a Deployment, Job or CronJob.
+pub fn pod_labels(workload: &Value) -> BTreeMap<String, String> {
+    let template = match workload["kind"].as_str() {
+        Some("CronJob") => &workload["spec"]["jobTemplate"]["spec"]["template"],
+        _ => &workload["spec"]["template"],
+    };
+    string_map(&template["metadata"]["labels"])
+}
+
+/// A JSON object of strings as a map (other values are skipped).
+pub fn string_map(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect()
+}
+
+/// Whether a `matchLabels`-only label selector selects `labels` (an empty selector selects
+/// everything). Panics on `matchExpressions`, which these manifests do not use.
+pub fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+    assert!(
+        selector.get("matchExpressions").is_none(),
+        "matchExpressions are not evaluated here: {selector}"
+    );
+    string_map(&selector["matchLabels"])
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
