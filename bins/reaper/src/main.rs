@@ -1,8 +1,158 @@
-//! ttlab-reaper: reclaims expired sessions and orphaned cluster objects.
+//! ttlab-reaper: reclaims expired sessions, orphaned cluster objects and ghost rows of one
+//! environment (`ttlab-reaper` crate), on a timer, at each deadline and on "collect now".
 //!
-//! Not built yet: this binary refuses to run rather than pretend to work.
+//! This file only parses the configuration and wires the parts together. Exit status: 0 after
+//! a clean shutdown or a `--once` cycle that ran (per-item failures are in its report);
+//! 1 when it could not start or the `--once` cycle could not run; 3 when `--once` found
+//! another reaper of the environment acting (it holds the leader lock).
 
-fn main() {
-    eprintln!("ttlab-reaper: not available in this build yet");
-    std::process::exit(2);
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use ttlab_cluster::{ClusterSettings, KubeCluster};
+use ttlab_model::EnvName;
+use ttlab_reaper::{Metrics, OnceError, ReaperContext, ReaperSettings};
+use ttlab_store::{Store, StoreOptions};
+
+/// Reclaims every VM, Secret and pod ttlab no longer needs, in one environment.
+#[derive(Debug, Parser)]
+#[command(name = "ttlab-reaper", version, about)]
+struct Args {
+    /// PostgreSQL URL of the ttlab database.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    database_url: String,
+    /// This reaper's environment: it only ever touches sessions and objects labelled with it.
+    #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
+    env: EnvName,
+    /// The namespace of the VMs.
+    #[arg(long, env = "TTLAB_NAMESPACE", default_value = "ttlab-vms")]
+    namespace: String,
+    /// Kubeconfig file (in-cluster service account, or ~/.kube/config, when absent).
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubernetes API calls in flight at once.
+    #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
+    kube_concurrency: usize,
+    /// The backstop sweep interval (cycles also run at each deadline and on collect requests).
+    #[arg(long, env = "TTLAB_REAP_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+    /// Sessions (or orphan groups) handled at once.
+    #[arg(long, env = "TTLAB_REAP_CONCURRENCY", default_value_t = 16)]
+    concurrency: usize,
+    /// Objects younger than this are never judged orphans.
+    #[arg(long, env = "TTLAB_ORPHAN_MIN_AGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    orphan_min_age: Duration,
+    /// Where to serve /metrics and /healthz.
+    #[arg(long, env = "TTLAB_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: SocketAddr,
+    /// Run one cycle and exit (for a CronJob).
+    #[arg(long, env = "TTLAB_REAP_ONCE")]
+    once: bool,
+    /// Report what would be deleted and marked; change nothing.
+    #[arg(long, env = "TTLAB_REAP_DRY_RUN")]
+    dry_run: bool,
+}
+
+const EXIT_NOT_LEADER: u8 = 3;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ttlab-reaper: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = ReaperSettings {
+        concurrency: args.concurrency,
+        orphan_min_age: args.orphan_min_age,
+        dry_run: args.dry_run,
+        ..ReaperSettings::default()
+    };
+    settings.validate()?;
+    let store = Store::connect(
+        &args.database_url,
+        StoreOptions {
+            max_connections: args.concurrency + 4,
+            ..StoreOptions::default()
+        },
+    )
+    .await?;
+    let cluster_settings = ClusterSettings {
+        max_in_flight: args.kube_concurrency.max(1),
+        ..ClusterSettings::in_namespace(&args.namespace)
+    };
+    let cluster = match &args.kubeconfig {
+        Some(path) => KubeCluster::from_kubeconfig(path, cluster_settings).await,
+        None => KubeCluster::try_default(cluster_settings).await,
+    }
+    .context("building the Kubernetes client")?;
+    let ctx =
+        ReaperContext::new(store, Arc::new(cluster), args.env.clone()).with_settings(settings);
+    let metrics = Arc::new(Metrics::new());
+
+    if args.once {
+        return Ok(match ttlab_reaper::run_once(&ctx, &metrics).await {
+            Ok(done) => {
+                println!("{}", done.report.summary());
+                for e in &done.report.errors {
+                    println!("  {:?} {}: {}", e.direction, e.subject, e.message);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(OnceError::NotLeader) => {
+                eprintln!("ttlab-reaper: {}", OnceError::NotLeader);
+                ExitCode::from(EXIT_NOT_LEADER)
+            }
+            Err(e) => {
+                eprintln!("ttlab-reaper: the cycle could not run: {e}");
+                ExitCode::FAILURE
+            }
+        });
+    }
+
+    let shutdown = ctx.shutdown.clone();
+    let (bound, server) =
+        ttlab_reaper::serve_metrics(args.metrics_listen, metrics.clone(), shutdown.clone()).await?;
+    tracing::info!(env = %args.env, namespace = %args.namespace, metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    ttlab_reaper::run(ctx, args.interval, metrics).await;
+    shutdown.cancel();
+    let _ = server.await;
+    tracing::info!("ttlab-reaper stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cancels `token` on SIGTERM or SIGINT: the cycle in flight finishes its items, then the
+/// reaper releases its lock and exits.
+async fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        tracing::warn!("cannot install the SIGTERM handler");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down after the item in flight");
+    token.cancel();
 }

@@ -1,3 +1,156 @@
-//! `reap_once`: reclaims expired sessions, orphaned objects and ghost rows, isolating every failure.
+//! The reaper: [`reap_once`] reclaims, in one idempotent cycle, everything ttlab no longer
+//! needs in one environment, and [`run`] decides when cycles happen.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! A cycle looks in three directions:
+//! - **Expired** (and **stuck**): running sessions whose lifespan is over by the database
+//!   clock (`ttlab-lifespan` decides), starting sessions past their readiness deadline, and
+//!   rows left `finishing`. Each goes to `finishing` recording its final status, its objects
+//!   are deleted by its recorded runtime ([`ttlab_cluster::teardown_session`]: VMs, then each
+//!   cloud-init Secret by name, the session Service and NetworkPolicy, or the Pod), and only
+//!   when every deletion succeeded does the row become final, with `reclaimed_at`.
+//! - **Orphans**: objects labelled as ttlab's *and* with this reaper's environment whose
+//!   session is not live, older than a minimum age. Each session is read again just before
+//!   its objects are deleted. Objects without labels or of another environment are never
+//!   listed, let alone deleted.
+//! - **Ghosts**: running rows whose VM (or pod) is gone, confirmed by a direct get, are
+//!   marked `ghost`.
+//!
+//! Every item is isolated: a failure is counted, logged with the id and error kind, kept in
+//! the [`CycleReport`], and the cycle goes on; a failed session stays live for the next
+//! cycle. Items run with bounded concurrency; lists are paged.
+//!
+//! It refuses to own the lifespan rule (`ttlab-lifespan`), SQL (`ttlab-store`), Kubernetes
+//! calls (`ttlab-cluster`) and configuration parsing (the `ttlab-reaper` binary). It never
+//! talks to the server except through the database.
+//!
+//! ```
+//! use ttlab_reaper::{ReaperSettings, DEFAULT_CONCURRENCY};
+//! use ttlab_cluster::LabelSweep;
+//!
+//! let settings = ReaperSettings::default();
+//! assert_eq!(settings.concurrency, DEFAULT_CONCURRENCY);
+//! assert_eq!(settings.orphan_min_age, std::time::Duration::from_secs(120));
+//! assert_eq!(settings.label_sweep, LabelSweep::IfNodesUnknown);
+//! assert!(settings.validate().is_ok());
+//! assert!(ReaperSettings { concurrency: 0, ..settings }.validate().is_err());
+//! ```
+
+mod context;
+mod error;
+mod metrics;
+mod report;
+mod scan;
+mod schedule;
+mod sessions;
+
+use std::time::Instant;
+
+pub use context::{
+    DEFAULT_CONCURRENCY, DEFAULT_ORPHAN_MIN_AGE, DEFAULT_PAGE_SIZE, ReaperContext, ReaperSettings,
+};
+pub use error::{ReaperError, cluster_error_kind, store_error_kind};
+pub use metrics::{Metrics, serve_metrics};
+pub use report::{Action, CycleReport};
+pub use scan::{ORPHAN_KINDS, OrphanCandidate};
+pub use schedule::{LEADER_RETRY, MIN_PAUSE, OnceError, RecordedCycle, run, run_cycle, run_once};
+
+use ttlab_store::Direction;
+
+/// Runs one cycle: expired, stuck and finishing sessions, then ghosts and orphans. Idempotent:
+/// the timer, "collect now" and tests all call it. Never fails as a whole once the database
+/// clock was read; everything else is in the report ([`CycleReport::ran`] is false only when
+/// the database could not be reached at all).
+pub async fn reap_once(ctx: &ReaperContext) -> CycleReport {
+    let clock = Instant::now();
+    let now = match ctx.store.db_now().await {
+        Ok(now) => now,
+        Err(e) => {
+            let mut report =
+                CycleReport::new(ctx.env.clone(), chrono::Utc::now(), ctx.settings.dry_run);
+            report.fatal = Some(format!("cannot read the database clock: {e}"));
+            report.duration = clock.elapsed();
+            return report;
+        }
+    };
+    let mut report = CycleReport::new(ctx.env.clone(), now, ctx.settings.dry_run);
+
+    // The database alone says what these need, even when the cluster cannot be listed.
+    sessions::finishing(ctx, &mut report).await;
+    sessions::stuck_starting(ctx, &mut report, now).await;
+    sessions::expired(ctx, &mut report, now).await;
+
+    if !ctx.shutdown.is_cancelled()
+        && let Ok(candidates) = find_orphans_at(ctx, &mut report, now).await
+    {
+        scan::delete_orphans(ctx, &mut report, candidates).await;
+    }
+    report.duration = clock.elapsed();
+    report
+}
+
+/// Reads the live sessions, lists the cluster, marks ghosts, and returns the orphan
+/// candidates. `Err` when the database or the cluster could not be read (noted in `report`).
+async fn find_orphans_at(
+    ctx: &ReaperContext,
+    report: &mut CycleReport,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<OrphanCandidate>, ()> {
+    // The live set is read before the listing: an object in the listing whose session was
+    // opened after the read looks orphaned here, which the re-read before deletion catches.
+    let live = match scan::read_live(ctx).await {
+        Ok(live) => live,
+        Err(e) => {
+            report.note(
+                Direction::Orphans,
+                "live sessions".into(),
+                format!("list: {e}"),
+            );
+            return Err(());
+        }
+    };
+    let listing = match scan::list_env_objects(ctx).await {
+        Ok(listing) => listing,
+        Err(e) => {
+            tracing::warn!(kind = cluster_error_kind(&e), error = %e, "cannot list the cluster; orphans and ghosts wait for the next cycle");
+            report.note(
+                Direction::Orphans,
+                "cluster".into(),
+                format!("list: {}: {e}", cluster_error_kind(&e)),
+            );
+            return Err(());
+        }
+    };
+    report.cluster_listed = true;
+    let ghosts = scan::ghosts(ctx, report, &live, &listing).await;
+    let mut live_ids = live.ids;
+    for g in ghosts {
+        live_ids.remove(&g);
+    }
+    Ok(scan::orphan_candidates(ctx, &listing, &live_ids, now))
+}
+
+/// The first half of the orphan direction, on its own: reads the live sessions, lists the
+/// environment's objects and returns those judged orphans at this moment (ghosts are not
+/// marked). With [`delete_orphans`], this lets a caller (a test) act between the listing and
+/// the deletion, where a session may be opened.
+pub async fn find_orphans(ctx: &ReaperContext) -> Result<Vec<OrphanCandidate>, ReaperError> {
+    let now = ctx.store.db_now().await?;
+    let live = scan::read_live(ctx).await?;
+    let listing = scan::list_env_objects(ctx).await?;
+    Ok(scan::orphan_candidates(ctx, &listing, &live.ids, now))
+}
+
+/// The second half of the orphan direction: re-reads each candidate's session and deletes the
+/// objects of those still not live. Returns a report holding only the orphan counts.
+pub async fn delete_orphans(
+    ctx: &ReaperContext,
+    candidates: Vec<OrphanCandidate>,
+) -> Result<CycleReport, ReaperError> {
+    let clock = Instant::now();
+    let now = ctx.store.db_now().await?;
+    let mut report = CycleReport::new(ctx.env.clone(), now, ctx.settings.dry_run);
+    report.cluster_listed = true;
+    scan::delete_orphans(ctx, &mut report, candidates).await;
+    report.duration = clock.elapsed();
+    Ok(report)
+}

@@ -1,0 +1,112 @@
+//! What a cycle works with: the store, the cluster, the environment and the settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use ttlab_cluster::{Cluster, LabelSweep};
+use ttlab_model::EnvName;
+use ttlab_store::Store;
+
+use crate::ReaperError;
+
+/// Default number of items (sessions, orphan groups) handled at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Default minimum age of an object before it may be judged an orphan.
+pub const DEFAULT_ORPHAN_MIN_AGE: Duration = Duration::from_secs(120);
+/// Default number of database rows read per page.
+pub const DEFAULT_PAGE_SIZE: u32 = 500;
+
+/// How a cycle behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaperSettings {
+    /// Items handled at once (sessions torn down, orphan groups deleted, ghosts confirmed).
+    /// At least 1; default [`DEFAULT_CONCURRENCY`].
+    pub concurrency: usize,
+    /// Objects younger than this (by their `creationTimestamp`, against the database clock)
+    /// are never judged orphans: the server may still be writing their session's row.
+    pub orphan_min_age: Duration,
+    /// Report what would be deleted and marked, and change nothing.
+    pub dry_run: bool,
+    /// Database rows read per page.
+    pub page_size: u32,
+    /// Whether a session's teardown also lists what is still labelled with it. Default
+    /// [`LabelSweep::IfNodesUnknown`]: the orphan direction catches any other labelled
+    /// leftover, and a teardown stays at two API calls for a single-VM session.
+    pub label_sweep: LabelSweep,
+}
+
+impl Default for ReaperSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: DEFAULT_CONCURRENCY,
+            orphan_min_age: DEFAULT_ORPHAN_MIN_AGE,
+            dry_run: false,
+            page_size: DEFAULT_PAGE_SIZE,
+            label_sweep: LabelSweep::IfNodesUnknown,
+        }
+    }
+}
+
+impl ReaperSettings {
+    /// Checks the settings are usable.
+    pub fn validate(&self) -> Result<(), ReaperError> {
+        if self.concurrency == 0 {
+            return Err(ReaperError::Setting(
+                "TTLAB_REAP_CONCURRENCY must be at least 1".into(),
+            ));
+        }
+        if self.page_size == 0 {
+            return Err(ReaperError::Setting(
+                "the page size must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything [`reap_once`](crate::reap_once) needs. Cheap to clone.
+#[derive(Clone)]
+pub struct ReaperContext {
+    /// The database (the only channel to the server).
+    pub store: Store,
+    /// The cluster, in the VM namespace.
+    pub cluster: Arc<dyn Cluster>,
+    /// This reaper's environment: it touches only sessions and objects of this environment.
+    pub env: EnvName,
+    /// How a cycle behaves.
+    pub settings: ReaperSettings,
+    /// Cancelled on shutdown: a cycle then starts no new item, finishes those in flight
+    /// (never leaving a half-marked row) and returns.
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for ReaperContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaperContext")
+            .field("store", &self.store)
+            .field("namespace", &self.cluster.namespace())
+            .field("env", &self.env)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl ReaperContext {
+    /// A context with default settings and a fresh shutdown token.
+    pub fn new(store: Store, cluster: Arc<dyn Cluster>, env: EnvName) -> Self {
+        Self {
+            store,
+            cluster,
+            env,
+            settings: ReaperSettings::default(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// The same context with other settings.
+    pub fn with_settings(mut self, settings: ReaperSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+}

@@ -1,0 +1,169 @@
+//! The report of one cycle: counts and failures per direction, what a dry run would do.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ttlab_model::EnvName;
+use ttlab_store::{
+    CollectRequestId, CycleError, CycleTrigger, Direction, DirectionCount, NewCycle,
+};
+
+/// One thing a cycle did or, in a dry run, would do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Action {
+    /// The direction.
+    pub direction: Direction,
+    /// A session id, or `Kind/name` of an object.
+    pub subject: String,
+    /// What (`expire: VirtualMachine/tt-…, Secret/tt-…-ci`, `delete orphan`, `mark ghost`).
+    pub what: String,
+}
+
+/// What one cycle did. Counts are per item: a session reclaimed, an orphan object deleted, a
+/// ghost marked. In a dry run, `done` counts what would have been done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CycleReport {
+    /// The reaper's environment.
+    pub env: EnvName,
+    /// When the cycle started (database clock; the reaper's own clock if the database could
+    /// not be read at all).
+    pub started_at: DateTime<Utc>,
+    /// How long it took.
+    pub duration: Duration,
+    /// Whether it only reported.
+    pub dry_run: bool,
+    /// Expired sessions.
+    pub expired: DirectionCount,
+    /// Orphan objects.
+    pub orphans: DirectionCount,
+    /// Ghost sessions.
+    pub ghosts: DirectionCount,
+    /// Stuck starting sessions and finishing sessions retried.
+    pub stuck: DirectionCount,
+    /// Every failure of the cycle, in order.
+    pub errors: Vec<CycleError>,
+    /// What was done (or, in a dry run, would be done), in order.
+    pub actions: Vec<Action>,
+    /// Whether the cluster could be listed (orphans and ghosts need it).
+    pub cluster_listed: bool,
+    /// Why the cycle could not run at all (the database could not be read), if so.
+    pub fatal: Option<String>,
+}
+
+impl CycleReport {
+    pub(crate) fn new(env: EnvName, started_at: DateTime<Utc>, dry_run: bool) -> Self {
+        Self {
+            env,
+            started_at,
+            duration: Duration::ZERO,
+            dry_run,
+            expired: DirectionCount::default(),
+            orphans: DirectionCount::default(),
+            ghosts: DirectionCount::default(),
+            stuck: DirectionCount::default(),
+            errors: Vec::new(),
+            actions: Vec::new(),
+            cluster_listed: false,
+            fatal: None,
+        }
+    }
+
+    /// Whether the cycle ran (per-item failures included); false when it could not start.
+    pub fn ran(&self) -> bool {
+        self.fatal.is_none()
+    }
+
+    /// The counts of one direction.
+    pub fn count(&self, direction: Direction) -> DirectionCount {
+        match direction {
+            Direction::Expired => self.expired,
+            Direction::Orphans => self.orphans,
+            Direction::Ghosts => self.ghosts,
+            Direction::Stuck => self.stuck,
+        }
+    }
+
+    pub(crate) fn count_mut(&mut self, direction: Direction) -> &mut DirectionCount {
+        match direction {
+            Direction::Expired => &mut self.expired,
+            Direction::Orphans => &mut self.orphans,
+            Direction::Ghosts => &mut self.ghosts,
+            Direction::Stuck => &mut self.stuck,
+        }
+    }
+
+    /// Items that failed, all directions together.
+    pub fn failures(&self) -> u32 {
+        self.expired.failed + self.orphans.failed + self.ghosts.failed + self.stuck.failed
+    }
+
+    pub(crate) fn done(&mut self, direction: Direction, subject: String, what: String) {
+        self.count_mut(direction).done += 1;
+        self.actions.push(Action {
+            direction,
+            subject,
+            what,
+        });
+    }
+
+    pub(crate) fn failed(&mut self, direction: Direction, subject: String, message: String) {
+        self.count_mut(direction).failed += 1;
+        self.errors.push(CycleError {
+            direction,
+            subject,
+            message,
+        });
+    }
+
+    /// A failure that is not one item's (a list that failed): kept in the errors, not counted.
+    pub(crate) fn note(&mut self, direction: Direction, subject: String, message: String) {
+        self.errors.push(CycleError {
+            direction,
+            subject,
+            message,
+        });
+    }
+
+    /// The row to record in `reaper_cycles`.
+    pub fn to_new_cycle(
+        &self,
+        trigger: CycleTrigger,
+        collect_request: Option<CollectRequestId>,
+    ) -> NewCycle {
+        NewCycle {
+            env: self.env.clone(),
+            started_at: self.started_at,
+            duration: self.duration,
+            trigger,
+            dry_run: self.dry_run,
+            expired: self.expired,
+            orphans: self.orphans,
+            ghosts: self.ghosts,
+            stuck: self.stuck,
+            errors: self.errors.clone(),
+            collect_request,
+        }
+    }
+
+    /// One line for logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "{}cycle in {} ms: expired {}/{} failed, stuck {}/{} failed, orphans {}/{} failed, ghosts {}/{} failed{}",
+            if self.dry_run { "dry-run " } else { "" },
+            self.duration.as_millis(),
+            self.expired.done,
+            self.expired.failed,
+            self.stuck.done,
+            self.stuck.failed,
+            self.orphans.done,
+            self.orphans.failed,
+            self.ghosts.done,
+            self.ghosts.failed,
+            if self.cluster_listed {
+                ""
+            } else {
+                " (cluster not listed)"
+            },
+        )
+    }
+}

@@ -1,0 +1,269 @@
+//! The database-driven directions: finishing rows retried, starting rows past their readiness
+//! deadline, and running rows whose lifespan says expired. Each session goes to `finishing`
+//! (recording where it lands) before its objects are deleted, and to its final status only
+//! after every deletion succeeded.
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
+use ttlab_cluster::{SessionTarget, named_objects, teardown_session};
+use ttlab_lifespan::Lifespan;
+use ttlab_model::{NodeName, SessionStatus};
+use ttlab_store::{Direction, Session};
+
+use crate::error::{cluster_error_kind, store_error_kind};
+use crate::{CycleReport, ReaperContext};
+
+/// How a session enters `finishing`.
+#[derive(Debug, Clone, Copy)]
+enum Begin {
+    /// running → finishing(expired), if `expires_at` is still the one judged expired.
+    Expire { seen_expires_at: DateTime<Utc> },
+    /// starting → finishing(failed), if the readiness deadline has passed at `now`.
+    FailStuck { now: DateTime<Utc> },
+    /// Already finishing (a previous attempt, the server's, or a crash in between): retry.
+    Retry,
+}
+
+/// What happened to one session.
+enum Item {
+    /// Reclaimed: every object deleted and the row final (or, dry run: would be).
+    Reclaimed(String),
+    /// Nothing to do after all (extended meanwhile, or someone else finished it).
+    Skipped,
+    /// Failed; the row stays live for the next cycle.
+    Failed(String),
+}
+
+fn nodes_of(session: &Session) -> Vec<NodeName> {
+    session.vms.iter().map(|v| v.node.clone()).collect()
+}
+
+fn describe_objects(session: &Session) -> String {
+    let nodes = nodes_of(session);
+    let target = SessionTarget {
+        env: &session.env,
+        session: session.id,
+        runtime: session.runtime,
+        nodes: &nodes,
+    };
+    let named: Vec<String> = named_objects(&target)
+        .into_iter()
+        .map(|(k, n)| format!("{k}/{n}"))
+        .collect();
+    if named.is_empty() {
+        "objects labelled with the session".to_owned()
+    } else {
+        named.join(", ")
+    }
+}
+
+async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
+    let id = session.id;
+    if ctx.settings.dry_run {
+        return Item::Reclaimed(format!("would delete {}", describe_objects(session)));
+    }
+    let sessions = ctx.store.sessions();
+    let entered = match begin {
+        Begin::Expire { seen_expires_at } => sessions.begin_expiring(id, seen_expires_at).await,
+        Begin::FailStuck { now } => sessions.fail_stuck_starting(id, now).await,
+        Begin::Retry => Ok(Some(session.clone())),
+    };
+    let session = match entered {
+        Ok(Some(s)) => s,
+        Ok(None) => return Item::Skipped,
+        Err(e) => {
+            tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot begin finishing");
+            return Item::Failed(format!("{}: {e}", store_error_kind(&e)));
+        }
+    };
+    let nodes = nodes_of(&session);
+    let target = SessionTarget {
+        env: &session.env,
+        session: id,
+        runtime: session.runtime,
+        nodes: &nodes,
+    };
+    let report = teardown_session(ctx.cluster.as_ref(), &target, ctx.settings.label_sweep).await;
+    if !report.all_deleted() {
+        let failures: Vec<String> = report
+            .failures()
+            .map(|(o, e)| format!("{}/{}: {}: {e}", o.kind, o.name, cluster_error_kind(e)))
+            .collect();
+        for (o, e) in report.failures() {
+            tracing::warn!(session = %id, object = %format!("{}/{}", o.kind, o.name), kind = cluster_error_kind(e), error = %e, "deletion failed; the session stays finishing");
+        }
+        return Item::Failed(failures.join("; "));
+    }
+    match sessions.complete_finishing(id).await {
+        Ok(Some(done)) => Item::Reclaimed(format!(
+            "{} ({} objects deleted)",
+            done.status,
+            report.deleted()
+        )),
+        Ok(None) => Item::Skipped,
+        Err(e) => {
+            tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot mark the session final");
+            Item::Failed(format!("{}: {e}", store_error_kind(&e)))
+        }
+    }
+}
+
+/// Handles `rows` with bounded concurrency, counting into `report`; returns how many rows left
+/// the state they were listed in (reclaimed, failed after entering finishing, or skipped
+/// because someone else moved them).
+async fn handle_rows(
+    ctx: &ReaperContext,
+    report: &mut CycleReport,
+    direction: Direction,
+    rows: Vec<(Session, Begin)>,
+) {
+    let shutdown = ctx.shutdown.clone();
+    let mut results = futures::stream::iter(rows)
+        .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
+        .map(|(session, begin)| async move {
+            let item = reclaim(ctx, &session, begin).await;
+            (session.id, item)
+        })
+        .buffer_unordered(ctx.settings.concurrency.max(1));
+    while let Some((id, item)) = results.next().await {
+        match item {
+            Item::Reclaimed(what) => report.done(direction, id.to_string(), what),
+            Item::Skipped => {}
+            Item::Failed(message) => report.failed(direction, id.to_string(), message),
+        }
+    }
+}
+
+/// Retries every `finishing` row of the environment (paged by id).
+pub(crate) async fn finishing(ctx: &ReaperContext, report: &mut CycleReport) {
+    let mut after = None;
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+        let page = match ctx
+            .store
+            .sessions()
+            .list_in_status(
+                &ctx.env,
+                SessionStatus::Finishing,
+                after,
+                ctx.settings.page_size,
+            )
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                report.note(
+                    Direction::Stuck,
+                    "finishing sessions".into(),
+                    format!("list: {e}"),
+                );
+                return;
+            }
+        };
+        let full = page.len() == ctx.settings.page_size as usize;
+        after = page.last().map(|s| s.id);
+        let rows = page.into_iter().map(|s| (s, Begin::Retry)).collect();
+        handle_rows(ctx, report, Direction::Stuck, rows).await;
+        if !full {
+            return;
+        }
+    }
+}
+
+/// Starting rows past their readiness deadline at `now`.
+pub(crate) async fn stuck_starting(
+    ctx: &ReaperContext,
+    report: &mut CycleReport,
+    now: DateTime<Utc>,
+) {
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+        let page = match ctx
+            .store
+            .sessions()
+            .list_stuck_starting(&ctx.env, now, ctx.settings.page_size)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                report.note(
+                    Direction::Stuck,
+                    "starting sessions".into(),
+                    format!("list: {e}"),
+                );
+                return;
+            }
+        };
+        let full = page.len() == ctx.settings.page_size as usize;
+        // Rows that stay listed (a failure before they left `starting`) are not retried in
+        // the same cycle; when a page brings nothing new, the pass ends.
+        let fresh: Vec<_> = page
+            .into_iter()
+            .filter(|s| seen.insert(s.id))
+            .map(|s| (s, Begin::FailStuck { now }))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        handle_rows(ctx, report, Direction::Stuck, fresh).await;
+        if !full || ctx.settings.dry_run {
+            return;
+        }
+    }
+}
+
+/// Running rows whose lifespan is over at `now` (the database clock).
+pub(crate) async fn expired(ctx: &ReaperContext, report: &mut CycleReport, now: DateTime<Utc>) {
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+        let page = match ctx
+            .store
+            .sessions()
+            .list_expired(&ctx.env, now, ctx.settings.page_size)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                report.note(
+                    Direction::Expired,
+                    "running sessions".into(),
+                    format!("list: {e}"),
+                );
+                return;
+            }
+        };
+        let full = page.len() == ctx.settings.page_size as usize;
+        let fresh: Vec<_> = page
+            .into_iter()
+            .filter(|s| seen.insert(s.id))
+            .filter(|s| {
+                // The one lifespan rule, the same the student's countdown uses.
+                Lifespan {
+                    started_at: s.started_at,
+                    expires_at: s.expires_at,
+                    extensions_used: s.extensions_used,
+                }
+                .is_expired(now)
+            })
+            .map(|s| {
+                let seen_expires_at = s.expires_at;
+                (s, Begin::Expire { seen_expires_at })
+            })
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        handle_rows(ctx, report, Direction::Expired, fresh).await;
+        if !full || ctx.settings.dry_run {
+            return;
+        }
+    }
+}
