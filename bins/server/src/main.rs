@@ -1,8 +1,146 @@
-//! ttlab-server: the student-facing HTTP service.
-//!
-//! Not built yet: this binary refuses to run rather than pretend to work.
+//! ttlab-server: the student-facing HTTP service. Parses the settings (flags or `TTLAB_*`
+//! variables), connects the database and the cluster, and runs `ttlab_api::Server`.
 
-fn main() {
-    eprintln!("ttlab-server: not available in this build yet");
-    std::process::exit(2);
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use ttlab_api::auth::{AuthConfig, AuthSecret};
+use ttlab_api::{ApiConfig, Server};
+use ttlab_cluster::{ClusterSettings, KubeCluster};
+use ttlab_lesson::LessonSet;
+use ttlab_lifespan::Policy;
+use ttlab_model::EnvName;
+use ttlab_store::{Store, StoreOptions};
+
+/// ttlab-server: lab sessions on KubeVirt VMs.
+#[derive(Debug, Parser)]
+#[command(name = "ttlab-server", version, about)]
+struct Args {
+    /// PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Environment label stamped on every object (dev, prod, …).
+    #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
+    env: EnvName,
+    /// Namespace of the VMs.
+    #[arg(long, env = "TTLAB_NAMESPACE", default_value = "ttlab-vms")]
+    namespace: String,
+    /// Address to listen on.
+    #[arg(long, env = "TTLAB_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// HMAC secret of the bearer tokens (at least 32 bytes).
+    #[arg(long, env = "TTLAB_AUTH_SECRET", hide_env_values = true)]
+    auth_secret: String,
+    /// Trust this header, set by an authenticating proxy, as the student's user id.
+    #[arg(long, env = "TTLAB_AUTH_HEADER")]
+    auth_header: Option<String>,
+    /// Lesson file or directory.
+    #[arg(long, env = "TTLAB_LESSONS")]
+    lessons: PathBuf,
+    /// Most VMs in the namespace at once.
+    #[arg(long, env = "TTLAB_VM_LIMIT", default_value_t = ttlab_api::DEFAULT_VM_LIMIT)]
+    vm_limit: usize,
+    /// Session length (e.g. 60m).
+    #[arg(long, env = "TTLAB_SESSION_TTL")]
+    session_ttl: Option<String>,
+    /// Longest a session can be extended to (e.g. 180m).
+    #[arg(long, env = "TTLAB_SESSION_MAX")]
+    session_max: Option<String>,
+    /// How many extensions a session may have.
+    #[arg(long, env = "TTLAB_MAX_EXTENSIONS")]
+    max_extensions: Option<String>,
+    /// Most concurrent Kubernetes API calls.
+    #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
+    kube_concurrency: usize,
+    /// The guest agent binary to embed (default: `ttlab-agent` beside this executable).
+    #[arg(long, env = "TTLAB_AGENT_BINARY")]
+    agent_binary: Option<PathBuf>,
+    /// Directory of the static web pages.
+    #[arg(long, env = "TTLAB_WEB_DIR")]
+    web_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ttlab-server: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut auth = AuthConfig::new(AuthSecret::new(args.auth_secret.into_bytes())?);
+    if let Some(header) = args.auth_header.as_deref().filter(|h| !h.trim().is_empty()) {
+        auth = auth.with_trusted_header(header)?;
+    }
+    let policy = Policy::from_settings(
+        args.session_ttl.as_deref(),
+        args.session_max.as_deref(),
+        args.max_extensions.as_deref(),
+    )?;
+    let lessons = LessonSet::load(&args.lessons)?;
+    let agent_path = match args.agent_binary {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("locating the server executable")?
+            .with_file_name("ttlab-agent"),
+    };
+    let agent_bytes = std::fs::read(&agent_path).with_context(|| {
+        format!(
+            "reading the guest agent {} (set TTLAB_AGENT_BINARY)",
+            agent_path.display()
+        )
+    })?;
+    let agent = ttlab_cloudinit::AgentPayload::new(&agent_bytes)?;
+
+    let store = Store::connect(&args.database_url, StoreOptions::default()).await?;
+    store.migrate().await?;
+    let mut settings = ClusterSettings::in_namespace(args.namespace);
+    settings.max_in_flight = args.kube_concurrency.max(1);
+    let cluster = KubeCluster::try_default(settings).await?;
+
+    let mut config = ApiConfig::new(args.env, auth, lessons, agent);
+    config.listen = args.listen;
+    config.vm_limit = args.vm_limit;
+    config.policy = policy;
+    config.web_dir = args.web_dir;
+    let server = Server::bind(config, store, Arc::new(cluster)).await?;
+    tracing::info!(addr = %server.local_addr(), "ttlab-server listening");
+    server.run(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

@@ -1,3 +1,163 @@
-//! The student and admin HTTP API, auth and the provisioning saga (steps 1 to 8).
+//! The ttlab server as a library: the HTTP API (students and admins), authentication, and
+//! the provisioning saga that turns "Start lab" into a running, graded VM (steps ① to ⑧ of
+//! the operators' write-up), plus finishing a session.
 //!
-//! Not built yet: this crate is a documented placeholder and exports nothing.
+//! It owns composition: which routes exist and what they answer ([`routes`]), who may call
+//! them ([`auth`]), the order of provisioning and what a failure leaves behind ([`saga`]).
+//! It refuses to own anything below: SQL is `ttlab-store`'s, Kubernetes calls are
+//! `ttlab-cluster`'s, expiry maths is `ttlab-lifespan`'s (always fed the database clock),
+//! manifests and cloud-init are rendered by their own crates, and expired sessions are the
+//! reaper's. The binary `ttlab-server` only parses settings and calls [`Server::bind`].
+//!
+//! Errors are JSON `{"error": code, "message": sentence}` with the right status
+//! ([`ApiError`]); bad input is a 4xx, never a 5xx or a panic.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
+//! use ttlab_api::ApiError;
+//!
+//! // Secrets shorter than 32 bytes are refused at start-up.
+//! assert!(matches!(AuthSecret::new("short"), Err(ApiError::Config(_))));
+//!
+//! let auth = AuthConfig::new(AuthSecret::new(vec![42u8; 32]).unwrap());
+//! let alice = "alice".parse().unwrap();
+//! let token = auth.mint(&alice, Role::Student, 1_900_000_000, Duration::from_secs(3600)).unwrap();
+//! // Valid until 2030: verifies now.
+//! assert_eq!(auth.verify(&token).unwrap().user, alice);
+//! assert!(auth.verify("not.a.token").is_err());
+//!
+//! let capacity = ApiError::Capacity { limit: 8 };
+//! assert_eq!(capacity.to_string(), "There are currently 8 VM labs open, so no capacity is available.");
+//! ```
+//!
+//! Running it (as `ttlabctl demo` does):
+//!
+//! ```no_run
+//! # async fn run(config: ttlab_api::ApiConfig, store: ttlab_store::Store,
+//! #              cluster: std::sync::Arc<dyn ttlab_cluster::Cluster>) -> Result<(), ttlab_api::ApiError> {
+//! let server = ttlab_api::Server::bind(config, store, cluster).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+
+pub mod auth;
+mod config;
+mod error;
+pub mod extract;
+pub mod metrics;
+pub mod routes;
+pub mod saga;
+mod state;
+pub mod view;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ttlab_cluster::Cluster;
+use ttlab_store::Store;
+
+pub use config::{ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_VM_LIMIT};
+pub use error::{ApiError, ErrorBody};
+pub use state::{AppState, HubEvent};
+
+/// A bound, not yet serving, server.
+pub struct Server {
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("addr", &self.addr).finish()
+    }
+}
+
+impl Server {
+    /// Validates the configuration, binds `config.listen` (port 0 picks one), starts the
+    /// notification hub and cleans up sessions a previous run left half-provisioned
+    /// ([`saga::recover`]; a failure there is logged, not fatal, since the reaper also
+    /// cleans up). The database must be migrated.
+    pub async fn bind(
+        config: ApiConfig,
+        store: Store,
+        cluster: Arc<dyn Cluster>,
+    ) -> Result<Self, ApiError> {
+        config
+            .policy
+            .validate()
+            .map_err(|e| ApiError::Config(e.to_string()))?;
+        if config.vm_limit == 0 {
+            return Err(ApiError::Config("TTLAB_VM_LIMIT must be at least 1".into()));
+        }
+        if config.lessons.is_empty() {
+            return Err(ApiError::Config(
+                "no lessons are configured (TTLAB_LESSONS)".into(),
+            ));
+        }
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ApiError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ApiError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let state = AppState::new(config, store, cluster);
+        state.start_hub();
+        match saga::recover(&state).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
+            Err(e) => tracing::warn!(error = %e, "could not look for abandoned sessions"),
+        }
+        Ok(Self {
+            state,
+            listener,
+            addr,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The shared state (for tests and composition).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, finishes open requests and
+    /// stops background tasks (provisioning in progress is resumed or cleaned up by the next
+    /// start).
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ApiError> {
+        let app = routes::router(self.state.clone());
+        let result = axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| ApiError::Internal(format!("serving: {e}")));
+        self.state.abort_tasks();
+        result
+    }
+}
+
+/// Binds and serves until `shutdown` completes: [`Server::bind`] then [`Server::run`].
+pub async fn serve(
+    config: ApiConfig,
+    store: Store,
+    cluster: Arc<dyn Cluster>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    Server::bind(config, store, cluster)
+        .await?
+        .run(shutdown)
+        .await
+}

@@ -1,0 +1,96 @@
+//! The server's configuration, as values (the binary fills it from flags and `TTLAB_*`
+//! variables; tests and `ttlabctl` fill it directly).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ttlab_cloudinit::AgentPayload;
+use ttlab_lesson::LessonSet;
+use ttlab_lifespan::Policy;
+use ttlab_model::EnvName;
+
+use crate::auth::AuthConfig;
+
+/// Default VM limit (`TTLAB_VM_LIMIT`).
+pub const DEFAULT_VM_LIMIT: usize = 8;
+/// Default largest request body accepted, in bytes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024;
+/// Default time "collect now" waits for the reaper's answer before 504.
+pub const DEFAULT_COLLECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Everything [`crate::Server::bind`] needs besides the database and the cluster.
+///
+/// | field | setting | default |
+/// |---|---|---|
+/// | `listen` | `TTLAB_LISTEN` | `0.0.0.0:8080` |
+/// | `env` | `TTLAB_ENV` | `dev` |
+/// | `auth` | `TTLAB_AUTH_SECRET` (≥ 32 bytes), `TTLAB_AUTH_HEADER` | required, off |
+/// | `vm_limit` | `TTLAB_VM_LIMIT` | 8 |
+/// | `policy` | `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`, `TTLAB_MAX_EXTENSIONS` | 60m, 180m, 3 |
+/// | `lessons` | `TTLAB_LESSONS` (file or directory) | required |
+/// | `agent` | `TTLAB_AGENT_BINARY` | `ttlab-agent` beside the server |
+/// | `web_dir` | `TTLAB_WEB_DIR` | none |
+#[derive(Clone)]
+pub struct ApiConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The environment label stamped on every object, and the sessions this server resumes.
+    pub env: EnvName,
+    /// How requests are authenticated.
+    pub auth: AuthConfig,
+    /// Most VMs in the namespace at once (counted from the cluster).
+    pub vm_limit: usize,
+    /// Session lifespan rules.
+    pub policy: Policy,
+    /// The lessons offered.
+    pub lessons: LessonSet,
+    /// The guest agent, ready to embed in cloud-init.
+    pub agent: AgentPayload,
+    /// The port the guest agent listens on (the protocol's 8899 unless a test says otherwise).
+    pub agent_port: u16,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// How long "collect now" waits for the reaper.
+    pub collect_timeout: Duration,
+    /// Static pages to serve (used by the web module, if mounted).
+    pub web_dir: Option<PathBuf>,
+    /// Extra time, beyond the lesson's readiness and setup timeouts, before the reaper may
+    /// fail a session still `starting` (this server is then presumed dead).
+    pub readiness_margin: Duration,
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("listen", &self.listen)
+            .field("env", &self.env)
+            .field("auth", &self.auth)
+            .field("vm_limit", &self.vm_limit)
+            .field("policy", &self.policy)
+            .field("lessons", &self.lessons.len())
+            .field("agent_bytes", &self.agent.binary_len())
+            .field("agent_port", &self.agent_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiConfig {
+    /// A configuration with the defaults above for everything but the required values.
+    pub fn new(env: EnvName, auth: AuthConfig, lessons: LessonSet, agent: AgentPayload) -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            env,
+            auth,
+            vm_limit: DEFAULT_VM_LIMIT,
+            policy: Policy::default(),
+            lessons,
+            agent,
+            agent_port: ttlab_agent::protocol::PORT,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            collect_timeout: DEFAULT_COLLECT_TIMEOUT,
+            web_dir: None,
+            readiness_margin: Duration::from_secs(60),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The VM side of a console: the VMI's serial console (VM labs) or a login shell in the pod
+//! (pod labs), over the `Cluster` trait, with KubeVirt's answers turned into what the relay
+//! decides on.
+
+use std::sync::Arc;
+
+use ttlab_cluster::{ByteSink, ByteStream, Cluster, ClusterError, Kind, VmiPhase};
+use ttlab_console::{CloseReason, ConsoleError, Connected, Upstream};
+
+/// The shell a pod lab's console runs: bash if the image has it, else sh, as a login shell.
+const POD_SHELL: &str =
+    "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi";
+
+/// The VMI's serial console.
+pub(super) struct VmConsole {
+    pub(super) cluster: Arc<dyn Cluster>,
+    pub(super) vm: String,
+}
+
+/// A shell in the pod.
+pub(super) struct PodShell {
+    pub(super) cluster: Arc<dyn Cluster>,
+    pub(super) pod: String,
+}
+
+impl Upstream for VmConsole {
+    type Input = ByteSink;
+    type Output = ByteStream;
+    type Error = ClusterError;
+
+    fn connect(&mut self) -> Connected<'_, Self> {
+        Box::pin(async move {
+            match self.cluster.open_console(&self.vm).await {
+                Ok(terminal) => Ok((terminal.input, terminal.output)),
+                Err(e) => Err(console_error(e)),
+            }
+        })
+    }
+
+    fn ended(&mut self, detail: String) -> futures::future::BoxFuture<'_, CloseReason> {
+        Box::pin(async move {
+            match self.cluster.vmi_state(&self.vm).await {
+                Ok(None) => CloseReason::VmStopped,
+                Ok(Some(s))
+                    if s.deleting || matches!(s.phase, VmiPhase::Succeeded | VmiPhase::Failed) =>
+                {
+                    CloseReason::VmStopped
+                }
+                _ => CloseReason::ConsoleLost(detail),
+            }
+        })
+    }
+}
+
+impl Upstream for PodShell {
+    type Input = ByteSink;
+    type Output = ByteStream;
+    type Error = ClusterError;
+
+    fn connect(&mut self) -> Connected<'_, Self> {
+        Box::pin(async move {
+            let command = vec!["sh".to_owned(), "-c".to_owned(), POD_SHELL.to_owned()];
+            match self.cluster.exec_pod(&self.pod, None, command).await {
+                Ok(terminal) => Ok((terminal.input, terminal.output)),
+                Err(e) => Err(console_error(e)),
+            }
+        })
+    }
+
+    fn ended(&mut self, detail: String) -> futures::future::BoxFuture<'_, CloseReason> {
+        Box::pin(async move {
+            match self.cluster.get(Kind::Pod, &self.pod).await {
+                Ok(None) => CloseReason::VmStopped,
+                _ => CloseReason::ConsoleLost(format!("the shell ended ({detail})")),
+            }
+        })
+    }
+}
+
+/// What the relay should do about a failed attempt to open a console.
+fn console_error(e: ClusterError) -> ConsoleError {
+    match e {
+        ClusterError::ConsoleNotReady { message, .. } => ConsoleError::NotReady {
+            message: waiting_for(&message),
+        },
+        ClusterError::Transient { .. } => ConsoleError::NotReady {
+            message: "the cluster is not answering; trying again".to_owned(),
+        },
+        ClusterError::Conflict { message } | ClusterError::NotFound { message } => {
+            ConsoleError::Stopped { message }
+        }
+        other => ConsoleError::Unavailable {
+            message: other.to_string(),
+        },
+    }
+}
+
+/// KubeVirt's "… because phase is Scheduling instead of Running" as "the VM is Scheduling".
+fn waiting_for(message: &str) -> String {
+    let phase = message
+        .split("phase is ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .filter(|p| p.chars().all(|c| c.is_ascii_alphabetic()) && !p.is_empty());
+    match phase {
+        Some(phase) => format!("the VM is {phase}, not yet Running"),
+        None => "the VM is starting".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubevirt_refusals_become_what_the_student_waits_for() {
+        assert_eq!(
+            waiting_for(
+                "Internal error occurred: dialing virt-handler: Unable to connect to \
+                 VirtualMachineInstance because phase is Scheduling instead of Running"
+            ),
+            "the VM is Scheduling, not yet Running"
+        );
+        assert_eq!(waiting_for("something else"), "the VM is starting");
+        assert!(matches!(
+            console_error(ClusterError::Conflict {
+                message: "phase is Failed".into()
+            }),
+            ConsoleError::Stopped { .. }
+        ));
+        assert!(matches!(
+            console_error(ClusterError::Forbidden {
+                message: "no".into()
+            }),
+            ConsoleError::Unavailable { .. }
+        ));
+    }
+}

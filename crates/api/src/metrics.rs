@@ -1,0 +1,154 @@
+//! Prometheus metrics of the server, with typed label sets.
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `ttlab_sessions` | `status` | live sessions of this environment now (read at scrape) |
+//! | `ttlab_sessions_opened_total` | `lesson`, `runtime` | sessions accepted (202) |
+//! | `ttlab_sessions_ended_total` | `status` | sessions this server ended (finished, failed) |
+//! | `ttlab_stage_seconds` | `stage` | time from the request to each provisioning stage |
+//! | `ttlab_capacity_rejections_total` | — | `POST /api/sessions` answered 503 `capacity` |
+//! | `ttlab_disk_decisions_total` | `kind`, `reason` | root disk decisions |
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of `ttlab_sessions` and `ttlab_sessions_ended_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// Session status.
+    pub status: String,
+}
+
+/// Labels of `ttlab_sessions_opened_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpenedLabels {
+    /// Lesson id.
+    pub lesson: String,
+    /// `vm` or `pod`.
+    pub runtime: String,
+}
+
+/// Labels of `ttlab_stage_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `vm_created`, `vmi_running`, `agent_up`, `ready`.
+    pub stage: String,
+}
+
+/// Labels of `ttlab_disk_decisions_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DiskLabels {
+    /// `golden` or `container`.
+    pub kind: String,
+    /// `ready` or the fallback reason.
+    pub reason: String,
+}
+
+/// The server's metrics. Cheap to clone (shared handles).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Live sessions by status (set at scrape).
+    pub sessions: Family<StatusLabels, Gauge>,
+    /// Sessions accepted.
+    pub opened: Family<OpenedLabels, Counter>,
+    /// Sessions ended by this server.
+    pub ended: Family<StatusLabels, Counter>,
+    /// Seconds from the request to each stage.
+    pub stage_seconds: Family<StageLabels, Histogram>,
+    /// Capacity refusals.
+    pub capacity_rejections: Counter,
+    /// Disk decisions.
+    pub disk_decisions: Family<DiskLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics in a registry of their own.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let sessions = Family::<StatusLabels, Gauge>::default();
+        let opened = Family::<OpenedLabels, Counter>::default();
+        let ended = Family::<StatusLabels, Counter>::default();
+        let stage_seconds = Family::<StageLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(
+                [
+                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
+                    640.0,
+                ]
+                .into_iter(),
+            )
+        });
+        let capacity_rejections = Counter::default();
+        let disk_decisions = Family::<DiskLabels, Counter>::default();
+        registry.register(
+            "ttlab_sessions",
+            "Live sessions of this environment by status",
+            sessions.clone(),
+        );
+        registry.register("ttlab_sessions_opened", "Sessions accepted", opened.clone());
+        registry.register(
+            "ttlab_sessions_ended",
+            "Sessions this server ended, by final status",
+            ended.clone(),
+        );
+        registry.register(
+            "ttlab_stage_seconds",
+            "Seconds from the request to each provisioning stage",
+            stage_seconds.clone(),
+        );
+        registry.register(
+            "ttlab_capacity_rejections",
+            "Session requests refused because the VM limit was reached",
+            capacity_rejections.clone(),
+        );
+        registry.register(
+            "ttlab_disk_decisions",
+            "Root disk decisions by kind and reason",
+            disk_decisions.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            sessions,
+            opened,
+            ended,
+            stage_seconds,
+            capacity_rejections,
+            disk_decisions,
+        }
+    }
+
+    /// Records how long after the request a stage was reached.
+    pub fn observe_stage(&self, stage: &str, seconds: f64) {
+        self.stage_seconds
+            .get_or_create(&StageLabels {
+                stage: stage.to_owned(),
+            })
+            .observe(seconds.max(0.0));
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,102 @@
+//! `GET /api/sessions/{id}/events`: server-sent events, one `session` event with the full
+//! view now and on every change (stage, status, expiry), until the session is final.
+//!
+//! Changes arrive as Postgres notifications (so a change made by another replica or the
+//! reaper shows up too), with a re-read every few seconds as the fallback for a missed one.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use futures::Stream;
+use tokio::sync::broadcast;
+
+use super::sessions::visible;
+use crate::auth::CurrentUser;
+use crate::extract::SessionPath;
+use crate::state::HubEvent;
+use crate::view::SessionView;
+use crate::{ApiError, AppState};
+
+/// Re-read at least this often, in case a notification was missed.
+const FALLBACK: Duration = Duration::from_secs(5);
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new().route("/api/sessions/{id}/events", get(events))
+}
+
+struct Watch {
+    state: AppState,
+    id: ttlab_model::SessionId,
+    rx: broadcast::Receiver<HubEvent>,
+    last: Option<(String, &'static str, chrono::DateTime<chrono::Utc>)>,
+    done: bool,
+}
+
+async fn events(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    SessionPath(id): SessionPath,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // Subscribe before the first read, so no change between the two is missed.
+    let rx = state.subscribe();
+    visible(&state, &user, id).await?;
+    let watch = Watch {
+        state,
+        id,
+        rx,
+        last: None,
+        done: false,
+    };
+    let stream = futures::stream::unfold(watch, |mut w| async move {
+        if w.done {
+            return None;
+        }
+        loop {
+            if w.last.is_some() {
+                match tokio::time::timeout(FALLBACK, w.rx.recv()).await {
+                    Ok(Err(broadcast::error::RecvError::Closed)) => return None,
+                    Ok(_) | Err(_) => {}
+                }
+            }
+            let row = match w.state.store().sessions().get(w.id).await {
+                Ok(Some(row)) => row,
+                Ok(None) => return None,
+                // The database is away: keep the stream open and try again later.
+                Err(_) => {
+                    if w.last.is_none() {
+                        w.last =
+                            Some((String::new(), "", chrono::DateTime::<chrono::Utc>::MIN_UTC));
+                    }
+                    continue;
+                }
+            };
+            let key = (
+                row.status.as_str().to_owned(),
+                crate::view::stage_of(&row),
+                row.updated_at,
+            );
+            if w.last.as_ref() == Some(&key) {
+                continue;
+            }
+            w.last = Some(key);
+            w.done = row.status.is_final();
+            let now = w
+                .state
+                .store()
+                .db_now()
+                .await
+                .unwrap_or_else(|_| chrono::Utc::now());
+            let view = SessionView::new(&row, &w.state.config().policy, now);
+            let event = Event::default()
+                .event("session")
+                .json_data(&view)
+                .unwrap_or_else(|_| Event::default().event("session"));
+            return Some((Ok(event), w));
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,126 @@
+//! `GET /api/openapi.json`: the OpenAPI 3.1 description of every route, written by hand
+//! (a test checks that every route of the router appears in it).
+
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::AppState;
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new().route("/api/openapi.json", get(|| async { Json(document()) }))
+}
+
+fn err(description: &str) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn ok(description: &str, schema: Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
+}
+
+fn op(summary: &str, responses: Value) -> Value {
+    json!({"summary": summary, "security": [{"bearer": []}], "responses": responses})
+}
+
+fn id_param() -> Value {
+    json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}])
+}
+
+fn session() -> Value {
+    json!({"$ref": "#/components/schemas/Session"})
+}
+
+/// The document.
+pub fn document() -> Value {
+    let auth_errors = |mut v: Value| {
+        v["401"] = err("missing, invalid or expired token");
+        v["503"] = err("database or cluster unavailable");
+        v
+    };
+    let admin_errors = |v: Value| {
+        let mut v = auth_errors(v);
+        v["403"] = err("not an admin");
+        v
+    };
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "ttlab", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Lab sessions on KubeVirt VMs: start, follow, extend, grade, finish; admin views. Errors are {\"error\": code, \"message\": sentence}."},
+        "paths": {
+            "/healthz": {"get": {"summary": "The process answers", "responses": {"200": ok("alive", json!({"type": "object"}))}}},
+            "/readyz": {"get": {"summary": "Database and cluster reachable", "responses": {"200": ok("ready", json!({"type": "object"})), "503": err("database or cluster unreachable")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (OpenMetrics text)", "responses": {"200": {"description": "metrics", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
+            "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": ok("OpenAPI document", json!({"type": "object"}))}}},
+            "/api/lessons": {"get": op("Lessons offered", auth_errors(json!({"200": ok("lessons", json!({"type": "array", "items": {"$ref": "#/components/schemas/Lesson"}}))})))},
+            "/api/sessions": {"post": {
+                "summary": "Start a lab: 202 with the session in `starting`; provisioning continues in the background",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}}}}}},
+                "responses": auth_errors(json!({
+                    "202": ok("accepted", session()),
+                    "400": err("malformed body, wrong types or unknown fields"),
+                    "404": err("lesson_not_found"),
+                    "409": err("session_exists: the lab already open is named"),
+                    "413": err("body too large"),
+                    "415": err("not application/json"),
+                }))
+            }},
+            "/api/sessions/current": {"get": op("The caller's live session", auth_errors(json!({"200": ok("session", session()), "404": err("no live session")})))},
+            "/api/sessions/{id}": {
+                "parameters": id_param(),
+                "get": op("One session (owner or admin)", auth_errors(json!({"200": ok("session", session()), "400": err("invalid_id"), "404": err("no such session, or not yours")}))),
+                "delete": op("Finish now: everything of the session is deleted", auth_errors(json!({"200": ok("the session, finished", session()), "400": err("invalid_id"), "404": err("no such session, or not yours")})))
+            },
+            "/api/sessions/{id}/events": {
+                "parameters": id_param(),
+                "get": {"summary": "Server-sent `session` events: the session now and on every change, until it is final", "security": [{"bearer": []}],
+                        "responses": auth_errors(json!({"200": {"description": "event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}, "404": err("no such session, or not yours")}))}
+            },
+            "/api/sessions/{id}/extend": {
+                "parameters": id_param(),
+                "post": op("Extend: expiry becomes min(now + ttl, start + max)", auth_errors(json!({"200": ok("the session with its new expiry", session()), "404": err("no such session, or not yours"), "409": err("extension_limit, max_lifetime, expired, too_early or not_running")})))
+            },
+            "/api/sessions/{id}/grade": {
+                "parameters": id_param(),
+                "post": op("Run the lesson's grading steps in the VM", auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("the VM's agent did not answer")})))
+            },
+            "/api/admin/sessions": {"get": {
+                "summary": "Sessions of this environment",
+                "security": [{"bearer": []}],
+                "parameters": [
+                    {"name": "scope", "in": "query", "schema": {"type": "string", "enum": ["live", "recent"]}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 5000}}
+                ],
+                "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
+            }},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit", admin_errors(json!({"200": ok("capacity", json!({"type": "object"}))})))},
+            "/api/admin/reaper": {"get": {
+                "summary": "Recent reaper cycle reports",
+                "security": [{"bearer": []}],
+                "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
+                "responses": admin_errors(json!({"200": ok("cycles", json!({"type": "array", "items": {"type": "object"}}))}))
+            }},
+            "/api/admin/reaper/collect": {"post": op("Collect now: the reaper runs a cycle and answers with its report", admin_errors(json!({"200": ok("the cycle report", json!({"type": "object"})), "504": err("no reaper answered in time")})))},
+            "/api/admin/stats": {"get": op("p50/p90/p99 and count of time-to-ready per lesson and disk, and of expiry to reclaimed", admin_errors(json!({"200": ok("statistics", json!({"type": "object"}))})))}
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT (HS256; claims sub, role, exp)"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error", "message"], "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
+                "Lesson": {"type": "object", "properties": {"id": {"type": "string"}, "title": {"type": "string"}, "runtime": {"type": "string", "enum": ["vm", "pod"]}, "nodes": {"type": "array", "items": {"type": "string"}}, "grading_steps": {"type": "integer"}}},
+                "Session": {"type": "object", "properties": {
+                    "id": {"type": "string", "format": "uuid"}, "user": {"type": "string"}, "lesson": {"type": "string"}, "runtime": {"type": "string"},
+                    "status": {"type": "string", "enum": ["starting", "running", "finishing", "expired", "finished", "failed", "ghost"]},
+                    "stage": {"type": "string"}, "finishing_to": {"type": ["string", "null"]},
+                    "started_at": {"type": "string", "format": "date-time"}, "expires_at": {"type": "string", "format": "date-time"}, "max_expires_at": {"type": "string", "format": "date-time"},
+                    "remaining_seconds": {"type": "integer"}, "extensions_used": {"type": "integer"}, "extensions_left": {"type": "integer"}, "server_time": {"type": "string", "format": "date-time"},
+                    "disk": {"type": ["object", "null"], "properties": {"kind": {"type": "string"}, "reason": {"type": "string"}}},
+                    "nodes": {"type": "array", "items": {"type": "object", "properties": {"node": {"type": "string"}, "vm": {"type": "string"}}}},
+                    "stages": {"type": "object", "properties": {"requested": {"type": "string"}, "vm_created": {"type": ["string", "null"]}, "vmi_running": {"type": ["string", "null"]}, "agent_up": {"type": ["string", "null"]}, "ready": {"type": ["string", "null"]}}},
+                    "finished_at": {"type": ["string", "null"]}, "failure_reason": {"type": ["string", "null"]}
+                }}
+            }
+        }
+    })
+}

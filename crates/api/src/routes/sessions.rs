@@ -1,0 +1,299 @@
+//! Student routes: lessons, sessions, extend, finish, grade.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use ttlab_agent::AgentClient;
+use ttlab_lifespan::Lifespan;
+use ttlab_model::{FinalStatus, LessonId, Runtime, SessionStatus};
+use ttlab_store::Session;
+
+use crate::auth::CurrentUser;
+use crate::extract::{ApiJson, SessionPath};
+use crate::saga;
+use crate::view::SessionView;
+use crate::{ApiError, AppState};
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/lessons", get(lessons))
+        .route("/api/sessions", post(create))
+        .route("/api/sessions/current", get(current))
+        .route("/api/sessions/{id}", get(read).delete(finish))
+        .route("/api/sessions/{id}/extend", post(extend))
+        .route("/api/sessions/{id}/grade", post(grade))
+}
+
+/// A lesson as listed.
+#[derive(Debug, Serialize)]
+struct LessonView {
+    id: String,
+    title: String,
+    runtime: Runtime,
+    nodes: Vec<String>,
+    grading_steps: usize,
+}
+
+async fn lessons(State(state): State<AppState>, _user: CurrentUser) -> Json<Vec<LessonView>> {
+    Json(
+        state
+            .config()
+            .lessons
+            .iter()
+            .map(|l| LessonView {
+                id: l.id.to_string(),
+                title: l.title.clone(),
+                runtime: l.runtime,
+                nodes: l.nodes.iter().map(ToString::to_string).collect(),
+                grading_steps: l.grading.len(),
+            })
+            .collect(),
+    )
+}
+
+/// `POST /api/sessions` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSession {
+    lesson: String,
+}
+
+async fn create(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    ApiJson(body): ApiJson<CreateSession>,
+) -> Result<Response, ApiError> {
+    let lesson = body
+        .lesson
+        .parse::<LessonId>()
+        .ok()
+        .and_then(|id| state.config().lessons.get(&id).cloned())
+        .ok_or_else(|| ApiError::LessonNotFound(body.lesson.clone()))?;
+    let session = saga::open_session(&state, &user.user, &lesson).await?;
+    tracing::info!(session = %session.id, user = %user.user, lesson = %lesson.id, "session accepted");
+    saga::spawn_provisioning(&state, session.clone());
+    let view = view(&state, &session).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        [(
+            axum::http::header::LOCATION,
+            format!("/api/sessions/{}", session.id),
+        )],
+        Json(view),
+    )
+        .into_response())
+}
+
+/// The view of a row at the database's now.
+pub(super) async fn view(state: &AppState, s: &Session) -> Result<SessionView, ApiError> {
+    let now = state.store().db_now().await?;
+    Ok(SessionView::new(s, &state.config().policy, now))
+}
+
+/// The session `id` if `user` may read it (its owner, or an admin); otherwise 404, so
+/// another user's session ids reveal nothing.
+pub(super) async fn visible(
+    state: &AppState,
+    user: &CurrentUser,
+    id: ttlab_model::SessionId,
+) -> Result<Session, ApiError> {
+    match state.store().sessions().get(id).await? {
+        Some(s) if s.user == user.user || user.is_admin() => Ok(s),
+        _ => Err(ApiError::SessionNotFound),
+    }
+}
+
+/// The session `id` if `user` owns it (actions are the owner's only).
+async fn owned(
+    state: &AppState,
+    user: &CurrentUser,
+    id: ttlab_model::SessionId,
+) -> Result<Session, ApiError> {
+    match state.store().sessions().get(id).await? {
+        Some(s) if s.user == user.user => Ok(s),
+        _ => Err(ApiError::SessionNotFound),
+    }
+}
+
+async fn current(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> Result<Json<SessionView>, ApiError> {
+    let s = state
+        .store()
+        .sessions()
+        .live_for_user(&user.user)
+        .await?
+        .ok_or(ApiError::SessionNotFound)?;
+    Ok(Json(view(&state, &s).await?))
+}
+
+async fn read(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    SessionPath(id): SessionPath,
+) -> Result<Json<SessionView>, ApiError> {
+    let s = visible(&state, &user, id).await?;
+    Ok(Json(view(&state, &s).await?))
+}
+
+async fn extend(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    SessionPath(id): SessionPath,
+) -> Result<Json<SessionView>, ApiError> {
+    let policy = state.config().policy;
+    for _ in 0..5 {
+        let s = owned(&state, &user, id).await?;
+        if s.status != SessionStatus::Running {
+            return Err(ApiError::WrongState {
+                code: if s.status.is_final() {
+                    "expired"
+                } else {
+                    "not_running"
+                },
+                message: format!(
+                    "the session is {}; only a running session can be extended",
+                    s.status
+                ),
+            });
+        }
+        let now = state.store().db_now().await?;
+        let lifespan = Lifespan {
+            started_at: s.started_at,
+            expires_at: s.expires_at,
+            extensions_used: s.extensions_used,
+        };
+        let next = lifespan.extend(now, &policy).map_err(ApiError::Extend)?;
+        // Conditional on what was read: a concurrent extension or expiry makes it `None`,
+        // and the rules are applied again to the fresh row.
+        if let Some(row) = state
+            .store()
+            .sessions()
+            .extend(id, s.extensions_used, next.expires_at)
+            .await?
+        {
+            return Ok(Json(SessionView::new(&row, &policy, now)));
+        }
+    }
+    Err(ApiError::Internal(
+        "the session kept changing while it was extended".into(),
+    ))
+}
+
+async fn finish(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    SessionPath(id): SessionPath,
+) -> Result<Json<SessionView>, ApiError> {
+    let s = owned(&state, &user, id).await?;
+    let ended = if matches!(s.status, SessionStatus::Starting | SessionStatus::Running) {
+        saga::end_session(
+            &state,
+            &s,
+            &[SessionStatus::Starting, SessionStatus::Running],
+            FinalStatus::Finished,
+            None,
+        )
+        .await?
+    } else {
+        None
+    };
+    let row = match ended {
+        Some(row) => row,
+        None => state
+            .store()
+            .sessions()
+            .get(id)
+            .await?
+            .ok_or(ApiError::SessionNotFound)?,
+    };
+    Ok(Json(view(&state, &row).await?))
+}
+
+/// One grading step's result.
+#[derive(Debug, Serialize)]
+struct StepResult {
+    name: String,
+    node: String,
+    passed: bool,
+    exit_code: Option<i32>,
+    expected_exit: i32,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+    duration_ms: u64,
+}
+
+async fn grade(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    SessionPath(id): SessionPath,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let s = owned(&state, &user, id).await?;
+    if s.status != SessionStatus::Running {
+        return Err(ApiError::WrongState {
+            code: "not_running",
+            message: format!(
+                "the session is {}; only a running session can be graded",
+                s.status
+            ),
+        });
+    }
+    if s.runtime != Runtime::Vm {
+        return Err(ApiError::WrongState {
+            code: "grading_unavailable",
+            message: "grading runs through the VM agent; pod labs are not graded here".into(),
+        });
+    }
+    let lesson = state
+        .config()
+        .lessons
+        .get(&s.lesson)
+        .cloned()
+        .ok_or_else(|| ApiError::LessonNotFound(s.lesson.to_string()))?;
+    let mut steps = Vec::with_capacity(lesson.grading.len());
+    for step in &lesson.grading {
+        let vm =
+            s.vms.iter().find(|v| v.node == step.node).ok_or_else(|| {
+                ApiError::Internal(format!("no VM recorded for node {}", step.node))
+            })?;
+        let ip = state
+            .cluster()
+            .vmi_ip(&vm.name)
+            .await?
+            .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
+        let token = state.config().auth.agent_token(s.id, &step.node)?;
+        let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
+            .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
+        let out = client
+            .exec(&step.command, step.timeout)
+            .await
+            .map_err(|e| ApiError::AgentUnavailable(e.to_string()))?;
+        steps.push(StepResult {
+            name: step.name.clone(),
+            node: step.node.to_string(),
+            passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
+            exit_code: out.exit_code,
+            expected_exit: step.expect_exit,
+            timed_out: out.timed_out,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            duration_ms: out.duration_ms,
+        });
+    }
+    let passed = steps.iter().filter(|s| s.passed).count();
+    Ok(Json(json!({
+        "session": s.id.to_string(),
+        "passed": passed,
+        "total": steps.len(),
+        "steps": steps,
+    })))
+}

@@ -1,0 +1,256 @@
+//! The provisioning saga (steps ② to ⑧ of the write-up) and the end of a session.
+//!
+//! [`open_session`] runs inside the request: capacity under the database's capacity lock,
+//! then the `starting` row (one live row per user is the database's rule). Everything after
+//! the 202 runs in a task per session ([`spawn_provisioning`]) holding the session's
+//! provisioning lock; its state is the row. Any failure deletes everything created for the
+//! session and marks it `failed` with a reason a student can read. A server that starts
+//! finds the `starting` sessions nobody holds the lock of and cleans them up
+//! ([`recover`]).
+
+mod disk;
+mod open;
+mod pod;
+mod vm;
+
+use std::future::Future;
+use std::time::Duration;
+
+use ttlab_cluster::{LabelSweep, SessionTarget, teardown_session};
+use ttlab_model::{FinalStatus, NodeName, Runtime, SessionStatus};
+use ttlab_store::{Session, StoreError};
+
+use crate::{ApiError, AppState};
+
+pub use open::open_session;
+
+/// How long a provisioning step retries a database that went away before giving up.
+const DB_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// Why provisioning stopped.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// It failed; the reason is for the student.
+    Failed(String),
+    /// The row left `starting` under us (finished by the student, failed by the reaper):
+    /// whoever moved it ends it; we only remove what we created.
+    Superseded,
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Failed(format!("the database failed during provisioning: {e}"))
+    }
+}
+
+fn db_unavailable(e: &StoreError) -> bool {
+    crate::error::store_unavailable(e)
+}
+
+/// Runs a database step, retrying with backoff while the database is unreachable (up to
+/// two minutes), so a database restart does not lose a session being provisioned.
+pub(crate) async fn with_db<T, F, Fut>(mut step: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match step().await {
+            Err(e) if db_unavailable(&e) && start.elapsed() < DB_RETRY_FOR => {
+                tracing::debug!(error = %e, "database unavailable; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Starts provisioning `session` in the background.
+pub fn spawn_provisioning(state: &AppState, session: Session) {
+    let st = state.clone();
+    state.spawn(async move {
+        let lock = match with_db(|| st.store().try_provisioning_lock(session.id)).await {
+            Ok(Some(lock)) => Some(lock),
+            Ok(None) => {
+                tracing::info!(session = %session.id, "another server is provisioning it");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "no provisioning lock; going on");
+                None
+            }
+        };
+        provision(&st, &session).await;
+        drop(lock);
+    });
+}
+
+#[tracing::instrument(skip_all, fields(session = %session.id, lesson = %session.lesson))]
+async fn provision(state: &AppState, session: &Session) {
+    let result = match session.runtime {
+        Runtime::Vm => vm::provision(state, session).await,
+        Runtime::Pod => pod::provision(state, session).await,
+    };
+    match result {
+        Ok(()) => tracing::info!("session running"),
+        Err(Stop::Superseded) => {
+            tracing::info!("session left starting during provisioning; removing what was made");
+            let report = teardown_session(
+                state.cluster().as_ref(),
+                &target(state, session, &nodes_of(state, session)),
+                LabelSweep::Always,
+            )
+            .await;
+            if !report.all_deleted() {
+                tracing::warn!("some objects could not be deleted; the reaper will find them");
+            }
+        }
+        Err(Stop::Failed(reason)) => {
+            tracing::warn!(%reason, "provisioning failed");
+            if let Err(e) = end_session(
+                state,
+                session,
+                &[SessionStatus::Starting],
+                FinalStatus::Failed,
+                Some(&reason),
+            )
+            .await
+            {
+                tracing::warn!(error = %e, "could not end the failed session; the reaper will");
+            }
+        }
+    }
+}
+
+/// The lab nodes of a session: recorded on the row, else the lesson's.
+pub(crate) fn nodes_of(state: &AppState, session: &Session) -> Vec<NodeName> {
+    if !session.vms.is_empty() {
+        return session.vms.iter().map(|v| v.node.clone()).collect();
+    }
+    state
+        .config()
+        .lessons
+        .get(&session.lesson)
+        .map(|l| l.nodes.as_slice().to_vec())
+        .unwrap_or_default()
+}
+
+fn target<'a>(state: &'a AppState, session: &Session, nodes: &'a [NodeName]) -> SessionTarget<'a> {
+    SessionTarget {
+        env: &state.config().env,
+        session: session.id,
+        runtime: session.runtime,
+        nodes,
+    }
+}
+
+/// Moves a session from one of `from` to finishing (heading for `to`), deletes everything
+/// of it, and marks it final once the cluster confirmed every deletion. Returns the row as
+/// it ends up; `None` if it was not in one of `from` (someone else is ending it).
+pub async fn end_session(
+    state: &AppState,
+    session: &Session,
+    from: &[SessionStatus],
+    to: FinalStatus,
+    reason: Option<&str>,
+) -> Result<Option<Session>, ApiError> {
+    let Some(row) = with_db(|| async {
+        state
+            .store()
+            .sessions()
+            .begin_finishing(session.id, from, to, reason)
+            .await
+    })
+    .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(complete(state, row).await?))
+}
+
+/// Deletes everything of a `finishing` session and marks it final if that worked.
+pub(crate) async fn complete(state: &AppState, row: Session) -> Result<Session, ApiError> {
+    let nodes = nodes_of(state, &row);
+    let report = teardown_session(
+        state.cluster().as_ref(),
+        &target(state, &row, &nodes),
+        LabelSweep::Always,
+    )
+    .await;
+    if !report.all_deleted() {
+        for (o, e) in report.failures() {
+            tracing::warn!(session = %row.id, kind = %o.kind, name = %o.name, error = %e, "deletion failed; left finishing for the reaper");
+        }
+        return Ok(row);
+    }
+    let done =
+        with_db(|| async { state.store().sessions().complete_finishing(row.id).await }).await?;
+    match done {
+        Some(done) => {
+            state
+                .metrics()
+                .ended
+                .get_or_create(&crate::metrics::StatusLabels {
+                    status: done.status.as_str().to_owned(),
+                })
+                .inc();
+            Ok(done)
+        }
+        // Someone else completed it meanwhile.
+        None => Ok(
+            with_db(|| async { state.store().sessions().get(row.id).await })
+                .await?
+                .unwrap_or(row),
+        ),
+    }
+}
+
+/// At start-up: `starting` sessions of this environment whose provisioner is gone (nobody
+/// holds their provisioning lock) are cleaned up and failed — the student starts again —
+/// and `finishing` ones are finished. Sessions another replica is provisioning are left
+/// alone.
+pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
+    const REASON: &str =
+        "the server restarted while the lab was being prepared; please start it again";
+    let env = state.config().env.clone();
+    let mut handled = 0;
+    let mut after = None;
+    loop {
+        let page = state
+            .store()
+            .sessions()
+            .list_in_status(&env, SessionStatus::Starting, after, 100)
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for s in page {
+            let Some(lock) = state.store().try_provisioning_lock(s.id).await? else {
+                continue;
+            };
+            tracing::info!(session = %s.id, "cleaning up a session abandoned during provisioning");
+            end_session(
+                state,
+                &s,
+                &[SessionStatus::Starting],
+                FinalStatus::Failed,
+                Some(REASON),
+            )
+            .await?;
+            drop(lock);
+            handled += 1;
+        }
+    }
+    let finishing = state
+        .store()
+        .sessions()
+        .list_in_status(&env, SessionStatus::Finishing, None, 1000)
+        .await?;
+    for s in finishing {
+        complete(state, s).await?;
+        handled += 1;
+    }
+    Ok(handled)
+}
