@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+#
+# One image, two entrypoints: ttlab-server and ttlab-reaper (plus ttlabctl for migrations
+# and operator tasks). The guest agent is built with the size-optimised `agent` profile and
+# installed where the server reads it to embed into every VM's cloud-init
+# (TTLAB_AGENT_BINARY=/usr/local/bin/ttlab-agent).
+#
+#   docker build -t ghcr.io/ttlab/ttlab:0.1.0 .
+#   containers: command ["/usr/local/bin/ttlab-server"] or ["/usr/local/bin/ttlab-reaper"]
+#
+# The builder is Debian 12 (glibc 2.36) and so is the runtime (distroless cc): the server and
+# reaper link the same glibc they run on. The agent runs in the *guest*, which may be older:
+# bins/agent/measure-size.sh fails the build if it needs a glibc symbol newer than 2.34 or
+# if it would not fit the cloud-init Secret.
+
+ARG RUST_VERSION=1.95
+
+FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
+WORKDIR /src
+# objdump for the agent's glibc check (binutils is in the image; listed for clarity).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends binutils \
+    && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    set -eux; \
+    cargo build --locked --release \
+        -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-ttlabctl-bin; \
+    bins/agent/measure-size.sh; \
+    mkdir -p /out/bin; \
+    cp target/release/ttlab-server target/release/ttlab-reaper target/release/ttlabctl /out/bin/; \
+    cp target/agent/ttlab-agent /out/bin/; \
+    mkdir -p /out/share/lessons /out/share/web; \
+    cp lessons/*.yaml /out/share/lessons/; \
+    if [ -d web/dist ]; then cp -r web/dist/. /out/share/web/; \
+    elif [ -d web ]; then cp -r web/. /out/share/web/; fi
+
+# distroless: glibc, CA certificates, tzdata, no shell; uid/gid 65532 ("nonroot").
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/bin/ /usr/local/bin/
+COPY --from=build /out/share/ /usr/share/ttlab/
+ENV TTLAB_AGENT_BINARY=/usr/local/bin/ttlab-agent \
+    TTLAB_LESSONS=/usr/share/ttlab/lessons \
+    TTLAB_WEB_DIR=/usr/share/ttlab/web \
+    TTLAB_LISTEN=0.0.0.0:8080
+USER 65532:65532
+EXPOSE 8080 9090
+ENTRYPOINT ["/usr/local/bin/ttlab-server"]
