@@ -15,6 +15,20 @@
 
 ARG RUST_VERSION=1.95
 
+# The pages' one runtime dependency, xterm.js (and its fit addon), from npm at the versions
+# pinned in web/package-lock.json; laid out as the pages load it (/vendor/xterm/...).
+FROM docker.io/library/node:22-bookworm-slim AS web
+WORKDIR /web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
+COPY web/ ./
+RUN set -eux; \
+    mkdir -p /out/vendor; \
+    cp index.html admin.html /out/; \
+    cp -r static /out/static; \
+    cp -r node_modules/@xterm/xterm /out/vendor/xterm; \
+    cp -r node_modules/@xterm/addon-fit /out/vendor/addon-fit
+
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 # objdump for the agent's glibc check (binutils is in the image; listed for clarity).
@@ -30,15 +44,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     mkdir -p /out/bin; \
     cp target/release/ttlab-server target/release/ttlab-reaper target/release/ttlabctl /out/bin/; \
     cp target/agent/ttlab-agent /out/bin/; \
-    mkdir -p /out/share/lessons /out/share/web; \
-    cp lessons/*.yaml /out/share/lessons/; \
-    if [ -d web/dist ]; then cp -r web/dist/. /out/share/web/; \
-    elif [ -d web ]; then cp -r web/. /out/share/web/; fi
+    mkdir -p /out/share/lessons; \
+    cp lessons/*.yaml /out/share/lessons/
 
 # distroless: glibc, CA certificates, tzdata, no shell; uid/gid 65532 ("nonroot").
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/bin/ /usr/local/bin/
 COPY --from=build /out/share/ /usr/share/ttlab/
+COPY --from=web /out/ /usr/share/ttlab/web/
 ENV TTLAB_AGENT_BINARY=/usr/local/bin/ttlab-agent \
     TTLAB_LESSONS=/usr/share/ttlab/lessons \
     TTLAB_WEB_DIR=/usr/share/ttlab/web \
