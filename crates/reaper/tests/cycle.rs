@@ -1,0 +1,383 @@
+//! `reap_once` against a real PostgreSQL and kube-sim over HTTP: the three directions, the
+//! two incidents of the operators' write-up, the orphan re-read, dry runs.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use chrono::TimeDelta;
+use common::{Harness, NS, node};
+use ttlab_kube_sim::{FaultRule, Verb};
+use ttlab_model::{SessionId, SessionStatus};
+use ttlab_reaper::{ReaperSettings, delete_orphans, find_orphans, reap_once};
+use ttlab_store::Direction;
+use ttlab_vm_manifest::{secret_name, vm_name};
+
+fn minutes(n: i64) -> TimeDelta {
+    TimeDelta::minutes(n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_session_is_reclaimed_and_its_unowned_secret_deleted_by_name() {
+    let h = Harness::start().await;
+    let expired = h
+        .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", expired.id, &["vm"], false).await;
+    let live = h
+        .open("dev", SessionStatus::Running, minutes(30), &["vm"])
+        .await;
+    h.create_vms("dev", live.id, &["vm"], true).await;
+
+    let report = reap_once(&h.ctx("dev")).await;
+    assert!(report.ran());
+    assert_eq!(
+        (report.expired.done, report.expired.failed),
+        (1, 0),
+        "{report:?}"
+    );
+    let row = h.store.sessions().get(expired.id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Expired);
+    assert!(row.reclaimed_at.is_some(), "reclaimed_at is recorded");
+    assert!(!h.vm_alive(expired.id, "vm"));
+    // No owner link: only the explicit deletion by name removes it.
+    assert!(
+        h.sim
+            .get("secrets", NS, &secret_name(expired.id, &node("vm")))
+            .is_none()
+    );
+    // The live session is untouched.
+    assert_eq!(h.status(live.id).await, SessionStatus::Running);
+    assert!(h.vm_alive(live.id, "vm") && h.secret_alive(live.id, "vm"));
+    assert_eq!(report.orphans.done, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn incident_2_one_failing_delete_holds_back_nothing_else() {
+    let h = Harness::start().await;
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        let s = h
+            .open("dev", SessionStatus::Running, minutes(-2), &["vm"])
+            .await;
+        h.create_vms("dev", s.id, &["vm"], true).await;
+        sessions.push(s.id);
+    }
+    let bad = sessions[2];
+    let fault = h.sim.faults().add(
+        FaultRule::fail(Some(Verb::Delete), Some("virtualmachines"), 500)
+            .named(&vm_name(bad, &node("vm"))),
+    );
+    let ctx = h.ctx("dev");
+    for round in 0..3 {
+        let report = reap_once(&ctx).await;
+        if round == 0 {
+            assert_eq!(
+                (report.expired.done, report.expired.failed),
+                (5, 1),
+                "{report:?}"
+            );
+        } else {
+            // Retried from `finishing` every cycle, failing the same way, alone.
+            assert_eq!(
+                (report.stuck.done, report.stuck.failed),
+                (0, 1),
+                "{report:?}"
+            );
+        }
+        assert!(report.errors.iter().any(|e| e.subject == bad.to_string()));
+        for &id in &sessions {
+            let status = h.status(id).await;
+            if id == bad {
+                assert_eq!(
+                    status,
+                    SessionStatus::Finishing,
+                    "the failing row stays live"
+                );
+                assert!(h.vm_alive(id, "vm"));
+            } else {
+                assert_eq!(status, SessionStatus::Expired);
+                assert!(!h.vm_alive(id, "vm"));
+            }
+        }
+    }
+    assert!(h.sim.faults().remove(fault));
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.stuck.done, report.stuck.failed),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(h.status(bad).await, SessionStatus::Expired);
+    assert!(!h.vm_alive(bad, "vm"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
+    let h = Harness::start().await;
+    let dev = h.ctx("dev");
+    let prod = h.ctx("prod");
+    // Names of every object each environment created, by environment.
+    let mut names: [BTreeSet<String>; 2] = [BTreeSet::new(), BTreeSet::new()];
+    // An unlabelled VM-like Secret nobody may touch.
+    h.sim
+        .create(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "handmade", "namespace": NS},
+            "stringData": {"userdata": "#cloud-config\n{}\n"}
+        }))
+        .unwrap();
+    let mut seed: u64 = 0x5eed_1234;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..8 {
+        for (i, env_name) in ["dev", "prod"].into_iter().enumerate() {
+            for _ in 0..3 {
+                let nodes: &[&str] = if next() % 2 == 0 {
+                    &["vm"]
+                } else {
+                    &["a", "b"]
+                };
+                let id = match next() % 4 {
+                    // Live, expired, starting, or objects without any row (orphans).
+                    0 => {
+                        h.open(env_name, SessionStatus::Running, minutes(30), nodes)
+                            .await
+                            .id
+                    }
+                    1 => {
+                        h.open(env_name, SessionStatus::Running, minutes(-1), nodes)
+                            .await
+                            .id
+                    }
+                    2 => {
+                        h.open(env_name, SessionStatus::Starting, minutes(5), nodes)
+                            .await
+                            .id
+                    }
+                    _ => SessionId::new_random(),
+                };
+                h.create_vms(env_name, id, nodes, next() % 2 == 0).await;
+                for n in nodes {
+                    names[i].insert(vm_name(id, &node(n)));
+                    names[i].insert(secret_name(id, &node(n)));
+                }
+                names[i].insert(ttlab_vm_manifest::service_name(id));
+                names[i].insert(ttlab_vm_manifest::network_policy_name(id));
+            }
+        }
+        for (i, ctx) in [&dev, &prod].into_iter().enumerate() {
+            h.sim.faults().clear_calls();
+            let report = reap_once(ctx).await;
+            assert!(report.ran() && report.cluster_listed, "{report:?}");
+            let deletes: Vec<String> = h
+                .sim
+                .calls()
+                .into_iter()
+                .filter(|c| c.verb == Verb::Delete)
+                .filter_map(|c| c.name)
+                .collect();
+            for name in &deletes {
+                assert!(
+                    names[i].contains(name),
+                    "round {round}: the {} reaper deleted {name}, not its own",
+                    ctx.env
+                );
+                assert!(!names[1 - i].contains(name));
+            }
+        }
+    }
+    assert!(h.sim.get("secrets", NS, "handmade").is_some());
+    // Every live session of either environment still has its VMs.
+    for env_name in ["dev", "prod"] {
+        let live = h
+            .store
+            .sessions()
+            .list_in_status(&common::env(env_name), SessionStatus::Running, None, 1000)
+            .await
+            .unwrap();
+        for s in live {
+            for vm in &s.vms {
+                assert!(
+                    h.alive("virtualmachines", &vm.name),
+                    "{} lost {}",
+                    env_name,
+                    vm.name
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_opened_after_the_listing_is_not_an_orphan() {
+    let h = Harness::start().await;
+    let ctx = h.ctx("dev");
+    let late = SessionId::new_random();
+    let stray = SessionId::new_random();
+    h.create_vms("dev", late, &["vm"], true).await;
+    h.create_vms("dev", stray, &["vm"], true).await;
+
+    let candidates = find_orphans(&ctx).await.unwrap();
+    let sessions: BTreeSet<SessionId> = candidates.iter().map(|c| c.session).collect();
+    assert_eq!(sessions, BTreeSet::from([late, stray]));
+
+    // Between the listing and the deletion, the server opens the session `late` belongs to.
+    let now = h.now().await;
+    h.store
+        .sessions()
+        .insert(&ttlab_store::NewSession {
+            id: late,
+            user: ttlab_model::UserId::new("late-student").unwrap(),
+            lesson: common::LESSON.parse().unwrap(),
+            runtime: ttlab_model::Runtime::Vm,
+            env: common::env("dev"),
+            times: ttlab_store::SessionTimes {
+                started_at: now,
+                expires_at: now + minutes(60),
+                max_expires_at: now + minutes(180),
+            },
+            readiness_deadline: now + minutes(5),
+        })
+        .await
+        .unwrap();
+
+    let report = delete_orphans(&ctx, candidates).await.unwrap();
+    assert_eq!(
+        report.orphans.done, 2,
+        "the stray VM and Secret: {report:?}"
+    );
+    assert!(h.vm_alive(late, "vm") && h.secret_alive(late, "vm"));
+    assert!(!h.vm_alive(stray, "vm") && !h.secret_alive(stray, "vm"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stray_cloud_init_secrets_of_this_environment_go_and_others_stay() {
+    let h = Harness::start().await;
+    // A session that ended long ago (its row is final) left its cloud-init Secret behind;
+    // so did one of another environment, and one with no row at all.
+    let old = h
+        .open(
+            "dev",
+            SessionStatus::Running,
+            minutes(-32 * 24 * 60),
+            &["vm"],
+        )
+        .await;
+    let ctx = h.ctx("dev");
+    reap_once(&ctx).await;
+    assert_eq!(h.status(old.id).await, SessionStatus::Expired);
+    h.create_secret("dev", old.id, "vm", None).await;
+    let rowless = SessionId::new_random();
+    h.create_secret("dev", rowless, "vm", None).await;
+    let foreign = SessionId::new_random();
+    h.create_secret("prod", foreign, "vm", None).await;
+
+    // Younger than the minimum age: kept, whatever its session.
+    let careful = ctx.clone().with_settings(ReaperSettings::default());
+    let report = reap_once(&careful).await;
+    assert_eq!(report.orphans.done, 0, "{report:?}");
+    assert!(h.secret_alive(old.id, "vm") && h.secret_alive(rowless, "vm"));
+
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.orphans.done, report.orphans.failed),
+        (2, 0),
+        "{report:?}"
+    );
+    assert!(!h.secret_alive(old.id, "vm"));
+    assert!(!h.secret_alive(rowless, "vm"));
+    assert!(
+        h.secret_alive(foreign, "vm"),
+        "another environment's Secret stays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ghosts_stuck_starts_and_unlisted_clusters() {
+    let h = Harness::start().await;
+    let ctx = h.ctx("dev");
+    // Running, but its VM was deleted behind the backend's back.
+    let ghost = h
+        .open("dev", SessionStatus::Running, minutes(30), &["vm"])
+        .await;
+    // Starting past its readiness deadline, with its VM created: the server died.
+    let stuck = h
+        .open("dev", SessionStatus::Starting, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", stuck.id, &["vm"], true).await;
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.ghosts.done, report.stuck.done),
+        (1, 1),
+        "{report:?}"
+    );
+    let row = h.store.sessions().get(ghost.id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Ghost);
+    assert!(row.finished_at.is_some());
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Failed);
+    assert!(!h.vm_alive(stuck.id, "vm"));
+
+    // The cluster cannot be listed: what the database alone allows still happens.
+    let expired = h
+        .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", expired.id, &["vm"], true).await;
+    h.sim
+        .faults()
+        .add(FaultRule::fail(Some(Verb::List), None, 503));
+    let report = reap_once(&ctx).await;
+    assert!(report.ran() && !report.cluster_listed);
+    assert_eq!(report.expired.done, 1, "{report:?}");
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.direction == Direction::Orphans)
+    );
+    assert_eq!(h.status(expired.id).await, SessionStatus::Expired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_reports_and_deletes_nothing() {
+    let h = Harness::start().await;
+    let expired = h
+        .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", expired.id, &["vm"], true).await;
+    let orphan = SessionId::new_random();
+    h.create_vms("dev", orphan, &["vm"], true).await;
+    let ghost = h
+        .open("dev", SessionStatus::Running, minutes(30), &["vm"])
+        .await;
+    let mut ctx = h.ctx("dev");
+    ctx.settings.dry_run = true;
+    h.sim.faults().clear_calls();
+    let report = reap_once(&ctx).await;
+    assert!(report.dry_run);
+    assert_eq!(
+        (report.expired.done, report.orphans.done, report.ghosts.done),
+        (1, 2, 1),
+        "{report:?}"
+    );
+    assert!(
+        report
+            .actions
+            .iter()
+            .any(|a| a.what.contains("would delete"))
+    );
+    let writes: Vec<_> = h
+        .sim
+        .calls()
+        .into_iter()
+        .filter(|c| !matches!(c.verb, Verb::Get | Verb::List | Verb::Watch))
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+    assert_eq!(h.status(expired.id).await, SessionStatus::Running);
+    assert_eq!(h.status(ghost.id).await, SessionStatus::Running);
+    assert!(h.vm_alive(expired.id, "vm") && h.vm_alive(orphan, "vm"));
+}
