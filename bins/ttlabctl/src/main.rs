@@ -8,6 +8,7 @@
 //! lesson would create).
 
 mod database;
+mod demo;
 mod migrate;
 mod render;
 mod sim;
@@ -32,6 +33,8 @@ enum Command {
     Render(render::RenderArgs),
     /// Run kube-sim (a local Kubernetes API with a simulated KubeVirt) and write a kubeconfig.
     Sim(sim::SimArgs),
+    /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
+    Demo(demo::DemoArgs),
 }
 
 #[tokio::main]
@@ -48,6 +51,7 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Render(args) => render::run(&args),
         Command::Sim(args) => sim::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
