@@ -207,3 +207,152 @@ pub fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
         .iter()
         .all(|(k, v)| labels.get(k) == Some(v))
 }
+
+/// Renders an OpenAPI 3.1 document (the server's `/api/openapi.json`) as the Markdown of
+/// `docs/api.md`: one section per operation (summary, parameters, body, responses) and one
+/// table per component schema. Deterministic: paths and fields in document order.
+pub fn openapi_markdown(doc: &Value) -> String {
+    let mut out = String::new();
+    let info = &doc["info"];
+    out.push_str(&format!(
+        "# {} API reference\n\n<!-- Generated from the server's OpenAPI document ({} {}) by \
+         crates/deploy-tests (tests/docs.rs). Do not edit: run\n     \
+         TTLAB_BLESS_DOCS=1 cargo test -p ttlab-deploy-tests --test docs -->\n\n",
+        info["title"].as_str().unwrap_or("ttlab"),
+        doc["openapi"].as_str().unwrap_or_default(),
+        info["version"].as_str().unwrap_or_default(),
+    ));
+    if let Some(d) = info["description"].as_str() {
+        out.push_str(&format!("{d}\n\n"));
+    }
+    out.push_str(
+        "The live document is served at `GET /api/openapi.json`. Authenticated operations take \
+         `Authorization: Bearer <token>` (`ttlabctl token` mints one).\n\n## Operations\n\n",
+    );
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        let shared_params = item["parameters"].as_array().cloned().unwrap_or_default();
+        for method in ["get", "post", "put", "patch", "delete"] {
+            let Some(op) = item.get(method) else { continue };
+            out.push_str(&format!(
+                "### `{} {path}`\n\n{}\n\n",
+                method.to_uppercase(),
+                op["summary"].as_str().unwrap_or_default()
+            ));
+            if op.get("security").is_some() {
+                out.push_str("Authentication: bearer token.\n\n");
+            }
+            let mut params = shared_params.clone();
+            params.extend(op["parameters"].as_array().cloned().unwrap_or_default());
+            if !params.is_empty() {
+                out.push_str("| parameter | in | type | required |\n|---|---|---|---|\n");
+                for p in &params {
+                    out.push_str(&format!(
+                        "| `{}` | {} | {} | {} |\n",
+                        p["name"].as_str().unwrap_or_default(),
+                        p["in"].as_str().unwrap_or_default(),
+                        schema_text(&p["schema"]),
+                        if p["required"] == true { "yes" } else { "no" },
+                    ));
+                }
+                out.push('\n');
+            }
+            if let Some(body) = op.get("requestBody") {
+                for (media, content) in body["content"].as_object().into_iter().flatten() {
+                    out.push_str(&format!(
+                        "Request body (`{media}`): {}\n\n",
+                        schema_text(&content["schema"])
+                    ));
+                }
+            }
+            out.push_str("| status | meaning | body |\n|---|---|---|\n");
+            for (status, response) in op["responses"].as_object().into_iter().flatten() {
+                let body = response["content"]
+                    .as_object()
+                    .and_then(|c| c.iter().next())
+                    .map(|(media, c)| format!("`{media}`: {}", schema_text(&c["schema"])))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "| {status} | {} | {body} |\n",
+                    response["description"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .replace('|', "\\|")
+                ));
+            }
+            out.push('\n');
+        }
+    }
+    out.push_str("## Schemas\n\n");
+    for (name, schema) in doc["components"]["schemas"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "### {name}\n\n| field | type | required |\n|---|---|---|\n"
+        ));
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        for (field, s) in schema["properties"].as_object().into_iter().flatten() {
+            out.push_str(&format!(
+                "| `{field}` | {} | {} |\n",
+                schema_text(s),
+                if required.contains(&field.as_str()) {
+                    "yes"
+                } else {
+                    "no"
+                }
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A one-line description of a JSON schema.
+fn schema_text(s: &Value) -> String {
+    if let Some(r) = s["$ref"].as_str() {
+        let name = r.rsplit('/').next().unwrap_or(r);
+        return format!("[{name}](#{})", name.to_lowercase());
+    }
+    let ty = match &s["type"] {
+        Value::String(t) => t.clone(),
+        Value::Array(ts) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" \\| "),
+        _ => "any".to_owned(),
+    };
+    let mut text = if ty == "array" {
+        format!("array of {}", schema_text(&s["items"]))
+    } else if ty == "object" && s["properties"].is_object() {
+        let fields: Vec<String> = s["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("`{k}`: {}", schema_text(v)))
+            .collect();
+        format!("object {{ {} }}", fields.join(", "))
+    } else {
+        ty
+    };
+    if let Some(f) = s["format"].as_str() {
+        text.push_str(&format!(" ({f})"));
+    }
+    if let Some(e) = s["enum"].as_array() {
+        let values: Vec<String> = e
+            .iter()
+            .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
+            .collect();
+        text.push_str(&format!(", one of {}", values.join(", ")));
+    }
+    if let (Some(min), Some(max)) = (s["minimum"].as_i64(), s["maximum"].as_i64()) {
+        text.push_str(&format!(", {min}–{max}"));
+    }
+    text
+}
