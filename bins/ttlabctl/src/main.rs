@@ -7,6 +7,7 @@
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
 //! lesson would create).
 
+mod bench;
 mod database;
 mod demo;
 mod migrate;
@@ -33,6 +34,8 @@ enum Command {
     Render(render::RenderArgs),
     /// Run kube-sim (a local Kubernetes API with a simulated KubeVirt) and write a kubeconfig.
     Sim(sim::SimArgs),
+    /// Benchmarks that print measured figures against their targets (`bench reaper`).
+    Bench(bench::BenchArgs),
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
     Demo(demo::DemoArgs),
 }
@@ -51,6 +54,7 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Render(args) => render::run(&args),
         Command::Sim(args) => sim::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,
     };
     match result {

@@ -1,0 +1,32 @@
+//! `ttlabctl bench …`: benchmarks that print measured figures against their targets. Each
+//! benchmark is a sub-subcommand in its own module.
+
+pub mod api;
+pub mod reaper;
+
+use clap::{Args, Subcommand};
+
+/// Arguments of `ttlabctl bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// The reaper: detection delay after expiry, throughput under API latency, a no-op cycle at
+    /// scale and its resident memory.
+    Reaper(reaper::ReaperBenchArgs),
+    /// The server: `GET /api/sessions/{id}` at 1,000/s, `POST /api/sessions` to 202, and the
+    /// backend's own delay on readiness.
+    Api(api::ApiBenchArgs),
+}
+
+/// Runs the chosen benchmark.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Reaper(args) => reaper::run(args).await,
+        BenchCommand::Api(args) => api::run(args).await,
+    }
+}

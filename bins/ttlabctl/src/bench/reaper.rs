@@ -1,0 +1,461 @@
+//! `ttlabctl bench reaper`: the reaper's figures, measured against kube-sim over HTTP (the
+//! real `KubeCluster`) and a throwaway PostgreSQL (or `DATABASE_URL`), on this machine.
+//!
+//! - Detection: sessions with expiries spread over a window, the reaper's real scheduler
+//!   running; for each, the delay from `expires_at` to its VM's delete request reaching
+//!   kube-sim (target p99 ≤ 1 s).
+//! - Throughput: expired sessions reclaimed with latency injected into every API call, at the
+//!   configured concurrency and at concurrency 1 in the same run (target ≤ 4 s, ≥ 10×).
+//! - Scale: live VMs plus finished rows; a cycle with nothing to do (target ≤ 1 s), and the
+//!   resident memory of the real `ttlab-reaper` binary running that cycle (target < 150 MB).
+//!
+//! KubeVirt is paused in the simulation (VMs are objects only: no VMIs, no guests), so the
+//! figures are the reaper's and the API's, not the simulated guests'.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{DateTime, TimeDelta, Utc};
+use clap::Args;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use ttlab_cluster::{Cluster, ClusterSettings, KubeCluster};
+use ttlab_kube_sim::{KubeSim, SimConfig, Verb};
+use ttlab_model::labels::ObjectLabels;
+use ttlab_model::{EnvName, FinalStatus, NodeName, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_reaper::{Metrics, ReaperContext, ReaperSettings, reap_once};
+use ttlab_store::testing::TestDb;
+use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
+
+const NS: &str = "ttlab";
+const ENV: &str = "bench";
+
+/// Arguments of `ttlabctl bench reaper`.
+#[derive(Debug, Clone, Args)]
+pub struct ReaperBenchArgs {
+    /// Sessions of the detection phase.
+    #[arg(long, default_value_t = 200)]
+    pub sessions: usize,
+    /// The window their expiries are spread over.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub spread: Duration,
+    /// Expired sessions of the throughput phase (each run).
+    #[arg(long, default_value_t = 1000)]
+    pub expired: usize,
+    /// Latency injected into every API call in the throughput phase.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub latency: Duration,
+    /// The reaper's concurrency in the throughput phase (compared with 1).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Live VMs of the scale phase.
+    #[arg(long, default_value_t = 10_000)]
+    pub live_vms: usize,
+    /// Finished rows of the scale phase.
+    #[arg(long, default_value_t = 100_000)]
+    pub finished: usize,
+    /// The `ttlab-reaper` binary measured in the scale phase (default: next to ttlabctl).
+    #[arg(long, value_name = "PATH")]
+    pub reaper_binary: Option<PathBuf>,
+    /// Phases to skip (detection, throughput, scale), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
+}
+
+struct Bench {
+    _db: TestDb,
+    db_url: String,
+    store: Store,
+    sim: KubeSim,
+    cluster: Arc<KubeCluster>,
+    dir: tempfile::TempDir,
+    env: EnvName,
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(args: ReaperBenchArgs) -> anyhow::Result<()> {
+    let db = TestDb::new().await.context("starting PostgreSQL")?;
+    let store = db.store().await?;
+    let mut config = SimConfig::for_tests();
+    config.namespaces.push(NS.into());
+    config.namespaces.dedup();
+    let sim = KubeSim::start(config).await?;
+    sim.pause_kubevirt(true);
+    let dir = tempfile::tempdir()?;
+    sim.write_kubeconfig(&dir.path().join("kubeconfig"), NS)?;
+    let cluster = Arc::new(
+        KubeCluster::from_kubeconfig(
+            &dir.path().join("kubeconfig"),
+            ClusterSettings::in_namespace(NS),
+        )
+        .await?,
+    );
+    let b = Bench {
+        db_url: db.url().to_owned(),
+        _db: db,
+        store,
+        sim,
+        cluster,
+        dir,
+        env: ENV.parse()?,
+    };
+    println!(
+        "ttlabctl bench reaper (kube-sim over HTTP, KubeVirt paused; PostgreSQL {})",
+        b.store.target()
+    );
+    let skip = |p: &str| args.skip.iter().any(|s| s == p);
+    if !skip("detection") {
+        detection(&b, &args).await?;
+    }
+    if !skip("throughput") {
+        throughput(&b, &args).await?;
+    }
+    if !skip("scale") {
+        scale(&b, &args).await?;
+    }
+    b.store.close();
+    b.sim.shutdown().await;
+    Ok(())
+}
+
+impl Bench {
+    fn ctx(&self, concurrency: usize) -> ReaperContext {
+        ReaperContext::new(self.store.clone(), self.cluster.clone(), self.env.clone())
+            .with_settings(ReaperSettings {
+                concurrency,
+                ..ReaperSettings::default()
+            })
+    }
+
+    /// Opens a running single-VM session expiring at `expires_at`, and creates its VM and
+    /// cloud-init Secret (unless `objects` is false).
+    async fn session(&self, expires_at: DateTime<Utc>, objects: bool) -> anyhow::Result<SessionId> {
+        let id = SessionId::new_random();
+        let node: NodeName = "vm".parse()?;
+        let started_at = expires_at - TimeDelta::minutes(60);
+        let sessions = self.store.sessions();
+        sessions
+            .insert(&NewSession {
+                id,
+                user: UserId::new(format!("u-{}", id.simple()))?,
+                lesson: "bench".parse()?,
+                runtime: Runtime::Vm,
+                env: self.env.clone(),
+                times: SessionTimes {
+                    started_at,
+                    expires_at,
+                    max_expires_at: started_at + TimeDelta::minutes(180),
+                },
+                readiness_deadline: started_at + TimeDelta::minutes(5),
+            })
+            .await?;
+        let vm = ttlab_vm_manifest::vm_name(id, &node);
+        sessions
+            .record_vms(
+                id,
+                &[SessionVm {
+                    node: node.clone(),
+                    name: vm.clone(),
+                }],
+            )
+            .await?;
+        sessions.mark_running(id, None).await?;
+        if objects {
+            let labels =
+                ObjectLabels::new(id, self.env.clone(), "bench".parse()?, Some(node.clone()));
+            let map = serde_json::to_value(labels.to_map())?;
+            let created = self
+                .cluster
+                .create_vm(serde_json::json!({
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                    "metadata": {"name": vm, "labels": map},
+                    "spec": {"runStrategy": "RerunOnFailure", "template": {"metadata": {"labels": map}, "spec": {
+                        "domain": {"devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]},
+                                   "resources": {"requests": {"memory": "128Mi"}}},
+                        "volumes": [{"name": "rootdisk", "containerDisk": {"image": "quay.io/containerdisks/debian:12"}}]}}}
+                }))
+                .await?;
+            self.cluster
+                .create_secret(Secret {
+                    metadata: ObjectMeta {
+                        name: Some(ttlab_vm_manifest::secret_name(id, &node)),
+                        labels: Some(labels.to_map()),
+                        owner_references: Some(vec![created.owner_reference()]),
+                        ..ObjectMeta::default()
+                    },
+                    string_data: Some(
+                        [("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into(),
+                    ),
+                    ..Secret::default()
+                })
+                .await?;
+        }
+        Ok(id)
+    }
+
+    async fn sessions(
+        &self,
+        expiries: Vec<DateTime<Utc>>,
+        objects: bool,
+    ) -> anyhow::Result<Vec<SessionId>> {
+        let results: Vec<anyhow::Result<SessionId>> = futures::stream::iter(expiries)
+            .map(|e| self.session(e, objects))
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+async fn detection(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
+    let n = args.sessions.max(1);
+    let lead = Duration::from_secs(5) + Duration::from_millis(20 * n as u64);
+    let now = b.store.db_now().await?;
+    let first = now + TimeDelta::from_std(lead)?;
+    let step = args.spread.as_secs_f64() / n as f64;
+    let expiries: Vec<DateTime<Utc>> = (0..n)
+        .map(|i| first + TimeDelta::microseconds((step * i as f64 * 1e6) as i64))
+        .collect();
+    let ids = b.sessions(expiries, true).await?;
+    b.sim.faults().clear_calls();
+    let ctx = b.ctx(16);
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = ctx.shutdown.clone();
+    let reaper = tokio::spawn(ttlab_reaper::run(ctx, Duration::from_secs(60), metrics));
+    let give_up = Instant::now() + lead + args.spread + Duration::from_secs(70);
+    loop {
+        let live = b.store.sessions().count_live(&b.env).await?;
+        if live == 0 || Instant::now() > give_up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    let _ = reaper.await;
+    let deletes: std::collections::BTreeMap<String, DateTime<Utc>> = b
+        .sim
+        .calls()
+        .into_iter()
+        .filter(|c| c.verb == Verb::Delete && c.resource == "virtualmachines")
+        .filter_map(|c| {
+            Some((
+                c.name?,
+                DateTime::parse_from_rfc3339(&c.at)
+                    .ok()?
+                    .with_timezone(&Utc),
+            ))
+        })
+        .collect();
+    let mut delays = Vec::new();
+    let mut missing = 0;
+    for id in &ids {
+        let s = b.store.sessions().get(*id).await?.context("session row")?;
+        let vm = ttlab_vm_manifest::vm_name(*id, &"vm".parse()?);
+        match deletes.get(&vm) {
+            Some(at) => {
+                delays.push((*at - s.expires_at).num_microseconds().unwrap_or(0) as f64 / 1e6)
+            }
+            None => missing += 1,
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    let p99 = percentile(&delays, 99.0);
+    println!(
+        "detection: {n} sessions, expiries spread over {:?}, scheduler running (interval 60s)",
+        args.spread
+    );
+    println!(
+        "  expires_at -> VM delete at kube-sim: p50 {:.3}s  p99 {:.3}s  max {:.3}s  min {:.3}s  (not deleted: {missing})",
+        percentile(&delays, 50.0),
+        p99,
+        delays.last().copied().unwrap_or(f64::NAN),
+        delays.first().copied().unwrap_or(f64::NAN),
+    );
+    println!(
+        "  target p99 <= 1s: {}",
+        verdict(p99 <= 1.0 && missing == 0)
+    );
+    Ok(())
+}
+
+async fn throughput(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
+    let mut timings = Vec::new();
+    for concurrency in [args.concurrency, 1] {
+        b.sim.faults().set_latency(Duration::ZERO);
+        let now = b.store.db_now().await?;
+        let expiries = vec![now - TimeDelta::seconds(1); args.expired];
+        b.sessions(expiries, true).await?;
+        b.sim.faults().set_latency(args.latency);
+        let ctx = b.ctx(concurrency);
+        let started = Instant::now();
+        let report = reap_once(&ctx).await;
+        let took = started.elapsed();
+        b.sim.faults().set_latency(Duration::ZERO);
+        let left = b.store.sessions().count_live(&b.env).await?;
+        println!(
+            "throughput: {} expired sessions, {:?} per API call, concurrency {concurrency}: {:.2}s ({} reclaimed, {} failed, {left} left live)",
+            args.expired,
+            args.latency,
+            took.as_secs_f64(),
+            report.expired.done,
+            report.expired.failed
+        );
+        timings.push(took);
+    }
+    let fast = timings[0].as_secs_f64();
+    let ratio = timings[1].as_secs_f64() / fast;
+    println!(
+        "  concurrency {} vs 1: {ratio:.1}x faster",
+        args.concurrency
+    );
+    println!(
+        "  target <= 4s: {}; target >= 10x: {}",
+        verdict(fast <= 4.0),
+        verdict(ratio >= 10.0)
+    );
+    Ok(())
+}
+
+async fn scale(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
+    let setup = Instant::now();
+    let now = b.store.db_now().await?;
+    // Finished rows: opened and finished by the student, objects never created.
+    let finished: Vec<anyhow::Result<()>> = futures::stream::iter(0..args.finished)
+        .map(|_| async {
+            let id = b.session(now + TimeDelta::minutes(30), false).await?;
+            let sessions = b.store.sessions();
+            sessions
+                .begin_finishing(id, &[SessionStatus::Running], FinalStatus::Finished, None)
+                .await?;
+            sessions.complete_finishing(id).await?;
+            Ok(())
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    finished.into_iter().collect::<anyhow::Result<()>>()?;
+    let live: Vec<DateTime<Utc>> = vec![now + TimeDelta::minutes(50); args.live_vms];
+    b.sessions(live, true).await?;
+    println!(
+        "scale: {} live VMs (+ their Secrets) and {} finished rows, set up in {:.0}s",
+        args.live_vms,
+        args.finished,
+        setup.elapsed().as_secs_f64()
+    );
+    let ctx = b.ctx(16);
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let report = reap_once(&ctx).await;
+        anyhow::ensure!(
+            report.ran() && report.cluster_listed,
+            "the cycle did not run: {report:?}"
+        );
+        let acted =
+            report.expired.done + report.orphans.done + report.ghosts.done + report.stuck.done;
+        anyhow::ensure!(acted == 0, "a no-op cycle acted: {}", report.summary());
+        took.push(report.duration.as_secs_f64());
+    }
+    println!(
+        "  no-op cycle (in process, 3 runs): {}",
+        took.iter()
+            .map(|t| format!("{t:.3}s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let best = took.iter().copied().fold(f64::INFINITY, f64::min);
+    println!("  target <= 1s: {}", verdict(best <= 1.0));
+    measure_binary(b, args).await
+}
+
+/// Runs the real `ttlab-reaper` over the same state until its first cycle is recorded, then
+/// reads its peak resident memory and stops it.
+async fn measure_binary(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
+    let binary = match &args.reaper_binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the directory of ttlabctl")?
+            .join("ttlab-reaper"),
+    };
+    if !binary.exists() {
+        println!(
+            "  reaper binary: not found at {} (build it with cargo build -p ttlab-reaper-bin); memory not measured",
+            binary.display()
+        );
+        return Ok(());
+    }
+    let before = b
+        .store
+        .reaper_cycles()
+        .recent(Some(&b.env), 1)
+        .await?
+        .first()
+        .map(|c| c.id);
+    let mut child = tokio::process::Command::new(&binary)
+        .env("DATABASE_URL", &b.db_url)
+        .env("KUBECONFIG", b.dir.path().join("kubeconfig"))
+        .env("TTLAB_ENV", ENV)
+        .env("TTLAB_NAMESPACE", NS)
+        .env("TTLAB_METRICS_LISTEN", "127.0.0.1:0")
+        .env("TTLAB_REAP_INTERVAL", "1h")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = child.id().context("reaper pid")?;
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let cycle = loop {
+        let latest = b.store.reaper_cycles().recent(Some(&b.env), 1).await?;
+        if let Some(c) = latest.into_iter().next()
+            && Some(c.id) != before
+        {
+            break Some(c);
+        }
+        if Instant::now() > give_up {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+    };
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    match (cycle, field("VmHWM:"), field("VmRSS:")) {
+        (Some(c), Some(hwm), Some(rss)) => {
+            println!(
+                "  ttlab-reaper binary ({}): first cycle {} ms, peak resident {:.1} MB (now {:.1} MB)",
+                binary.display(),
+                c.cycle.duration.as_millis(),
+                hwm as f64 / 1024.0,
+                rss as f64 / 1024.0
+            );
+            println!(
+                "  target < 150 MB: {}",
+                verdict((hwm as f64 / 1024.0) < 150.0)
+            );
+        }
+        _ => println!("  ttlab-reaper binary: no cycle recorded within 120 s; memory not measured"),
+    }
+    Ok(())
+}
