@@ -88,13 +88,9 @@ impl Metrics {
         let opened = Family::<OpenedLabels, Counter>::default();
         let ended = Family::<StatusLabels, Counter>::default();
         let stage_seconds = Family::<StageLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(
-                [
-                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
-                    640.0,
-                ]
-                .into_iter(),
-            )
+            Histogram::new([
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
+            ])
         });
         let capacity_rejections = Counter::default();
         let disk_decisions = Family::<DiskLabels, Counter>::default();

@@ -57,9 +57,11 @@ async fn events(
         }
         loop {
             if w.last.is_some() {
-                match tokio::time::timeout(FALLBACK, w.rx.recv()).await {
-                    Ok(Err(broadcast::error::RecvError::Closed)) => return None,
-                    Ok(_) | Err(_) => {}
+                // A hint, a lagged receiver or the fallback timer: re-read either way.
+                if let Ok(Err(broadcast::error::RecvError::Closed)) =
+                    tokio::time::timeout(FALLBACK, w.rx.recv()).await
+                {
+                    return None;
                 }
             }
             let row = match w.state.store().sessions().get(w.id).await {

@@ -1,0 +1,275 @@
+//! The console end to end: a real server, real PostgreSQL, kube-sim's serial console over
+//! HTTP, and a WebSocket client standing in for the browser.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use support::{NS, Running, World, policy, token};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use ttlab_api::auth::Role;
+use ttlab_kube_sim::{FaultRule, Verb};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn start_running(s: &Running, user: &str, lesson: &str) -> (String, String) {
+    let t = token(user, Role::Student);
+    let (status, v) = s.post("/api/sessions", &t, json!({ "lesson": lesson })).await;
+    assert_eq!(status, 202, "{v}");
+    let sid = v["id"].as_str().unwrap().to_owned();
+    let v = s.wait_session(&sid, &t, |v| v["status"] != "starting").await;
+    assert_eq!(v["status"], "running", "{v}");
+    (sid, t)
+}
+
+async fn ticket(s: &Running, sid: &str, token: &str) -> Value {
+    let (status, v) = s
+        .post(&format!("/api/sessions/{sid}/console-ticket"), token, json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["expires_in_seconds"], 30);
+    v
+}
+
+fn ws_url(s: &Running, path: &str) -> String {
+    format!("{}{path}", s.base.replacen("http://", "ws://", 1))
+}
+
+async fn open(s: &Running, sid: &str, token: &str) -> Ws {
+    let t = ticket(s, sid, token).await;
+    let (ws, _) = tokio_tungstenite::connect_async(ws_url(s, t["url"].as_str().unwrap()))
+        .await
+        .expect("console opens");
+    ws
+}
+
+/// The refusal of a WebSocket request that must not be upgraded: status and error body.
+async fn refused(url: String) -> (u16, Value) {
+    match tokio_tungstenite::connect_async(url).await {
+        Ok(_) => panic!("the console opened"),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let status = response.status().as_u16();
+            let body = response.into_body().unwrap_or_default();
+            (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// Terminal text until `needle` appears (bounded).
+async fn read_until(ws: &mut Ws, needle: &str) -> String {
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !text.contains(needle) {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} in {text:?}"));
+        match msg {
+            Some(Ok(Message::Binary(b))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("waiting for {needle:?} after {text:?}: {other:?}"),
+        }
+    }
+    text
+}
+
+/// Terminal text until the Close frame, the frame's code and reason, and when it came.
+async fn read_to_close(ws: &mut Ws, within: Duration) -> (String, u16, String, Instant) {
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no Close frame after {text:?}"));
+        match msg {
+            Some(Ok(Message::Binary(b))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Close(Some(close)))) => {
+                return (text, close.code.into(), close.reason.to_string(), Instant::now());
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected a Close frame after {text:?}, got {other:?}"),
+        }
+    }
+}
+
+async fn type_line(ws: &mut Ws, line: &str) {
+    ws.send(Message::Binary(format!("{line}\r").into_bytes().into()))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upgrade() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+
+    let mut ws = open(&s, &sid, &alice).await;
+    let text = read_until(&mut ws, ":~# ").await;
+    assert!(text.contains("login: root (automatic login)"), "{text:?}");
+    assert!(text.contains("Connected to the console of"), "{text:?}");
+    let host = text
+        .rsplit("root@")
+        .next()
+        .and_then(|rest| rest.split(':').next())
+        .unwrap()
+        .to_owned();
+    // Typed as text: the relay still sends it to KubeVirt as binary.
+    ws.send(Message::Text("hostname\r".into())).await.unwrap();
+    let answer = read_until(&mut ws, &format!("\r\n{host}\r\n")).await;
+    assert!(answer.starts_with("hostname"), "{answer:?}");
+
+    // Refusals carry the JSON error body and never upgrade.
+    let base = format!("/api/sessions/{sid}/console");
+    let (status, body) = refused(ws_url(&s, &base)).await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+    let (status, body) = refused(ws_url(&s, &format!("{base}?ticket=guessed"))).await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+    let used = ticket(&s, &sid, &alice).await;
+    let url = ws_url(&s, used["url"].as_str().unwrap());
+    let (_second, _) = tokio_tungstenite::connect_async(url.clone()).await.unwrap();
+    let (status, body) = refused(url).await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "single use: {body}");
+    let t = ticket(&s, &sid, &alice).await;
+    let (status, body) =
+        refused(ws_url(&s, &format!("{}&node=nope", t["url"].as_str().unwrap()))).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("unknown_node")), "{body}");
+
+    // Another student: no ticket for this session, and their own ticket does not open it.
+    let bob = token("bob", Role::Student);
+    let (status, body) = s
+        .post(&format!("/api/sessions/{sid}/console-ticket"), &bob, json!({}))
+        .await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("session_not_found")), "{body}");
+    let (bob_sid, bob) = start_running(&s, "bob", "quick").await;
+    let bobs = ticket(&s, &bob_sid, &bob).await;
+    let (status, body) = refused(ws_url(
+        &s,
+        &format!("{base}?ticket={}", bobs["ticket"].as_str().unwrap()),
+    ))
+    .await;
+    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+
+    // A plain request with a good ticket is not a WebSocket.
+    let t = ticket(&s, &sid, &alice).await;
+    let (status, body) = s.get(t["url"].as_str().unwrap(), &alice).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("websocket_required")), "{body}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_that_is_not_running_gets_no_console() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    // This lesson's setup never finishes: the session stays `starting` for a while.
+    let (status, v) = s.post("/api/sessions", &alice, json!({"lesson": "hangs"})).await;
+    assert_eq!(status, 202, "{v}");
+    let sid = v["id"].as_str().unwrap();
+    let (status, body) = s
+        .post(&format!("/api/sessions/{sid}/console-ticket"), &alice, json!({}))
+        .await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("not_running")), "{body}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_tab_takes_the_console_and_the_first_is_told_why() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    let mut first = open(&s, &sid, &alice).await;
+    read_until(&mut first, ":~# ").await;
+
+    let mut second = open(&s, &sid, &alice).await;
+    let (text, code, reason, _) = read_to_close(&mut first, Duration::from_secs(5)).await;
+    assert_eq!(code, 4003);
+    assert!(reason.contains("another tab"), "{reason}");
+    assert!(text.contains("opened in another tab"), "{text:?}");
+
+    read_until(&mut second, "Connected to the console").await;
+    type_line(&mut second, "whoami").await;
+    read_until(&mut second, "\r\nroot\r\n").await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_console_closes_at_the_expiry_second_after_following_an_extension() {
+    let w = World::new().await;
+    let s = w.server(policy(3, 60, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, ":~# ").await;
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, before) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    let (status, after) = s
+        .post(&format!("/api/sessions/{sid}/extend"), &alice, json!({}))
+        .await;
+    assert_eq!(status, 200, "{after}");
+    let old: chrono::DateTime<chrono::Utc> = before["expires_at"].as_str().unwrap().parse().unwrap();
+    let new: chrono::DateTime<chrono::Utc> = after["expires_at"].as_str().unwrap().parse().unwrap();
+    assert!(new > old + chrono::TimeDelta::milliseconds(1000), "{old} → {new}");
+
+    let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(10)).await;
+    let closed_at = chrono::Utc::now();
+    assert_eq!(code, 4001);
+    assert!(text.contains("Your lab session has expired."), "{text:?}");
+    let late = (closed_at - new).num_milliseconds();
+    assert!(
+        (-50..=500).contains(&late),
+        "closed {late} ms after the extended expiry (old expiry {old}, new {new})"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn finishing_the_session_or_stopping_the_vm_closes_the_console_with_the_reason() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, ":~# ").await;
+    let (status, v) = s.delete(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(status, 200, "{v}");
+    let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
+    assert_eq!(code, 4002, "{text:?}");
+    assert!(text.contains("This lab session was finished."), "{text:?}");
+
+    let (sid, bob) = start_running(&s, "bob", "quick").await;
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &bob).await;
+    let vm = v["nodes"][0]["vm"].as_str().unwrap().to_owned();
+    let mut ws = open(&s, &sid, &bob).await;
+    read_until(&mut ws, ":~# ").await;
+    w.sim.power_off(NS, &vm).unwrap();
+    let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
+    assert_eq!(code, 4004, "{text:?}");
+    assert!(text.contains("The VM has stopped."), "{text:?}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_console_that_is_not_ready_is_retried_every_second_with_a_message() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    w.sim.faults().add(
+        FaultRule::fail(Some(Verb::Get), Some("virtualmachineinstances/console"), 400).times(2),
+    );
+    let started = Instant::now();
+    let mut ws = open(&s, &sid, &alice).await;
+    let text = read_until(&mut ws, "Connected to the console").await;
+    assert!(text.contains("Waiting for the VM's console"), "{text:?}");
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(4)).contains(&waited),
+        "two refusals, one second apart, then connected: {waited:?}"
+    );
+    read_until(&mut ws, ":~# ").await;
+    s.stop().await;
+}

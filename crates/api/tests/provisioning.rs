@@ -1,0 +1,286 @@
+//! Provisioning against kube-sim: one session per user across replicas, the VM limit, the
+//! disk decision, failures that leave nothing behind, and a crash mid-provisioning.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::{NS, World, policy, token};
+use ttlab_api::auth::Role;
+
+fn id(v: &Value) -> String {
+    v["id"].as_str().expect("an id").to_owned()
+}
+
+#[tokio::test]
+async fn fifty_clicks_on_two_replicas_open_one_session() {
+    let w = World::new().await;
+    let a = w.server(policy(3600, 7200, 3), 8).await;
+    let b = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let base = if i % 2 == 0 { &a } else { &b };
+        tasks.push(base.post("/api/sessions", &alice, json!({"lesson": "quick"})));
+    }
+    let results = futures::future::join_all(tasks).await;
+    let accepted: Vec<&Value> = results
+        .iter()
+        .filter(|(s, _)| *s == 202)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(accepted.len(), 1, "{results:?}");
+    for (status, v) in &results {
+        assert!(
+            *status == 202 || (*status == 409 && v["error"] == "session_exists"),
+            "{status} {v}"
+        );
+    }
+    let sid = id(accepted[0]);
+    let v = b
+        .wait_session(&sid, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(w.sim.stats().peak_vms, 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn twenty_students_with_a_limit_of_eight_never_exceed_eight_vms() {
+    let w = World::new().await;
+    let a = w.server(policy(3600, 7200, 3), 8).await;
+    let b = w.server(policy(3600, 7200, 3), 8).await;
+    let tokens: Vec<String> = (0..20)
+        .map(|i| token(&format!("student{i}"), Role::Student))
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let s = if i % 2 == 0 { &a } else { &b };
+        tasks.push(s.post("/api/sessions", t, json!({"lesson": "quick"})));
+    }
+    let results = futures::future::join_all(tasks).await;
+    let accepted = results.iter().filter(|(s, _)| *s == 202).count();
+    assert_eq!(accepted, 8, "{results:?}");
+    for (status, v) in results.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!(*status, 503, "{v}");
+        assert_eq!(v["error"], "capacity");
+        assert_eq!(
+            v["message"],
+            "There are currently 8 VM labs open, so no capacity is available."
+        );
+    }
+    for ((_, v), t) in results.iter().zip(&tokens).filter(|((s, _), _)| *s == 202) {
+        a.wait_session(&id(v), t, |v| v["status"] == "running")
+            .await;
+    }
+    assert_eq!(w.sim.stats().peak_vms, 8, "{:?}", w.sim.stats());
+    let admin = token("root", Role::Admin);
+    let (_, cap) = a.get("/api/admin/capacity", &admin).await;
+    assert_eq!(
+        (cap["live_vms"].as_u64(), cap["limit"].as_u64()),
+        (Some(8), Some(8)),
+        "{cap}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+fn golden_pvc(w: &World) {
+    w.sim
+        .create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "golden-debian", "namespace": NS},
+            "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap();
+    w.sim
+        .set_status(
+            "persistentvolumeclaims",
+            NS,
+            "golden-debian",
+            json!({"phase": "Bound", "accessModes": ["ReadOnlyMany"]}),
+        )
+        .unwrap();
+}
+
+#[tokio::test]
+async fn golden_disk_when_present_container_disk_with_the_reason_when_missing() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (_, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "golden"}))
+        .await;
+    let v = s
+        .wait_session(&id(&v), &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(
+        (v["disk"]["kind"].as_str(), v["disk"]["reason"].as_str()),
+        (Some("container"), Some("not_found"))
+    );
+    let vm = w
+        .sim
+        .get("virtualmachines", NS, v["nodes"][0]["vm"].as_str().unwrap())
+        .unwrap();
+    assert!(
+        vm["spec"]["template"]["spec"]["volumes"][0]["containerDisk"].is_object(),
+        "{vm}"
+    );
+    s.delete(&format!("/api/sessions/{}", id(&v)), &alice).await;
+    w.wait_empty().await;
+
+    golden_pvc(&w);
+    let (_, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "golden"}))
+        .await;
+    let v = s
+        .wait_session(&id(&v), &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(
+        (v["disk"]["kind"].as_str(), v["disk"]["reason"].as_str()),
+        (Some("golden"), Some("ready"))
+    );
+    let vm = w
+        .sim
+        .get("virtualmachines", NS, v["nodes"][0]["vm"].as_str().unwrap())
+        .unwrap();
+    let root = &vm["spec"]["template"]["spec"]["volumes"][0]["ephemeral"]["persistentVolumeClaim"];
+    assert_eq!(
+        (root["claimName"].as_str(), root["readOnly"].as_bool()),
+        (Some("golden-debian"), Some(true)),
+        "{vm}"
+    );
+    s.stop().await;
+}
+
+async fn fails_with(w: &World, lesson: &str, reason_part: &str) {
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let user = token(&format!("u-{lesson}"), Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &user, json!({"lesson": lesson}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let v = s
+        .wait_session(&id(&v), &user, |v| {
+            v["status"]
+                .as_str()
+                .is_some_and(|s| s != "starting" && s != "finishing")
+        })
+        .await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let reason = v["failure_reason"].as_str().unwrap();
+    assert!(reason.contains(reason_part), "{reason}");
+    w.wait_empty().await;
+    let cluster = w.cluster().await;
+    let selector = ttlab_model::labels::managed_selector();
+    for kind in [
+        ttlab_cluster::Kind::Secret,
+        ttlab_cluster::Kind::VirtualMachine,
+    ] {
+        use ttlab_cluster::Cluster as _;
+        let left = cluster.list_all(kind, &selector).await.unwrap();
+        assert!(left.iter().all(|o| o.deleting), "{kind} left: {left:?}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_setup_fails_the_session_and_leaves_nothing() {
+    let w = World::new().await;
+    fails_with(&w, "broken", "setup script failed: apt-get failed").await;
+}
+
+#[tokio::test]
+async fn a_setup_that_never_finishes_fails_the_session_and_leaves_nothing() {
+    let w = World::new().await;
+    fails_with(&w, "hangs", "setup script did not finish within 1 s").await;
+}
+
+#[tokio::test]
+async fn a_vmi_stuck_pending_fails_the_session_and_leaves_nothing() {
+    let w = World::new().await;
+    // The golden PVC is there when the disk is chosen and gone when the VM starts: the VMI
+    // waits for it for ever (FailedPvcNotFound), and the lesson's readiness timeout ends it.
+    golden_pvc(&w);
+    w.sim.faults().add(ttlab_kube_sim::FaultRule {
+        action: ttlab_kube_sim::FaultAction::Delay { millis: 400 },
+        ..ttlab_kube_sim::FaultRule::fail(
+            Some(ttlab_kube_sim::Verb::Create),
+            Some("virtualmachines"),
+            500,
+        )
+    });
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (_, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "golden"}))
+        .await;
+    let sid = id(&v);
+    s.wait_session(&sid, &alice, |v| v["disk"]["kind"] == "golden")
+        .await;
+    let pvc = w
+        .sim
+        .get("persistentvolumeclaims", NS, "golden-debian")
+        .unwrap();
+    assert!(pvc.is_object());
+    // Remove the claim directly (as an operator would).
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::delete(format!(
+        "{}/api/v1/namespaces/{NS}/persistentvolumeclaims/golden-debian",
+        w.sim.url()
+    ))
+    .body(http_body_util::Full::new(bytes::Bytes::new()))
+    .unwrap();
+    assert!(http.request(req).await.unwrap().status().is_success());
+    let v = s
+        .wait_session(&sid, &alice, |v| v["status"] == "failed")
+        .await;
+    let reason = v["failure_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("VM did not start within 2 s"),
+        "{reason}"
+    );
+    assert!(reason.contains("FailedPvcNotFound"), "{reason}");
+    w.wait_empty().await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_killed_while_provisioning_leaks_nothing_after_restart() {
+    let w = World::new().await;
+    // Hold the guests before they run, so the crash happens mid-provisioning.
+    w.sim.pause_kubevirt(true);
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (_, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "duo"}))
+        .await;
+    let sid = id(&v);
+    s.wait_session(&sid, &alice, |v| v["stages"]["vm_created"].is_string())
+        .await;
+    s.kill().await;
+    w.sim.pause_kubevirt(false);
+    assert!(w.sim.stats().vms >= 1);
+
+    let again = w.server(policy(3600, 7200, 3), 8).await;
+    let v = again
+        .wait_session(&sid, &alice, |v| v["status"] == "failed")
+        .await;
+    assert!(
+        v["failure_reason"].as_str().unwrap().contains("restarted"),
+        "{v}"
+    );
+    w.wait_empty().await;
+    // And the student can start again.
+    let (status, v) = again
+        .post("/api/sessions", &alice, json!({"lesson": "duo"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let v = again
+        .wait_session(&id(&v), &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+    again.stop().await;
+}
