@@ -1,0 +1,637 @@
+//! `ttlabctl bench api`: the server's own latencies, measured against kube-sim (no injected
+//! latency), a throwaway PostgreSQL and the real `ttlab-server` binary as a child process,
+//! all on this machine and over loopback.
+//!
+//! Three figures, each against its target:
+//! - `POST /api/sessions` → 202, many users opening a session each, sent open-loop at a fixed
+//!   rate (target p99 ≤ 50 ms);
+//! - the backend's own delay on readiness: `ready_at` (database clock) minus the later of the
+//!   VMI turning Running (seen through a watch on kube-sim) and the guest's readiness marker
+//!   being written (its modification time), for every session of the POST phase
+//!   (target p99 ≤ 250 ms);
+//! - `GET /api/sessions/{id}` by the session's owner, open-loop at a fixed rate (default
+//!   1,000/s) over all those sessions (target p99 ≤ 5 ms).
+//!
+//! Open-loop: each request has a scheduled instant and its latency is measured from that
+//! instant, so a slow answer cannot hold back the next requests and hide its own cost
+//! (coordinated omission). The client's lateness in sending is printed too.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use bytes::{Buf as _, BytesMut};
+use chrono::{DateTime, Utc};
+use clap::Args;
+use http_body_util::BodyExt as _;
+use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
+use ttlab_kube_sim::{KubeSim, Timings};
+use ttlab_lesson::LessonSet;
+use ttlab_model::{SessionId, SessionStatus, UserId};
+use ttlab_store::{Store, StoreOptions};
+
+use crate::demo::client::{self, HttpClient, Method};
+use crate::demo::stack::{self, Database};
+use crate::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wait_ready};
+
+/// Target of `GET /api/sessions/{id}` p99.
+const GET_TARGET: Duration = Duration::from_millis(5);
+/// Target of `POST /api/sessions` p99.
+const POST_TARGET: Duration = Duration::from_millis(50);
+/// Target of the backend's readiness delay p99.
+const READY_TARGET: Duration = Duration::from_millis(250);
+
+/// Arguments of `ttlabctl bench api`.
+#[derive(Debug, Clone, Args)]
+pub struct ApiBenchArgs {
+    /// Requests per second of the `GET /api/sessions/{id}` phase.
+    #[arg(long, default_value_t = 1000)]
+    pub get_rate: u32,
+    /// How long the GET phase measures (after a one-second warm-up at the same rate).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub get_duration: Duration,
+    /// Users opening one session each in the POST phase.
+    #[arg(long, default_value_t = 100)]
+    pub users: u32,
+    /// POSTs per second.
+    #[arg(long, default_value_t = 20)]
+    pub post_rate: u32,
+    /// Lesson the sessions open (default: the first single-node VM lesson).
+    #[arg(long)]
+    pub lesson: Option<String>,
+    /// Lesson file or directory (default: the checkout's `lessons/`).
+    #[arg(long, env = "TTLAB_LESSONS", value_name = "PATH")]
+    pub lessons: Option<PathBuf>,
+    /// Simulated guest boot time (VMI Scheduled → Running).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub sim_boot: Duration,
+    /// Simulated lab setup time inside the guest (Running → readiness marker).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub sim_setup: Duration,
+    /// Longest wait for every session to be running.
+    #[arg(long, default_value = "180s", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 3s, 2m)"))
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
+    if args.get_rate == 0 || args.post_rate == 0 || args.users == 0 {
+        anyhow::bail!("--get-rate, --post-rate and --users must be at least 1");
+    }
+    let lessons_path = args
+        .lessons
+        .clone()
+        .unwrap_or_else(|| checkout_dir().join("lessons"));
+    let lessons = LessonSet::load(&lessons_path)
+        .with_context(|| format!("loading the lessons from {}", lessons_path.display()))?;
+    let lesson = match &args.lesson {
+        Some(l) => lessons
+            .iter()
+            .find(|x| x.id.as_str() == l)
+            .with_context(|| format!("no lesson {l:?} in {}", lessons_path.display()))?,
+        None => lessons
+            .iter()
+            .filter(|l| l.runtime == ttlab_model::Runtime::Vm && l.nodes.iter().count() == 1)
+            .min_by(|a, b| a.id.as_str().cmp(b.id.as_str()))
+            .context("no single-node VM lesson to open; name one with --lesson")?,
+    }
+    .id
+    .as_str()
+    .to_owned();
+    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
+    let server_bin = bins
+        .server
+        .clone()
+        .context("ttlab-server is not available next to ttlabctl; the benchmark needs it")?;
+    let agent_bin = bins
+        .agent
+        .clone()
+        .context("ttlab-agent is missing next to ttlabctl (the server embeds it in every VM)")?;
+
+    let mut rig = Rig::default();
+    let result = async {
+        rig.start(&args, &lessons, &lessons_path, &server_bin, &agent_bin)
+            .await?;
+        rig.measure(&args, &lesson).await
+    }
+    .await;
+    rig.stop().await;
+    result
+}
+
+/// What the benchmark started.
+#[derive(Default)]
+struct Rig {
+    data: Option<tempfile::TempDir>,
+    database: Option<Database>,
+    store: Option<Store>,
+    sim: Option<KubeSim>,
+    server: Option<ChildProcess>,
+    url: String,
+    namespace: String,
+    secret: String,
+}
+
+impl Rig {
+    async fn start(
+        &mut self,
+        args: &ApiBenchArgs,
+        lessons: &LessonSet,
+        lessons_path: &std::path::Path,
+        server_bin: &std::path::Path,
+        agent_bin: &std::path::Path,
+    ) -> anyhow::Result<()> {
+        self.namespace = "ttlab-vms".into();
+        self.secret = random_secret()?;
+        let data = tempfile::Builder::new()
+            .prefix("ttlab-bench-")
+            .tempdir()
+            .context("creating a data directory")?;
+        let data_dir = data.path().to_path_buf();
+        self.data = Some(data);
+        let db = Database::start().await?;
+        let database_url = db.url().to_owned();
+        self.store = Some(Store::connect(&database_url, StoreOptions::default()).await?);
+        self.database = Some(db);
+
+        let timings = Timings {
+            pending: Duration::from_millis(10),
+            scheduling: Duration::from_millis(50),
+            boot: args.sim_boot,
+            setup: args.sim_setup,
+            stop: Duration::from_millis(100),
+            gc: Duration::from_millis(1),
+            pod_start: Duration::from_millis(10),
+            bookmark: Duration::from_secs(60),
+        };
+        let sim = stack::start_sim(&self.namespace, timings, &data_dir.join("guests")).await?;
+        stack::create_golden_disks(&sim, &self.namespace, lessons)?;
+        let kubeconfig = data_dir.join("kubeconfig");
+        sim.write_kubeconfig(&kubeconfig, &self.namespace)?;
+        self.sim = Some(sim);
+
+        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
+        self.url = format!("http://{listen}");
+        let limit = (u64::from(args.users) * 2).to_string();
+        let mut env: Vec<(&str, OsString)> = vec![
+            ("DATABASE_URL", database_url.into()),
+            ("KUBECONFIG", kubeconfig.into()),
+            ("TTLAB_ENV", "bench".into()),
+            ("TTLAB_NAMESPACE", self.namespace.clone().into()),
+            ("TTLAB_LISTEN", listen.to_string().into()),
+            ("TTLAB_AUTH_SECRET", self.secret.clone().into()),
+            ("TTLAB_LESSONS", lessons_path.as_os_str().to_owned()),
+            ("TTLAB_AGENT_BINARY", agent_bin.as_os_str().to_owned()),
+            ("TTLAB_VM_LIMIT", limit.into()),
+            ("TTLAB_SESSION_TTL", "60m".into()),
+        ];
+        if std::env::var_os("RUST_LOG").is_none() {
+            env.push(("RUST_LOG", "warn".into()));
+        }
+        let mut server = ChildProcess::spawn("server", server_bin, &[], &env)?;
+        let ready = wait_ready(&mut server, &self.url).await;
+        self.server = Some(server);
+        ready
+    }
+
+    async fn stop(&mut self) {
+        if let Some(s) = self.server.as_mut()
+            && let Err(e) = s.stop(Duration::from_secs(15)).await
+        {
+            eprintln!("ttlabctl: stopping the server: {e:#}");
+        }
+        if let Some(store) = self.store.take() {
+            store.close();
+        }
+        if let Some(sim) = self.sim.take() {
+            sim.shutdown().await;
+        }
+        if let Some(db) = self.database.take()
+            && let Err(e) = db.stop().await
+        {
+            eprintln!("ttlabctl: {e:#}");
+        }
+        if let Some(d) = self.data.take() {
+            let _ = d.close();
+        }
+    }
+
+    fn token(&self, user: &UserId) -> anyhow::Result<String> {
+        let auth = AuthConfig::new(AuthSecret::new(self.secret.as_bytes())?);
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        Ok(auth.mint(user, Role::Student, now, Duration::from_secs(3 * 3600))?)
+    }
+
+    async fn measure(&mut self, args: &ApiBenchArgs, lesson: &str) -> anyhow::Result<()> {
+        let sim = self.sim.as_ref().context("kube-sim is not running")?;
+        let store = self.store.clone().context("no database")?;
+        let http = client::client(256);
+        let server_pid = self.server.as_ref().map_or(0, ChildProcess::pid);
+        println!(
+            "ttlab bench api: {} build, {} CPUs, kube-sim without injected latency \
+             (guest boot {} ms, setup {} ms), ttlab-server pid {server_pid}, lesson {lesson}",
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            std::thread::available_parallelism().map_or(0, usize::from),
+            args.sim_boot.as_millis(),
+            args.sim_setup.as_millis(),
+        );
+
+        let running_seen = watch_vmis_running(sim.url(), &self.namespace).await?;
+
+        // POST phase.
+        let users: Vec<(UserId, String)> = (0..args.users)
+            .map(|i| {
+                let user = UserId::new(format!("bench-user-{i:05}"))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let token = self.token(&user)?;
+                Ok((user, token))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let post_url = format!("{}/api/sessions", self.url);
+        let body = serde_json::json!({ "lesson": lesson });
+        let period = Duration::from_secs_f64(1.0 / f64::from(args.post_rate));
+        let start = Instant::now() + Duration::from_millis(50);
+        let mut tasks = Vec::with_capacity(users.len());
+        for (i, (_, token)) in users.iter().enumerate() {
+            let at = start + period * u32::try_from(i).unwrap_or(u32::MAX);
+            tokio::time::sleep_until(at.into()).await;
+            let (http, url, token, body) =
+                (http.clone(), post_url.clone(), token.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let r = client::send(&http, Method::POST, &url, Some(&token), Some(&body)).await;
+                (at, sent, Instant::now(), r)
+            }));
+        }
+        let mut post = Sample::default();
+        let mut sessions: Vec<(SessionId, String)> = Vec::new();
+        for (t, (_, token)) in tasks.into_iter().zip(&users) {
+            let (at, sent, done, r) = t.await.context("a request task failed")?;
+            post.add(at, sent, done);
+            match r {
+                Ok((status, body)) if status == http::StatusCode::ACCEPTED => {
+                    post.ok += 1;
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&body).context("the 202 answer is not JSON")?;
+                    let id: SessionId = v["id"]
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .context("the 202 answer has no session id")?;
+                    sessions.push((id, token.clone()));
+                }
+                Ok((status, body)) => {
+                    post.note_error(format!("{status}: {}", String::from_utf8_lossy(&body)))
+                }
+                Err(e) => post.note_error(format!("{e:#}")),
+            }
+        }
+        post.print(
+            &format!(
+                "POST /api/sessions → 202 ({} users, one session each, {}/s)",
+                args.users, args.post_rate
+            ),
+            POST_TARGET,
+        );
+
+        // Readiness.
+        let deadline = Instant::now() + args.ready_timeout;
+        let mut rows = Vec::new();
+        for (id, _) in &sessions {
+            loop {
+                let s = store
+                    .sessions()
+                    .get(*id)
+                    .await?
+                    .with_context(|| format!("session {id} vanished"))?;
+                if s.status != SessionStatus::Starting || Instant::now() > deadline {
+                    rows.push(s);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let seen = running_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut delays = Vec::new();
+        let mut not_running = Vec::new();
+        let mut unmeasured = 0usize;
+        for s in &rows {
+            if s.status != SessionStatus::Running {
+                not_running.push(format!(
+                    "{} {}{}",
+                    s.id,
+                    s.status.as_str(),
+                    s.failure_reason
+                        .as_deref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                ));
+                continue;
+            }
+            let Some(vm) = s.vms.first() else {
+                unmeasured += 1;
+                continue;
+            };
+            let running = seen.get(&vm.name).copied();
+            let marker = sim
+                .guest_dir(&self.namespace, &vm.name)
+                .map(|d| d.join(ttlab_agent::protocol::READY_MARKER_PATH.trim_start_matches('/')))
+                .and_then(|p| std::fs::metadata(p).ok())
+                .and_then(|m| m.modified().ok())
+                .map(DateTime::<Utc>::from);
+            match (s.ready_at, running, marker) {
+                (Some(ready), Some(running), Some(marker)) => {
+                    let base = running.max(marker);
+                    delays.push((ready - base).to_std().unwrap_or(Duration::ZERO));
+                }
+                _ => unmeasured += 1,
+            }
+        }
+        print_delays(&delays, unmeasured, &not_running);
+
+        // GET phase.
+        if sessions.is_empty() {
+            anyhow::bail!("no session was created, so the GET phase cannot run");
+        }
+        let targets: Arc<Vec<(String, String)>> = Arc::new(
+            sessions
+                .iter()
+                .map(|(id, token)| (format!("{}/api/sessions/{id}", self.url), token.clone()))
+                .collect(),
+        );
+        let warmup = Duration::from_secs(1);
+        let _ = open_loop(&http, &targets, args.get_rate, warmup).await;
+        let mut get = open_loop(&http, &targets, args.get_rate, args.get_duration).await;
+        get.print(
+            &format!(
+                "GET /api/sessions/{{id}} ({}/s offered for {} s over {} sessions)",
+                args.get_rate,
+                args.get_duration.as_secs_f64(),
+                sessions.len()
+            ),
+            GET_TARGET,
+        );
+        Ok(())
+    }
+}
+
+/// Sends GETs at `rate` per second for `duration`, cycling through `targets`.
+async fn open_loop(
+    http: &HttpClient,
+    targets: &Arc<Vec<(String, String)>>,
+    rate: u32,
+    duration: Duration,
+) -> Sample {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let total = (duration.as_secs_f64() * f64::from(rate)).round() as u64;
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut tasks = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    for i in 0..total {
+        let at = start + Duration::from_secs_f64(period.as_secs_f64() * i as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let http = http.clone();
+        let targets = targets.clone();
+        tasks.push(tokio::spawn(async move {
+            let (url, token) = &targets[usize::try_from(i).unwrap_or(0) % targets.len()];
+            let sent = Instant::now();
+            let r = client::send(&http, Method::GET, url, Some(token), None).await;
+            (at, sent, Instant::now(), r)
+        }));
+    }
+    let mut sample = Sample::default();
+    for t in tasks {
+        match t.await {
+            Ok((at, sent, done, r)) => {
+                sample.add(at, sent, done);
+                match r {
+                    Ok((s, _)) if s == http::StatusCode::OK => sample.ok += 1,
+                    Ok((s, body)) => {
+                        sample.note_error(format!("{s}: {}", String::from_utf8_lossy(&body)))
+                    }
+                    Err(e) => sample.note_error(format!("{e:#}")),
+                }
+            }
+            Err(e) => sample.note_error(format!("request task: {e}")),
+        }
+    }
+    sample
+}
+
+/// Latencies of one phase.
+#[derive(Default)]
+struct Sample {
+    /// From the scheduled instant to the whole answer read.
+    latencies: Vec<Duration>,
+    /// From the scheduled instant to the moment the client task started sending.
+    lag: Vec<Duration>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    ok: usize,
+    errors: usize,
+    first_error: Option<String>,
+}
+
+impl Sample {
+    fn add(&mut self, at: Instant, sent: Instant, done: Instant) {
+        self.latencies.push(done.saturating_duration_since(at));
+        self.lag.push(sent.saturating_duration_since(at));
+        self.first = Some(self.first.map_or(at, |f| f.min(at)));
+        self.last = Some(self.last.map_or(done, |l| l.max(done)));
+    }
+
+    fn note_error(&mut self, e: String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e);
+        }
+    }
+
+    fn print(&mut self, title: &str, target: Duration) {
+        let n = self.latencies.len();
+        let span = match (self.first, self.last) {
+            (Some(f), Some(l)) => l.saturating_duration_since(f).as_secs_f64(),
+            _ => 0.0,
+        };
+        println!("{title}");
+        println!(
+            "  requests {n}, ok {}, errors {}, achieved {:.1}/s",
+            self.ok,
+            self.errors,
+            if span > 0.0 { n as f64 / span } else { 0.0 }
+        );
+        if let Some(e) = &self.first_error {
+            println!("  first error: {}", one_line(e));
+        }
+        let d = Dist::of(&mut self.latencies);
+        let lag = Dist::of(&mut self.lag);
+        println!("  latency {d}");
+        println!("  client send lag p99 {}", ms(lag.p99));
+        println!("  {}", verdict("p99", d.p99, target, self.errors));
+    }
+}
+
+fn print_delays(delays: &[Duration], unmeasured: usize, not_running: &[String]) {
+    let mut d = delays.to_vec();
+    println!(
+        "readiness: backend delay = ready_at − later of (VMI Running, readiness marker written)"
+    );
+    println!(
+        "  sessions running {}, not running {}, unmeasured {unmeasured}",
+        delays.len() + unmeasured,
+        not_running.len()
+    );
+    for s in not_running.iter().take(3) {
+        println!("  not running: {}", one_line(s));
+    }
+    let dist = Dist::of(&mut d);
+    println!("  delay {dist}");
+    println!(
+        "  {}",
+        verdict(
+            "p99",
+            dist.p99,
+            READY_TARGET,
+            not_running.len() + unmeasured
+        )
+    );
+}
+
+fn verdict(what: &str, got: Duration, target: Duration, errors: usize) -> String {
+    let ok = got <= target && errors == 0;
+    format!(
+        "{what} {} vs target ≤ {}: {}",
+        ms(got),
+        ms(target),
+        if ok {
+            "met".to_owned()
+        } else if errors > 0 {
+            format!("MISSED ({errors} failed)")
+        } else {
+            "MISSED".to_owned()
+        }
+    )
+}
+
+fn one_line(s: &str) -> String {
+    let s: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if s.len() > 200 {
+        format!("{}…", &s[..s.floor_char_boundary(200)])
+    } else {
+        s
+    }
+}
+
+/// p50, p90, p99 and max of a sample (nearest rank).
+struct Dist {
+    n: usize,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+impl Dist {
+    fn of(v: &mut [Duration]) -> Self {
+        v.sort_unstable();
+        let rank = |p: f64| -> Duration {
+            if v.is_empty() {
+                return Duration::ZERO;
+            }
+            let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+            v[i]
+        };
+        Self {
+            n: v.len(),
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: v.last().copied().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for Dist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "n={} p50 {} p90 {} p99 {} max {}",
+            self.n,
+            ms(self.p50),
+            ms(self.p90),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Watches the VMIs of `namespace` on kube-sim and records, by name, when each was first seen
+/// Running (the wall clock, comparable with the database's timestamps on this machine).
+async fn watch_vmis_running(
+    sim_url: &str,
+    namespace: &str,
+) -> anyhow::Result<Arc<Mutex<HashMap<String, DateTime<Utc>>>>> {
+    let seen: Arc<Mutex<HashMap<String, DateTime<Utc>>>> = Arc::default();
+    let url = format!(
+        "{sim_url}/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances?watch=true"
+    );
+    let http = client::client(1);
+    let req = http::Request::get(&url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .context("building the watch request")?;
+    let res = http
+        .request(req)
+        .await
+        .with_context(|| format!("watching {url}"))?;
+    if !res.status().is_success() {
+        anyhow::bail!("watching {url}: {}", res.status());
+    }
+    let mut body = res.into_body();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = BytesMut::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            let now = Utc::now();
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line = buf.split_to(nl + 1);
+                let Ok(ev) = serde_json::from_slice::<serde_json::Value>(line.chunk()) else {
+                    continue;
+                };
+                let obj = &ev["object"];
+                if obj["status"]["phase"] == "Running"
+                    && let Some(name) = obj["metadata"]["name"].as_str()
+                {
+                    out.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(name.to_owned())
+                        .or_insert(now);
+                }
+            }
+        }
+    });
+    Ok(seen)
+}
