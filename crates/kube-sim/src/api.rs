@@ -62,7 +62,8 @@ fn query_map(q: Option<&str>) -> BTreeMap<String, String> {
     m
 }
 
-fn decode(s: &str) -> String {
+/// Percent-decodes a query component (`+` is a space).
+pub(crate) fn decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -181,6 +182,9 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
     }
     if let Some((ns, name)) = crate::console::console_path(&path) {
         return crate::console::handle(sim, req, ns, name).await;
+    }
+    if let Some((ns, name)) = crate::exec::exec_path(&path) {
+        return crate::exec::handle(sim, req, ns, name).await;
     }
     let arrived = Instant::now();
     let target = match parse_target(&path) {

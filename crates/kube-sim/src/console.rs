@@ -1,7 +1,7 @@
 //! The VMI serial console subresource: a WebSocket with subprotocol `plain.kubevirt.io`, raw
 //! bytes in binary frames both ways, one client per VMI (a new one closes the old), and behind
-//! it a small simulated serial terminal (boot lines, autologin, echo, a few builtins, and
-//! `yes` / `seq N` for bulk output).
+//! it the simulated terminal of [`crate::terminal`] as root's autologin shell, with boot lines
+//! for the first client.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,15 +20,10 @@ use crate::api::error_response;
 use crate::faults::{CallKey, FaultAction, Verb};
 use crate::resources::VMIS;
 use crate::status::ApiError;
+use crate::terminal::{Action, Terminal, bulk_output};
 
 /// The subprotocol KubeVirt's console speaks.
 pub const PROTOCOL: &str = "plain.kubevirt.io";
-
-struct Terminal {
-    hostname: String,
-    shown_boot: bool,
-    line: Vec<u8>,
-}
 
 struct Slot {
     uid: String,
@@ -61,11 +56,7 @@ impl Consoles {
             (ns.to_owned(), name.to_owned()),
             Slot {
                 uid: uid.to_owned(),
-                terminal: Arc::new(Mutex::new(Terminal {
-                    hostname: hostname.to_owned(),
-                    shown_boot: false,
-                    line: Vec::new(),
-                })),
+                terminal: Arc::new(Mutex::new(Terminal::console(hostname))),
                 current: None,
             },
         );
@@ -200,109 +191,6 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
         .on_upgrade(move |socket| serve(socket, terminal, token, shutdown))
 }
 
-enum Action {
-    Out(Vec<u8>),
-    Bulk(Option<u64>, Vec<u8>),
-    StopBulk,
-}
-
-fn prompt(t: &Terminal) -> Vec<u8> {
-    format!("root@{}:~# ", t.hostname).into_bytes()
-}
-
-fn boot_text(t: &Terminal) -> Vec<u8> {
-    let h = &t.hostname;
-    format!(
-        "[    0.000000] Linux version 5.15.0-kube-sim (simulated serial console)\r\n\
-         [    1.234567] cloud-init[512]: Cloud-init v. 22.4 running 'modules:final'\r\n\
-         \r\nUbuntu 22.04 LTS {h} ttyS0\r\n\r\n\
-         {h} login: root (automatic login)\r\n\r\n\
-         Welcome to Ubuntu 22.04 LTS (GNU/Linux 5.15.0 x86_64)\r\n\r\n"
-    )
-    .into_bytes()
-}
-
-fn run_line(t: &mut Terminal, line: &str) -> Vec<Action> {
-    let mut words = line.split_whitespace();
-    let cmd = words.next().unwrap_or("");
-    let args: Vec<&str> = words.collect();
-    let mut out = Vec::new();
-    let text = match cmd {
-        "" => String::new(),
-        "hostname" => format!("{}\r\n", t.hostname),
-        "whoami" => "root\r\n".to_owned(),
-        "id" => "uid=0(root) gid=0(root) groups=0(root)\r\n".to_owned(),
-        "pwd" => "/root\r\n".to_owned(),
-        "uname" => {
-            if args.first() == Some(&"-a") {
-                format!(
-                    "Linux {} 5.15.0-kube-sim #1 SMP x86_64 GNU/Linux\r\n",
-                    t.hostname
-                )
-            } else {
-                "Linux\r\n".to_owned()
-            }
-        }
-        "echo" => format!("{}\r\n", args.join(" ")),
-        "true" | "clear" => String::new(),
-        "yes" => {
-            let word = if args.is_empty() {
-                "y".to_owned()
-            } else {
-                args.join(" ")
-            };
-            return vec![Action::Bulk(None, format!("{word}\r\n").into_bytes())];
-        }
-        "seq" => match args.last().and_then(|n| n.parse::<u64>().ok()) {
-            Some(n) => return vec![Action::Bulk(Some(n), Vec::new())],
-            None => "seq: missing operand\r\n".to_owned(),
-        },
-        "exit" | "logout" => {
-            t.shown_boot = true;
-            format!(
-                "logout\r\n\r\nUbuntu 22.04 LTS {h} ttyS0\r\n\r\n{h} login: root (automatic login)\r\n\r\n",
-                h = t.hostname
-            )
-        }
-        other => format!("-bash: {other}: command not found\r\n"),
-    };
-    out.push(Action::Out(text.into_bytes()));
-    out.push(Action::Out(prompt(t)));
-    out
-}
-
-/// Feeds typed bytes to the terminal.
-fn input(t: &mut Terminal, data: &[u8]) -> Vec<Action> {
-    let mut actions = Vec::new();
-    for &b in data {
-        match b {
-            b'\r' | b'\n' => {
-                let line = String::from_utf8_lossy(&t.line).into_owned();
-                t.line.clear();
-                actions.push(Action::Out(b"\r\n".to_vec()));
-                actions.extend(run_line(t, &line));
-            }
-            0x03 => {
-                t.line.clear();
-                actions.push(Action::StopBulk);
-                actions.push(Action::Out(b"^C\r\n".to_vec()));
-                actions.push(Action::Out(prompt(t)));
-            }
-            0x7f | 0x08 if t.line.pop().is_some() => {
-                actions.push(Action::Out(b"\x08 \x08".to_vec()));
-            }
-            0x7f | 0x08 => {}
-            0x04 if t.line.is_empty() => actions.extend(run_line(t, "logout")),
-            b if b >= 0x20 || b == b'\t' => {
-                t.line.push(b);
-                actions.push(Action::Out(vec![b]));
-            }
-            _ => {}
-        }
-    }
-    actions
-}
-
 async fn serve(
     socket: WebSocket,
     terminal: Arc<Mutex<Terminal>>,
@@ -334,8 +222,8 @@ async fn serve(
             Vec::new()
         } else {
             t.shown_boot = true;
-            let mut v = boot_text(&t);
-            v.extend(prompt(&t));
+            let mut v = t.boot_text();
+            v.extend(t.prompt());
             v
         }
     };
@@ -358,11 +246,11 @@ async fn serve(
             let mut t = terminal
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            input(&mut t, &data)
+            t.input(&data)
         };
         for a in actions {
             match a {
-                Action::Out(b) => {
+                Action::Out(b) | Action::Err(b) => {
                     if !b.is_empty() && tx.send(Bytes::from(b)).await.is_err() {
                         break;
                     }
@@ -372,24 +260,24 @@ async fn serve(
                         b.cancel();
                     }
                 }
-                Action::Bulk(count, pattern) => {
+                Action::Bulk {
+                    count,
+                    pattern,
+                    then,
+                } => {
                     let stop = CancellationToken::new();
-                    bulk = Some(stop.clone());
+                    if let Some(old) = bulk.replace(stop.clone()) {
+                        old.cancel();
+                    }
                     let tx = tx.clone();
-                    let terminal = terminal.clone();
                     tokio::spawn(async move {
-                        bulk_output(tx.clone(), stop.clone(), count, pattern).await;
-                        if !stop.is_cancelled() {
-                            let p = {
-                                let t = terminal
-                                    .lock()
-                                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                                prompt(&t)
-                            };
-                            let _ = tx.send(Bytes::from(p)).await;
+                        if bulk_output(&tx, &stop, count, &pattern, true, |b| b).await {
+                            let _ = tx.send(Bytes::from(then)).await;
                         }
                     });
                 }
+                // The console's shell never exits: getty logs root in again.
+                Action::Exit(_) => {}
             }
         }
     }
@@ -399,89 +287,4 @@ async fn serve(
     token.cancel();
     drop(tx);
     let _ = writer.await;
-}
-
-/// `yes` (pattern, until Ctrl-C) or `seq N` (N numbered lines) in 16 KiB chunks.
-async fn bulk_output(
-    tx: mpsc::Sender<Bytes>,
-    stop: CancellationToken,
-    count: Option<u64>,
-    pattern: Vec<u8>,
-) {
-    const CHUNK: usize = 16 * 1024;
-    let mut next: u64 = 1;
-    loop {
-        let mut buf = Vec::with_capacity(CHUNK + 32);
-        match count {
-            None => {
-                while buf.len() < CHUNK {
-                    buf.extend_from_slice(&pattern);
-                }
-            }
-            Some(n) => {
-                while buf.len() < CHUNK && next <= n {
-                    buf.extend_from_slice(format!("{next}\r\n").as_bytes());
-                    next += 1;
-                }
-                if buf.is_empty() {
-                    return;
-                }
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            r = tx.send(Bytes::from(buf)) => if r.is_err() { return },
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn term() -> Terminal {
-        Terminal {
-            hostname: "lab-1".into(),
-            shown_boot: true,
-            line: Vec::new(),
-        }
-    }
-
-    fn text(actions: &[Action]) -> String {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Out(b) => Some(String::from_utf8_lossy(b).into_owned()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn typed_lines_echo_and_run_builtins() {
-        let mut t = term();
-        assert_eq!(
-            text(&input(&mut t, b"hostname\r")),
-            "hostname\r\nlab-1\r\nroot@lab-1:~# "
-        );
-        assert_eq!(
-            text(&input(&mut t, b"whoami\r")),
-            "whoami\r\nroot\r\nroot@lab-1:~# "
-        );
-        assert!(text(&input(&mut t, b"nope\r")).contains("-bash: nope: command not found"));
-        assert_eq!(text(&input(&mut t, b"ab\x7f")), "ab\x08 \x08");
-    }
-
-    #[test]
-    fn yes_starts_bulk_output_and_ctrl_c_stops_it() {
-        let mut t = term();
-        assert!(
-            matches!(input(&mut t, b"yes\r").last(), Some(Action::Bulk(None, p)) if p == b"y\r\n")
-        );
-        assert!(
-            input(&mut t, b"\x03")
-                .iter()
-                .any(|a| matches!(a, Action::StopBulk))
-        );
-    }
 }

@@ -9,8 +9,10 @@
 //! VirtualMachineInstance and a virt-launcher pod that go through the real phases; its guest
 //! applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
 //! runs the real `ttlab-agent` binary it finds there on a loopback address of its own; its
-//! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Faults
-//! (failed, hanging or slow calls) can be injected and every call is recorded.
+//! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Pod exec
+//! speaks the Kubernetes channel protocols (`v5.channel.k8s.io` … `channel.k8s.io`) to the same
+//! simulated shell, as kube-rs' `Api::<Pod>::exec` and `kubectl exec` expect. Faults (failed,
+//! hanging or slow calls) can be injected and every call is recorded.
 //!
 //! It refuses to own anything production runs: no authentication, no TLS, no persistence, no
 //! real scheduling or networking; nothing outside tests and `ttlabctl` depends on it.
@@ -33,6 +35,7 @@ mod console;
 mod control;
 mod controllers;
 mod discovery;
+mod exec;
 pub mod faults;
 mod guest;
 mod kubevirt;
@@ -42,6 +45,7 @@ pub mod resources;
 pub mod selector;
 pub mod status;
 pub mod store;
+mod terminal;
 pub mod validate;
 
 use std::collections::BTreeMap;

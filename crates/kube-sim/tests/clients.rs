@@ -27,18 +27,6 @@ fn vmi_resource() -> ApiResource {
     )
 }
 
-async fn kube_client(sim: &ttlab_kube_sim::KubeSim) -> kube::Client {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&path, "ttlab").unwrap();
-    let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(cfg.default_namespace, "ttlab");
-    kube::Client::try_from(cfg).unwrap()
-}
-
 #[tokio::test]
 async fn kube_rs_creates_lists_waits_and_deletes() {
     let sim = start().await;
@@ -93,10 +81,7 @@ async fn kube_rs_creates_lists_waits_and_deletes() {
 
 #[tokio::test]
 async fn kubectl_gets_lists_and_applies_a_vm_that_reaches_running() {
-    let kubectl = ["/usr/bin/kubectl", "/usr/local/bin/kubectl"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-    let Some(kubectl) = kubectl else {
+    let Some(kubectl) = kubectl() else {
         eprintln!("SKIPPED: kubectl is not installed");
         return;
     };

@@ -96,6 +96,28 @@ impl Http {
     }
 }
 
+/// A kube-rs client for the sim, built from a kubeconfig file as production builds it, with
+/// `ttlab` as the default namespace.
+pub async fn kube_client(sim: &KubeSim) -> kube::Client {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path, "ttlab")
+        .expect("kubeconfig written");
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig read");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("kube config");
+    assert_eq!(cfg.default_namespace, "ttlab");
+    kube::Client::try_from(cfg).expect("kube client")
+}
+
+/// The installed kubectl, if any.
+pub fn kubectl() -> Option<&'static str> {
+    ["/usr/bin/kubectl", "/usr/local/bin/kubectl"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
 pub async fn start() -> KubeSim {
     KubeSim::start(SimConfig::for_tests())
         .await
