@@ -44,6 +44,7 @@
 
 pub mod auth;
 mod config;
+pub mod console;
 mod error;
 pub mod extract;
 pub mod metrics;
@@ -51,6 +52,7 @@ pub mod routes;
 pub mod saga;
 mod state;
 pub mod view;
+pub mod web;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -18,17 +18,25 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn start_running(s: &Running, user: &str, lesson: &str) -> (String, String) {
     let t = token(user, Role::Student);
-    let (status, v) = s.post("/api/sessions", &t, json!({ "lesson": lesson })).await;
+    let (status, v) = s
+        .post("/api/sessions", &t, json!({ "lesson": lesson }))
+        .await;
     assert_eq!(status, 202, "{v}");
     let sid = v["id"].as_str().unwrap().to_owned();
-    let v = s.wait_session(&sid, &t, |v| v["status"] != "starting").await;
+    let v = s
+        .wait_session(&sid, &t, |v| v["status"] != "starting")
+        .await;
     assert_eq!(v["status"], "running", "{v}");
     (sid, t)
 }
 
 async fn ticket(s: &Running, sid: &str, token: &str) -> Value {
     let (status, v) = s
-        .post(&format!("/api/sessions/{sid}/console-ticket"), token, json!({}))
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket"),
+            token,
+            json!({}),
+        )
         .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["expires_in_seconds"], 30);
@@ -88,7 +96,12 @@ async fn read_to_close(ws: &mut Ws, within: Duration) -> (String, u16, String, I
         match msg {
             Some(Ok(Message::Binary(b))) => text.push_str(&String::from_utf8_lossy(&b)),
             Some(Ok(Message::Close(Some(close)))) => {
-                return (text, close.code.into(), close.reason.to_string(), Instant::now());
+                return (
+                    text,
+                    close.code.into(),
+                    close.reason.to_string(),
+                    Instant::now(),
+                );
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             other => panic!("expected a Close frame after {text:?}, got {other:?}"),
@@ -126,25 +139,52 @@ async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upg
     // Refusals carry the JSON error body and never upgrade.
     let base = format!("/api/sessions/{sid}/console");
     let (status, body) = refused(ws_url(&s, &base)).await;
-    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "{body}"
+    );
     let (status, body) = refused(ws_url(&s, &format!("{base}?ticket=guessed"))).await;
-    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "{body}"
+    );
     let used = ticket(&s, &sid, &alice).await;
     let url = ws_url(&s, used["url"].as_str().unwrap());
     let (_second, _) = tokio_tungstenite::connect_async(url.clone()).await.unwrap();
     let (status, body) = refused(url).await;
-    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "single use: {body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "single use: {body}"
+    );
     let t = ticket(&s, &sid, &alice).await;
-    let (status, body) =
-        refused(ws_url(&s, &format!("{}&node=nope", t["url"].as_str().unwrap()))).await;
-    assert_eq!((status, body["error"].as_str()), (400, Some("unknown_node")), "{body}");
+    let (status, body) = refused(ws_url(
+        &s,
+        &format!("{}&node=nope", t["url"].as_str().unwrap()),
+    ))
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("unknown_node")),
+        "{body}"
+    );
 
     // Another student: no ticket for this session, and their own ticket does not open it.
     let bob = token("bob", Role::Student);
     let (status, body) = s
-        .post(&format!("/api/sessions/{sid}/console-ticket"), &bob, json!({}))
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket"),
+            &bob,
+            json!({}),
+        )
         .await;
-    assert_eq!((status, body["error"].as_str()), (404, Some("session_not_found")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("session_not_found")),
+        "{body}"
+    );
     let (bob_sid, bob) = start_running(&s, "bob", "quick").await;
     let bobs = ticket(&s, &bob_sid, &bob).await;
     let (status, body) = refused(ws_url(
@@ -152,12 +192,20 @@ async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upg
         &format!("{base}?ticket={}", bobs["ticket"].as_str().unwrap()),
     ))
     .await;
-    assert_eq!((status, body["error"].as_str()), (403, Some("invalid_ticket")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "{body}"
+    );
 
     // A plain request with a good ticket is not a WebSocket.
     let t = ticket(&s, &sid, &alice).await;
     let (status, body) = s.get(t["url"].as_str().unwrap(), &alice).await;
-    assert_eq!((status, body["error"].as_str()), (400, Some("websocket_required")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("websocket_required")),
+        "{body}"
+    );
     s.stop().await;
 }
 
@@ -167,13 +215,23 @@ async fn a_session_that_is_not_running_gets_no_console() {
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
     let alice = token("alice", Role::Student);
     // This lesson's setup never finishes: the session stays `starting` for a while.
-    let (status, v) = s.post("/api/sessions", &alice, json!({"lesson": "hangs"})).await;
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "hangs"}))
+        .await;
     assert_eq!(status, 202, "{v}");
     let sid = v["id"].as_str().unwrap();
     let (status, body) = s
-        .post(&format!("/api/sessions/{sid}/console-ticket"), &alice, json!({}))
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket"),
+            &alice,
+            json!({}),
+        )
         .await;
-    assert_eq!((status, body["error"].as_str()), (409, Some("not_running")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_running")),
+        "{body}"
+    );
     s.stop().await;
 }
 
@@ -211,9 +269,13 @@ async fn the_console_closes_at_the_expiry_second_after_following_an_extension() 
         .post(&format!("/api/sessions/{sid}/extend"), &alice, json!({}))
         .await;
     assert_eq!(status, 200, "{after}");
-    let old: chrono::DateTime<chrono::Utc> = before["expires_at"].as_str().unwrap().parse().unwrap();
+    let old: chrono::DateTime<chrono::Utc> =
+        before["expires_at"].as_str().unwrap().parse().unwrap();
     let new: chrono::DateTime<chrono::Utc> = after["expires_at"].as_str().unwrap().parse().unwrap();
-    assert!(new > old + chrono::TimeDelta::milliseconds(1000), "{old} → {new}");
+    assert!(
+        new > old + chrono::TimeDelta::milliseconds(1000),
+        "{old} → {new}"
+    );
 
     let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(10)).await;
     let closed_at = chrono::Utc::now();
@@ -259,7 +321,12 @@ async fn a_console_that_is_not_ready_is_retried_every_second_with_a_message() {
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
     let (sid, alice) = start_running(&s, "alice", "quick").await;
     w.sim.faults().add(
-        FaultRule::fail(Some(Verb::Get), Some("virtualmachineinstances/console"), 400).times(2),
+        FaultRule::fail(
+            Some(Verb::Get),
+            Some("virtualmachineinstances/console"),
+            400,
+        )
+        .times(2),
     );
     let started = Instant::now();
     let mut ws = open(&s, &sid, &alice).await;

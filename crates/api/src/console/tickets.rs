@@ -107,13 +107,19 @@ mod tests {
         assert_eq!(t.take(&a, s1, now).unwrap_err(), TicketRefusal::Unknown);
 
         let b = t.issue(alice.clone(), s1, now);
-        assert_eq!(t.take(&b, s2, now).unwrap_err(), TicketRefusal::OtherSession);
+        assert_eq!(
+            t.take(&b, s2, now).unwrap_err(),
+            TicketRefusal::OtherSession
+        );
         // Taken even when refused: it cannot be tried against the right session afterwards.
         assert_eq!(t.take(&b, s1, now).unwrap_err(), TicketRefusal::Unknown);
 
         let c = t.issue(alice, s1, now);
         let late = now + TICKET_TTL;
         assert_eq!(t.take(&c, s1, late).unwrap_err(), TicketRefusal::Unknown);
-        assert_eq!(t.take("guess", s1, now).unwrap_err(), TicketRefusal::Unknown);
+        assert_eq!(
+            t.take("guess", s1, now).unwrap_err(),
+            TicketRefusal::Unknown
+        );
     }
 }

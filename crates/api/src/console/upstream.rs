@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use ttlab_cluster::{ByteSink, ByteStream, Cluster, ClusterError, Kind, VmiPhase};
-use ttlab_console::{CloseReason, ConsoleError, Connected, Upstream};
+use ttlab_console::{CloseReason, Connected, ConsoleError, Upstream};
+use ttlab_model::SessionId;
+
+use crate::AppState;
 
 /// The shell a pod lab's console runs: bash if the image has it, else sh, as a login shell.
 const POD_SHELL: &str =
@@ -13,14 +16,28 @@ const POD_SHELL: &str =
 
 /// The VMI's serial console.
 pub(super) struct VmConsole {
+    pub(super) state: AppState,
+    pub(super) session: SessionId,
     pub(super) cluster: Arc<dyn Cluster>,
     pub(super) vm: String,
 }
 
 /// A shell in the pod.
 pub(super) struct PodShell {
+    pub(super) state: AppState,
+    pub(super) session: SessionId,
     pub(super) cluster: Arc<dyn Cluster>,
     pub(super) pod: String,
+}
+
+/// Why the session's console ended, if the session itself says so (finished, expired…):
+/// finishing a session deletes its VM, which closes the console before the change is heard of.
+async fn session_says(state: &AppState, session: SessionId) -> Option<CloseReason> {
+    match state.store().sessions().get(session).await {
+        Ok(Some(row)) => super::reason_of(&row),
+        Ok(None) => Some(CloseReason::Finished),
+        Err(_) => None,
+    }
 }
 
 impl Upstream for VmConsole {
@@ -39,6 +56,9 @@ impl Upstream for VmConsole {
 
     fn ended(&mut self, detail: String) -> futures::future::BoxFuture<'_, CloseReason> {
         Box::pin(async move {
+            if let Some(reason) = session_says(&self.state, self.session).await {
+                return reason;
+            }
             match self.cluster.vmi_state(&self.vm).await {
                 Ok(None) => CloseReason::VmStopped,
                 Ok(Some(s))
@@ -69,6 +89,9 @@ impl Upstream for PodShell {
 
     fn ended(&mut self, detail: String) -> futures::future::BoxFuture<'_, CloseReason> {
         Box::pin(async move {
+            if let Some(reason) = session_says(&self.state, self.session).await {
+                return reason;
+            }
             match self.cluster.get(Kind::Pod, &self.pod).await {
                 Ok(None) => CloseReason::VmStopped,
                 _ => CloseReason::ConsoleLost(format!("the shell ended ({detail})")),

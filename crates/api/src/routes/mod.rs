@@ -22,13 +22,16 @@ pub fn routes() -> Router<AppState> {
         .merge(events::routes())
         .merge(admin::routes())
         .merge(openapi::routes())
+        .merge(crate::console::routes())
 }
 
 /// The complete application: [`routes`] with the state, the body limit and JSON answers for
 /// unknown paths and methods.
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
+    let web = crate::web::web_dir(state.config().web_dir.as_deref());
     routes()
+        .merge(crate::web::routes(web))
         .fallback(|| async { ApiError::RouteNotFound.into_response() })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed.into_response() })
         .layer(DefaultBodyLimit::max(limit))
