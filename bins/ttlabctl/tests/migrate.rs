@@ -47,7 +47,7 @@ async fn migrate_applies_the_schema_once_and_then_finds_it_up_to_date() {
     let first = ttlabctl(&["migrate", "--database-url", db.url()]);
     assert!(first.status.success(), "{}", text(&first.stderr));
     let out = text(&first.stdout);
-    assert!(out.contains("applied 1 migration(s)"), "{out}");
+    assert!(out.contains("applied 2 migration(s)"), "{out}");
     assert!(out.contains("V1__initial_schema"), "{out}");
 
     // The URL may also come from DATABASE_URL.
@@ -57,7 +57,7 @@ async fn migrate_applies_the_schema_once_and_then_finds_it_up_to_date() {
         .output()
         .unwrap();
     assert!(second.status.success(), "{}", text(&second.stderr));
-    assert!(text(&second.stdout).contains("up to date (version 1)"));
+    assert!(text(&second.stdout).contains("up to date (version 2)"));
 
     assert_schema_usable(&db).await;
 }

@@ -274,6 +274,9 @@ pub struct PgCluster {
     data: PathBuf,
     socket_dir: PathBuf,
     server: Option<Child>,
+    /// The `postgres` binary and who runs it, to start the same data directory again.
+    postgres: PathBuf,
+    run_as: RunAs,
 }
 
 impl PgCluster {
@@ -321,38 +324,84 @@ impl PgCluster {
         .map_err(io_fail("configuring the cluster", &conf))?;
         drop(f);
 
-        let log_path = socket_dir.join("server.log");
-        let log = File::create(&log_path).map_err(io_fail("creating the server log", &log_path))?;
+        let mut cluster = Self {
+            data,
+            socket_dir,
+            server: None,
+            root: Some(root),
+            postgres: binaries.postgres.clone(),
+            run_as,
+        };
+        if let Err(e) = cluster.launch() {
+            cluster.stop_quietly();
+            return Err(e);
+        }
+        Ok(cluster)
+    }
+
+    /// Starts the server on the data directory and waits until it accepts connections.
+    fn launch(&mut self) -> Result<(), StoreError> {
+        let log_path = self.socket_dir.join("server.log");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_fail("creating the server log", &log_path))?;
         let log_err = log
             .try_clone()
             .map_err(io_fail("creating the server log", &log_path))?;
         // The server runs in the foreground as our child (through runuser when we are root),
         // so it is reaped by us and ends with our process group.
-        let mut cmd = run_as.command(&binaries.postgres, &socket_dir);
+        let mut cmd = self.run_as.command(&self.postgres, &self.socket_dir);
         cmd.arg("-D")
-            .arg(&data)
+            .arg(&self.data)
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
         let server = cmd
             .spawn()
-            .map_err(io_fail("starting postgres", &binaries.postgres))?;
-        let mut cluster = Self {
-            data,
-            socket_dir,
-            server: Some(server),
-            root: Some(root),
-        };
-        if let Err(e) = cluster.wait_ready(Duration::from_secs(60)) {
+            .map_err(io_fail("starting postgres", &self.postgres))?;
+        self.server = Some(server);
+        if let Err(e) = self.wait_ready(Duration::from_secs(60)) {
             let log = fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             let detail = format!(
                 "{e}; server log: {}",
                 tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
             );
-            cluster.stop_quietly();
             return Err(fail("starting postgres", detail));
         }
-        Ok(cluster)
+        Ok(())
+    }
+
+    /// Stops the server now (immediate shutdown, as a crash would: every connection is cut)
+    /// but keeps its data directory and socket directory, so [`PgCluster::resume`] can start
+    /// it again at the same [`PgCluster::url`]. Stopping a stopped cluster does nothing.
+    pub fn pause(&mut self) -> Result<(), StoreError> {
+        self.stop_server()?;
+        // An immediate shutdown removes the pid file; a killed server leaves it behind, and
+        // its `ready` line must not be mistaken for the next server's.
+        let pid_file = self.data.join("postmaster.pid");
+        if pid_file.exists() {
+            fs::remove_file(&pid_file).map_err(io_fail("removing a stale pid file", &pid_file))?;
+        }
+        Ok(())
+    }
+
+    /// Starts a paused cluster again on the same data directory, at the same URL, and waits
+    /// until it accepts connections. Every database and row written before the pause is
+    /// there. Resuming a running cluster does nothing.
+    pub fn resume(&mut self) -> Result<(), StoreError> {
+        if self.is_running() {
+            return Ok(());
+        }
+        self.launch()
+    }
+
+    /// Whether the server process is running (not paused, not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.server
+            .as_mut()
+            .is_some_and(|s| matches!(s.try_wait(), Ok(None)))
     }
 
     /// Waits until the postmaster reports `ready` in its pid file (as `pg_ctl -w` does, but

@@ -32,6 +32,7 @@
 //!
 //! [`SessionStatus::can_become`]: ttlab_model::SessionStatus::can_become
 
+pub mod agent_tokens;
 pub mod collect_requests;
 pub mod ephemeral;
 mod error;
@@ -49,6 +50,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 
+pub use agent_tokens::AgentTokens;
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
 pub use error::StoreError;
 pub use locks::{CapacityGuard, LeaderLock, ProvisioningLock};
@@ -173,6 +175,11 @@ impl Store {
     /// Queries on the `sessions` table.
     pub fn sessions(&self) -> Sessions<'_> {
         Sessions::new(self)
+    }
+
+    /// Queries on the `agent_tokens` table (secrets: see [`agent_tokens`]).
+    pub fn agent_tokens(&self) -> AgentTokens<'_> {
+        AgentTokens::new(self)
     }
 
     /// Queries on the `reaper_cycles` table.
