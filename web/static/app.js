@@ -422,6 +422,7 @@ async function grade() {
 // The end
 
 function showEnded(view) {
+  notice(null);
   if (state.link) state.link.stop();
   state.link = null;
   if (state.ticking) clearInterval(state.ticking);

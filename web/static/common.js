@@ -164,9 +164,15 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-/** Shows (or with `null`, hides) the page-wide notice line. */
+let noticeTimer = null;
+
+/**
+ * Shows (or with `null`, hides) the page-wide notice line. Confirmations (`ok`) go away by
+ * themselves after a few seconds; warnings and errors stay until replaced.
+ */
 export function notice(text, kind = 'info') {
   const box = document.getElementById('notice');
+  clearTimeout(noticeTimer);
   if (!text) {
     box.hidden = true;
     return;
@@ -174,6 +180,7 @@ export function notice(text, kind = 'info') {
   box.textContent = text;
   box.className = `notice ${kind}`;
   box.hidden = false;
+  if (kind === 'ok') noticeTimer = setTimeout(() => { box.hidden = true; }, 6000);
 }
 
 /** Shows exactly one of the page's `<main>` views. */

@@ -1,0 +1,213 @@
+// The student and admin pages in headless Chromium against a running demo stack.
+// Started by web/tests/run.sh, which passes TTLAB_STUDENT_URL, TTLAB_ADMIN_URL (login links),
+// TTLAB_ARTIFACTS (screenshot directory) and TTLAB_CHROMIUM.
+
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+
+const studentUrl = process.env.TTLAB_STUDENT_URL;
+const adminUrl = process.env.TTLAB_ADMIN_URL;
+const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
+const executablePath = process.env.TTLAB_CHROMIUM || '/usr/bin/chromium';
+assert.ok(studentUrl && adminUrl, 'TTLAB_STUDENT_URL and TTLAB_ADMIN_URL are required');
+
+const FLAGS = [
+  '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync',
+];
+
+let shots = 0;
+async function shot(page, name, fullPage = false) {
+  shots += 1;
+  const file = path.join(artifacts, `${String(shots).padStart(2, '0')}-${name}.png`);
+  await page.screenshot({ path: file, fullPage });
+  return file;
+}
+
+/** Everything the terminal shows (its whole buffer), as text. */
+async function screenText(page) {
+  return page.evaluate(() => {
+    const term = window.ttlabTerminal;
+    if (!term) return '';
+    const buffer = term.buffer.active;
+    const lines = [];
+    for (let i = 0; i < buffer.length; i++) lines.push(buffer.getLine(i).translateToString(true));
+    return lines.join('\n');
+  });
+}
+
+async function waitForScreen(page, test, what, timeout = 30000) {
+  const until = Date.now() + timeout;
+  let text = '';
+  while (Date.now() < until) {
+    text = await screenText(page);
+    if (test(text)) return text;
+    await page.waitForTimeout(100);
+  }
+  throw new Error(`the terminal never showed ${what}; it shows:\n${text}`);
+}
+
+/** `m:ss` or `h:mm:ss` → seconds. */
+function seconds(text) {
+  return text.split(':').map(Number).reduce((acc, n) => acc * 60 + n, 0);
+}
+
+const results = [];
+async function step(name, fn) {
+  const started = Date.now();
+  try {
+    await fn();
+    results.push(`ok   ${name} (${Date.now() - started} ms)`);
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    results.push(`FAIL ${name}: ${e.message}`);
+    console.log(`FAIL ${name}\n${e.stack}`);
+    throw e;
+  }
+}
+
+const browser = await chromium.launch({ executablePath, args: FLAGS, headless: true });
+let failed = false;
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+
+  await step('the login link signs in and leaves no token in the address', async () => {
+    await page.goto(studentUrl);
+    await page.getByRole('heading', { name: 'Choose a lab' }).waitFor({ timeout: 15000 });
+    assert.ok(!page.url().includes('token='), `address still holds the token: ${page.url()}`);
+    const stored = await page.evaluate(() => sessionStorage.getItem('ttlab.token'));
+    assert.ok(stored && stored.length > 20, 'token kept in sessionStorage');
+    await shot(page, 'lessons');
+  });
+
+  const stagesSeen = new Set();
+  await step('Start lab shows the real stages until the lab is ready', async () => {
+    const buttons = page.locator('button[data-lesson]');
+    assert.ok(await buttons.count() > 0, 'at least one lesson');
+    const vmLesson = page.locator('button[data-lesson="systemd-basics"]');
+    await ((await vmLesson.count()) ? vmLesson : buttons.first()).click();
+    await page.locator('#view-starting').waitFor({ state: 'visible', timeout: 15000 });
+    let captured = false;
+    const until = Date.now() + 90000;
+    while (Date.now() < until) {
+      if (await page.locator('#view-lab').isVisible()) break;
+      const stage = await page.locator('#progress-bar').getAttribute('data-stage').catch(() => null);
+      if (stage) stagesSeen.add(stage);
+      if (!captured && stage && stage !== 'requested') {
+        await shot(page, 'progress');
+        captured = true;
+      }
+      await page.waitForTimeout(100);
+    }
+    assert.ok(await page.locator('#view-lab').isVisible(), `never ready; stages seen: ${[...stagesSeen]}`);
+    assert.ok(stagesSeen.size >= 2, `the bar moved through stages: ${[...stagesSeen]}`);
+  });
+
+  let host = '';
+  await step('the terminal shows the autologin prompt', async () => {
+    const text = await waitForScreen(page, (t) => /root@[\w.-]+:~# /.test(t), 'a root prompt');
+    assert.match(text, /login: root \(automatic login\)/);
+    host = text.match(/root@([\w.-]+):~# /)[1];
+    await page.locator('#conn.ok').waitFor({ timeout: 5000 });
+    await shot(page, 'terminal');
+  });
+
+  await step('typing hostname and Enter shows the answer', async () => {
+    await page.locator('#terminal').click();
+    await page.keyboard.type('hostname');
+    await page.keyboard.press('Enter');
+    await waitForScreen(page, (t) => t.includes(`hostname\n${host}\nroot@${host}:~# `), `the hostname ${host}`);
+    await shot(page, 'hostname');
+  });
+
+  await step('the countdown moves and warns at 5 minutes left', async () => {
+    const first = seconds(await page.locator('#countdown').innerText());
+    await page.waitForTimeout(2200);
+    const second = seconds(await page.locator('#countdown').innerText());
+    assert.ok(first > 0 && second < first && first - second <= 3, `countdown ${first} → ${second}`);
+    // The demo's lifespan is 5 minutes: the warning is up from the start.
+    await page.locator('#lab-banner', { hasText: 'Only 5 minutes left' }).waitFor({ timeout: 5000 });
+    await shot(page, 'warning');
+  });
+
+  await step('Extend moves the expiry and counts the extension', async () => {
+    const before = seconds(await page.locator('#countdown').innerText());
+    const leftBefore = await page.locator('#extend-reason').innerText();
+    await page.waitForTimeout(3000);
+    await page.locator('#extend').click();
+    await page.locator('#notice', { hasText: 'Extended' }).waitFor({ timeout: 10000 });
+    const after = seconds(await page.locator('#countdown').innerText());
+    assert.ok(after > before - 3 && after >= 295, `countdown after extending: ${before} → ${after}`);
+    const leftAfter = await page.locator('#extend-reason').innerText();
+    assert.notEqual(leftAfter, leftBefore, 'extensions left went down');
+    await shot(page, 'extended');
+  });
+
+  await step('a second tab takes the console; the first says so and can take it back', async () => {
+    const other = await context.newPage();
+    await other.goto(studentUrl);
+    await other.locator('#view-lab').waitFor({ state: 'visible', timeout: 15000 });
+    await other.locator('#conn.ok').waitFor({ timeout: 15000 });
+    await page.locator('#lab-banner', { hasText: 'open in another tab' }).waitFor({ timeout: 10000 });
+    await waitForScreen(page, (t) => t.includes('opened in another tab'), 'the replaced notice');
+    await shot(page, 'replaced');
+    await page.getByRole('button', { name: 'Use it here' }).click();
+    await page.locator('#conn.ok').waitFor({ timeout: 10000 });
+    await other.locator('#lab-banner', { hasText: 'open in another tab' }).waitFor({ timeout: 10000 });
+    await other.close();
+    await page.locator('#terminal').click();
+    await page.keyboard.type('whoami');
+    await page.keyboard.press('Enter');
+    await waitForScreen(page, (t) => t.includes('whoami\nroot\n'), 'whoami → root');
+  });
+
+  await step('Check my work shows per-step results', async () => {
+    await page.locator('#grade').click();
+    const dialog = page.locator('#grade-dialog');
+    await dialog.waitFor({ state: 'visible', timeout: 30000 });
+    assert.match(await page.locator('#grade-summary').innerText(), /\d+ of \d+ checks passed/);
+    assert.ok(await dialog.locator('.step').count() > 0, 'at least one step listed');
+    await shot(page, 'grade');
+    await dialog.getByRole('button', { name: 'Close' }).click();
+  });
+
+  await step('Finish ends the lab', async () => {
+    page.once('dialog', (d) => d.accept());
+    await page.locator('#finish').click();
+    await page.locator('#view-ended').waitFor({ state: 'visible', timeout: 15000 });
+    await page.getByRole('heading', { name: 'Lab finished' }).waitFor({ timeout: 30000 });
+    await shot(page, 'finished');
+  });
+
+  await step('admin: capacity, cycles, sessions, and Collect now shows its report', async () => {
+    const admin = await context.newPage();
+    await admin.goto(adminUrl);
+    await admin.locator('#capacity .stat').first().waitFor({ timeout: 15000 });
+    assert.ok(!admin.url().includes('token='), 'admin token removed from the address');
+    await admin.locator('#collect').click();
+    await admin.locator('#collect-report h3', { hasText: 'Cycle #' }).waitFor({ timeout: 40000 });
+    const report = await admin.locator('#collect-report').innerText();
+    assert.match(report, /Expired sessions reclaimed: \d+/);
+    await admin.locator('#cycles tbody tr td', { hasText: 'collect' }).first().waitFor({ timeout: 10000 });
+    await shot(admin, 'admin-collect', true);
+    await admin.close();
+  });
+
+  await step('the pages logged no errors', async () => {
+    // A refused WebSocket or a closed stream is logged by Chromium as a network error; the
+    // pages themselves must not throw.
+    const thrown = consoleErrors.filter((e) => !/WebSocket|net::|Failed to load resource/.test(e));
+    assert.deepEqual(thrown, []);
+  });
+} catch (e) {
+  failed = true;
+} finally {
+  await browser.close();
+}
+console.log(`\n${results.join('\n')}\nscreenshots: ${shots} in ${artifacts}`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Browser tests of the student and admin pages: headless Chromium (Debian's `chromium`, driven
+# by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim, ttlab-server, ttlab-reaper).
+#
+#   web/tests/run.sh            # from anywhere in the checkout
+#
+# Installs what is missing (Chromium through apt when run as root, the npm packages with
+# `npm ci`), builds the binaries, starts the demo on a free loopback port, runs the tests and
+# stops the demo. Screenshots go to artifacts/browser/ (override with TTLAB_ARTIFACTS).
+# Exits 0 with a clear SKIPPED line when Chromium cannot be had on this machine.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+web="$root/web"
+artifacts="${TTLAB_ARTIFACTS:-$root/artifacts/browser}"
+chromium="${TTLAB_CHROMIUM:-/usr/bin/chromium}"
+
+say() { printf 'browser tests: %s\n' "$*"; }
+
+# Chromium
+if [ ! -x "$chromium" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Chromium (apt-get install chromium)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+      say "SKIPPED: Chromium could not be installed (apt-get failed)"
+      exit 0
+    fi
+  fi
+fi
+if [ ! -x "$chromium" ]; then
+  say "SKIPPED: no Chromium at $chromium (install Debian's 'chromium' package, or set TTLAB_CHROMIUM)"
+  exit 0
+fi
+
+# Node packages (xterm for the pages, playwright-core for the tests)
+if ! command -v npm >/dev/null 2>&1; then
+  say "SKIPPED: npm is not installed"
+  exit 0
+fi
+if [ ! -d "$web/node_modules/playwright-core" ] || [ ! -d "$web/node_modules/@xterm/xterm" ]; then
+  say "npm ci in web/"
+  (cd "$web" && npm ci --no-audit --no-fund >/dev/null)
+fi
+
+# Binaries
+say "building ttlabctl, ttlab-server, ttlab-reaper, ttlab-agent"
+(cd "$root" && cargo build -q -p ttlab-ttlabctl-bin -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin)
+
+# The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once.
+log="$(mktemp -d)"
+demo_pid=""
+stop_demo() {
+  if [ -n "$demo_pid" ] && kill -0 "$demo_pid" 2>/dev/null; then
+    kill -TERM "$demo_pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+  rm -rf "$log"
+}
+trap stop_demo EXIT
+
+say "starting ttlabctl demo"
+TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+  "$root/target/debug/ttlabctl" demo --port 0 >"$log/out" 2>"$log/err" &
+demo_pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^ttlab demo ready:' "$log/out" 2>/dev/null && break
+  if ! kill -0 "$demo_pid" 2>/dev/null; then
+    say "FAILED: the demo stopped while starting:"
+    tail -n 30 "$log/err" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+if ! grep -q '^ttlab demo ready:' "$log/out"; then
+  say "FAILED: the demo did not start within 120 s:"
+  tail -n 30 "$log/err" >&2
+  exit 1
+fi
+student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+admin="$(sed -n 's/^ *admin: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+say "demo at ${student%%\?*}"
+
+mkdir -p "$artifacts"
+status=0
+TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_ARTIFACTS="$artifacts" \
+  TTLAB_CHROMIUM="$chromium" node "$web/tests/browser.mjs" || status=$?
+if [ "$status" != 0 ]; then
+  say "server and reaper log (last 40 lines):"
+  tail -n 40 "$log/err" >&2
+fi
+say "screenshots in $artifacts"
+exit "$status"
