@@ -5,9 +5,11 @@
 use std::io::Read as _;
 use std::net::Ipv4Addr;
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::Value;
+use tokio::sync::oneshot;
 
 /// What applying a cloud-config produced.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -126,8 +128,25 @@ fn decode_content(content: &str, encoding: &str) -> Result<Vec<u8>, String> {
     }
 }
 
+/// Where the simulated guest writes its agent's standard error and output: the guest's
+/// `/var/log/ttlab-agent.log`.
+pub(crate) fn agent_log(root: &Path) -> PathBuf {
+    root.join("var/log/ttlab-agent.log")
+}
+
+/// How long the guest waits for the agent's listening line before it goes on without it.
+pub(crate) const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A started agent: the process, and the line it prints once listening (the bound address),
+/// or the end of its output if it dies first.
+pub(crate) struct StartedAgent {
+    pub child: tokio::process::Child,
+    pub listening: oneshot::Receiver<String>,
+}
+
 /// Starts the agent binary found in the guest payload, if there is one and it is executable.
-pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<tokio::process::Child> {
+/// Its standard error and output go to [`agent_log`].
+pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<StartedAgent> {
     let bin = guest_path(root, ttlab_agent::protocol::BINARY_PATH).ok()?;
     let meta = std::fs::metadata(&bin).ok()?;
     {
@@ -137,9 +156,19 @@ pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<tokio:
             return None;
         }
     }
-    let log_dir = root.join("var/log");
-    let _ = std::fs::create_dir_all(&log_dir);
-    let log = std::fs::File::create(log_dir.join("ttlab-agent.log")).ok();
+    let log_path = agent_log(root);
+    if let Some(dir) = log_path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    // Truncated once, then appended to by both streams (so neither overwrites the other).
+    let _ = std::fs::File::create(&log_path);
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .ok()
+    };
     let mut cmd = tokio::process::Command::new(&bin);
     cmd.arg("--root")
         .arg(root)
@@ -147,30 +176,40 @@ pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<tokio:
         .arg(format!("{ip}:{port}"))
         .current_dir(root)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .kill_on_drop(true);
-    match log.as_ref().and_then(|l| l.try_clone().ok()) {
-        Some(l) => {
-            cmd.stdout(l);
-        }
-        None => {
-            cmd.stdout(std::process::Stdio::null());
-        }
-    }
-    match log {
-        Some(l) => {
-            cmd.stderr(l);
-        }
-        None => {
-            cmd.stderr(std::process::Stdio::null());
-        }
-    }
-    match cmd.spawn() {
-        Ok(child) => Some(child),
+    match open() {
+        Some(l) => cmd.stderr(l),
+        None => cmd.stderr(std::process::Stdio::null()),
+    };
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
         Err(e) => {
             tracing::warn!(path = %bin.display(), error = %e, "guest agent did not start");
-            None
+            return None;
         }
+    };
+    let (tx, listening) = oneshot::channel();
+    if let Some(stdout) = child.stdout.take() {
+        let log = open();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let mut log = log.map(tokio::fs::File::from_std);
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.strip_prefix(ttlab_agent::protocol::LISTENING_PREFIX)
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+                if let Some(l) = log.as_mut() {
+                    let _ = l.write_all(format!("{line}\n").as_bytes()).await;
+                }
+            }
+        });
     }
+    Some(StartedAgent { child, listening })
 }
 
 /// Writes the readiness marker (or the failure marker with `reason`).

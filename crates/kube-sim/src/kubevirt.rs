@@ -39,6 +39,8 @@ pub(crate) struct GuestInfo {
     pub dir: PathBuf,
     /// Its loopback address.
     pub ip: Ipv4Addr,
+    /// The agent process, while it runs.
+    pub agent_pid: Option<u32>,
 }
 
 struct GuestSlot {
@@ -53,6 +55,8 @@ pub(crate) struct Runtime {
     guests: Mutex<HashMap<(String, String), GuestSlot>>,
     /// VMs (by uid) whose guest powered off under RerunOnFailure, or that ran under Once.
     stay_off: Mutex<HashSet<String>>,
+    /// Agent processes by VMI uid.
+    agents: Mutex<HashMap<String, tokio::process::Child>>,
     next_ip: AtomicU32,
     second_octet: u8,
     stop: tokio_util::sync::CancellationToken,
@@ -63,7 +67,8 @@ impl Runtime {
         Self {
             guests: Mutex::new(HashMap::new()),
             stay_off: Mutex::new(HashSet::new()),
-            next_ip: AtomicU32::new(0),
+            agents: Mutex::new(HashMap::new()),
+            next_ip: AtomicU32::new(random_start()),
             second_octet,
             stop: tokio_util::sync::CancellationToken::new(),
         }
@@ -92,13 +97,61 @@ impl Runtime {
         self.stop.cancel();
     }
 
-    fn allocate_ip(&self) -> Ipv4Addr {
-        // 127.<octet>.x.y with y in 1..=254: 65,024 distinct addresses before reuse.
-        let n = self.next_ip.fetch_add(1, Ordering::Relaxed) % (254 * 256);
-        let hi = (n / 254) as u8;
-        let lo = (n % 254) as u8 + 1;
-        Ipv4Addr::new(127, self.second_octet, hi, lo)
+    fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::process::Child>> {
+        self.agents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Kills the agent of the VMI `uid` (if it has one) and waits for it to exit.
+    async fn kill_agent(&self, uid: &str) {
+        let child = self.agents().remove(uid);
+        if let Some(mut c) = child {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// Kills every agent and waits for each to exit.
+    pub(crate) async fn kill_all_agents(&self) {
+        let children: Vec<_> = self.agents().drain().map(|(_, c)| c).collect();
+        for mut c in children {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// Sends every agent SIGKILL without waiting (for `Drop`, which cannot await); the
+    /// runtime reaps them.
+    pub(crate) fn kill_all_agents_now(&self) {
+        for (_, mut c) in self.agents().drain() {
+            let _ = c.start_kill();
+            let _ = c.try_wait();
+        }
+    }
+
+    /// The next guest address whose agent port is free. Addresses are `127.<octet>.x.y` with
+    /// `y` in 1..=254 (65,024 before reuse), counted from a random start, and one whose port
+    /// is taken (by another simulator in this or another process) is skipped, so concurrent
+    /// simulators do not hand out the same agent address.
+    fn allocate_ip(&self, port: u16) -> Ipv4Addr {
+        const SPAN: u32 = 254 * 256;
+        let mut ip = Ipv4Addr::LOCALHOST;
+        for _ in 0..256 {
+            let n = self.next_ip.fetch_add(1, Ordering::Relaxed) % SPAN;
+            let hi = (n / 254) as u8;
+            let lo = (n % 254) as u8 + 1;
+            ip = Ipv4Addr::new(127, self.second_octet, hi, lo);
+            if std::net::TcpListener::bind((ip, port)).is_ok() {
+                break;
+            }
+        }
+        ip
+    }
+}
+
+/// A random starting point in the guest address range.
+fn random_start() -> u32 {
+    let b = uuid::Uuid::new_v4().into_bytes();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) % (254 * 256)
 }
 
 pub(crate) fn end_guest(sim: &Sim, ns: &str, name: &str, how: GuestEnd) -> Result<(), Error> {
@@ -569,7 +622,7 @@ fn spawn_vmi(sim: Arc<Sim>, ns: String, name: String, uid: String) {
     {
         return;
     }
-    let ip = sim.kubevirt.allocate_ip();
+    let ip = sim.kubevirt.allocate_ip(sim.config.agent_port);
     guests.insert(
         (ns.clone(), name.clone()),
         GuestSlot {
@@ -577,6 +630,7 @@ fn spawn_vmi(sim: Arc<Sim>, ns: String, name: String, uid: String) {
             info: GuestInfo {
                 dir: dir.clone(),
                 ip,
+                agent_pid: None,
             },
             end: end_tx,
             running: false,
@@ -618,7 +672,7 @@ async fn run_vmi(
             return;
         };
         if is_deleting(&vmi) {
-            finish_deletion(sim, ns, name, uid, None).await;
+            finish_deletion(sim, ns, name, uid).await;
             return;
         }
         let blocked = {
@@ -656,7 +710,7 @@ async fn run_vmi(
             return;
         };
         if is_deleting(&vmi) {
-            finish_deletion(sim, ns, name, uid, None).await;
+            finish_deletion(sim, ns, name, uid).await;
             return;
         }
         let mut store = sim.store();
@@ -681,7 +735,7 @@ async fn run_vmi(
         return;
     };
     if is_deleting(&vmi) {
-        finish_deletion(sim, ns, name, uid, None).await;
+        finish_deletion(sim, ns, name, uid).await;
         return;
     }
     let _ = std::fs::create_dir_all(&dir);
@@ -717,11 +771,10 @@ async fn run_vmi(
             }
         }
     }
-    let mut agent = if cloud_init_ok {
-        crate::guest::start_agent(&dir, ip, sim.config.agent_port)
-    } else {
-        None
-    };
+    if cloud_init_ok && !start_agent(sim, ns, name, uid, &dir, ip).await {
+        sim.kubevirt.kill_agent(uid).await;
+        return;
+    }
     sim.consoles.boot(ns, name, uid, &hostname);
     {
         let mut store = sim.store();
@@ -786,11 +839,11 @@ async fn run_vmi(
             break Some(how);
         }
         tokio::select! {
-            ok = changed(sim, &mut rx) => if !ok { kill(&mut agent).await; return },
-            r = end_rx.changed() => if r.is_err() { kill(&mut agent).await; return },
+            ok = changed(sim, &mut rx) => if !ok { sim.kubevirt.kill_agent(uid).await; return },
+            r = end_rx.changed() => if r.is_err() { sim.kubevirt.kill_agent(uid).await; return },
         }
         if *sim.paused.borrow() && !unpaused(sim).await {
-            kill(&mut agent).await;
+            sim.kubevirt.kill_agent(uid).await;
             return;
         }
     };
@@ -804,9 +857,9 @@ async fn run_vmi(
     }
     sim.consoles.end(ns, name);
     match end {
-        None => finish_deletion(sim, ns, name, uid, agent).await,
+        None => finish_deletion(sim, ns, name, uid).await,
         Some(how) => {
-            kill(&mut agent).await;
+            sim.kubevirt.kill_agent(uid).await;
             let phase = match how {
                 GuestEnd::PowerOff => "Succeeded",
                 GuestEnd::Crash => "Failed",
@@ -839,28 +892,54 @@ async fn run_vmi(
                     return;
                 }
             }
-            finish_deletion(sim, ns, name, uid, None).await;
+            finish_deletion(sim, ns, name, uid).await;
         }
     }
 }
 
-async fn kill(agent: &mut Option<tokio::process::Child>) {
-    if let Some(mut c) = agent.take() {
-        let _ = c.kill().await;
-    }
-}
-
-/// The guest shuts down within its grace, then the VMI's finalizer goes (and with the VMI,
-/// through garbage collection, its launcher pod).
-async fn finish_deletion(
+/// Starts the guest's agent and waits (at most [`crate::guest::AGENT_START_TIMEOUT`]) for its
+/// listening line, so that a Running VMI has its agent answering. A guest without an agent,
+/// or whose agent dies or stays silent, runs on without one (see the agent log). False if the
+/// simulation stops meanwhile.
+async fn start_agent(
     sim: &Arc<Sim>,
     ns: &str,
     name: &str,
     uid: &str,
-    mut agent: Option<tokio::process::Child>,
-) {
+    dir: &std::path::Path,
+    ip: Ipv4Addr,
+) -> bool {
+    let Some(started) = crate::guest::start_agent(dir, ip, sim.config.agent_port) else {
+        return true;
+    };
+    let pid = started.child.id();
+    sim.kubevirt.agents().insert(uid.to_owned(), started.child);
+    if let Some(g) = sim
+        .kubevirt
+        .guests()
+        .get_mut(&(ns.to_owned(), name.to_owned()))
+        && g.uid == uid
+    {
+        g.info.agent_pid = pid;
+    }
+    let log = crate::guest::agent_log(dir);
+    tokio::select! {
+        r = tokio::time::timeout(crate::guest::AGENT_START_TIMEOUT, started.listening) => match r {
+            Ok(Ok(addr)) => tracing::debug!(vmi = name, %addr, "guest agent listening"),
+            Ok(Err(_)) => tracing::warn!(vmi = name, log = %log.display(), "guest agent exited before listening"),
+            Err(_) => tracing::warn!(vmi = name, log = %log.display(), "guest agent not listening after {:?}", crate::guest::AGENT_START_TIMEOUT),
+        },
+        () = sim.shutdown.cancelled() => return false,
+        () = sim.kubevirt.stop.cancelled() => return false,
+    }
+    true
+}
+
+/// The guest shuts down within its grace, then the VMI's finalizer goes (and with the VMI,
+/// through garbage collection, its launcher pod).
+async fn finish_deletion(sim: &Arc<Sim>, ns: &str, name: &str, uid: &str) {
     let _ = wait(sim, sim.config.timings.stop).await;
-    kill(&mut agent).await;
+    sim.kubevirt.kill_agent(uid).await;
     if current(sim, ns, name, uid).is_some() {
         sim.store().remove_finalizer(VMIS, ns, name, VMI_FINALIZER);
     }

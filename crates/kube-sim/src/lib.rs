@@ -429,6 +429,23 @@ impl KubeSim {
         self.sim.kubevirt.guest(namespace, name).map(|g| g.ip)
     }
 
+    /// The process id of the guest's agent (the real `ttlab-agent` started from its
+    /// cloud-init), if one was started. The process is killed (and reaped) when the VMI ends,
+    /// and at [`KubeSim::shutdown`] or drop.
+    pub fn agent_pid(&self, namespace: &str, name: &str) -> Option<u32> {
+        self.sim
+            .kubevirt
+            .guest(namespace, name)
+            .and_then(|g| g.agent_pid)
+    }
+
+    /// The guest agent's log: its standard error and output (`/var/log/ttlab-agent.log` in the
+    /// guest directory). Look here when an agent does not answer.
+    pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        self.guest_dir(namespace, name)
+            .map(|d| guest::agent_log(&d))
+    }
+
     /// Sets what the guest setup does for a lesson (for VMIs started from now on).
     pub fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
         self.sim
@@ -481,10 +498,12 @@ impl KubeSim {
         self.sim.shutdown.cancel();
     }
 
-    /// Stops the server and the simulation, and waits for the server to finish.
+    /// Stops the server and the simulation, kills every guest agent and waits for each to
+    /// exit, and waits for the server to finish.
     pub async fn shutdown(mut self) {
         self.sim.shutdown.cancel();
         self.sim.kubevirt.stop_all();
+        self.sim.kubevirt.kill_all_agents().await;
         if let Some(s) = self.server.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }
@@ -495,6 +514,7 @@ impl Drop for KubeSim {
     fn drop(&mut self) {
         self.sim.shutdown.cancel();
         self.sim.kubevirt.stop_all();
+        self.sim.kubevirt.kill_all_agents_now();
     }
 }
 
