@@ -16,18 +16,18 @@
 ARG RUST_VERSION=1.95
 
 # The pages' one runtime dependency, xterm.js (and its fit addon), from npm at the versions
-# pinned in web/package-lock.json; laid out as the pages load it (/vendor/xterm/...).
+# pinned in web/package-lock.json. The server serves TTLAB_WEB_DIR's pages, static/, and
+# /vendor/{xterm,addon-fit} from its node_modules/@xterm/ (crates/api/src/web.rs).
 FROM docker.io/library/node:22-bookworm-slim AS web
 WORKDIR /web
 COPY web/package.json web/package-lock.json ./
 RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 COPY web/ ./
 RUN set -eux; \
-    mkdir -p /out/vendor; \
+    mkdir -p /out/node_modules/@xterm; \
     cp index.html admin.html /out/; \
     cp -r static /out/static; \
-    cp -r node_modules/@xterm/xterm /out/vendor/xterm; \
-    cp -r node_modules/@xterm/addon-fit /out/vendor/addon-fit
+    cp -r node_modules/@xterm/xterm node_modules/@xterm/addon-fit /out/node_modules/@xterm/
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
