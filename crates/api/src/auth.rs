@@ -131,34 +131,6 @@ impl AuthConfig {
         mint_token(&self.secret, user, role, now_unix, ttl)
     }
 
-    /// The bearer token of the guest agent of `node` in `session`: HMAC-SHA256 of the
-    /// session and node under the server secret, 256 bits, different for every VM. Derived
-    /// rather than stored, so every replica (and a restarted server) can reach the agents of
-    /// sessions it did not start; a student who reads their own VM's token learns nothing
-    /// about any other.
-    pub fn agent_token(
-        &self,
-        session: ttlab_model::SessionId,
-        node: &ttlab_model::NodeName,
-    ) -> Result<ttlab_agent::protocol::AgentToken, ApiError> {
-        use base64::Engine as _;
-        let message = format!("ttlab-agent-token\0{session}\0{node}");
-        let mac = jsonwebtoken::crypto::sign(
-            message.as_bytes(),
-            &EncodingKey::from_secret(&self.secret.0)
-                .map_err(|e| ApiError::Internal(format!("the signing key: {e}")))?,
-            Algorithm::HS256,
-        )
-        .map_err(|e| ApiError::Internal(format!("deriving an agent token: {e}")))?;
-        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(mac)
-            .map_err(|e| ApiError::Internal(format!("deriving an agent token: {e}")))?;
-        let bytes: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| ApiError::Internal("an HMAC-SHA256 is not 32 bytes".into()))?;
-        Ok(ttlab_agent::protocol::AgentToken::from_random_bytes(bytes))
-    }
-
     /// Checks a bearer token and returns who it names.
     pub fn verify(&self, token: &str) -> Result<CurrentUser, ApiError> {
         let mut validation = Validation::new(Algorithm::HS256);

@@ -270,7 +270,7 @@ async fn grade(
             .vmi_ip(&vm.name)
             .await?
             .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
-        let token = state.config().auth.agent_token(s.id, &step.node)?;
+        let token = crate::saga::agent_token(&state, s.id, &step.node).await?;
         let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
             .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
         let out = client

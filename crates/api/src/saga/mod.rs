@@ -11,6 +11,7 @@
 mod disk;
 mod open;
 mod pod;
+mod tokens;
 mod vm;
 
 use std::future::Future;
@@ -23,6 +24,7 @@ use ttlab_store::{Session, StoreError};
 use crate::{ApiError, AppState};
 
 pub use open::open_session;
+pub(crate) use tokens::stored as agent_token;
 
 /// How long a provisioning step retries a database that went away before giving up.
 const DB_RETRY_FOR: Duration = Duration::from_secs(120);

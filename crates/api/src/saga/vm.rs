@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::try_join_all;
 use ttlab_agent::AgentClient;
+use ttlab_agent::protocol::AgentToken;
 use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
 use ttlab_cluster::{ClusterError, Created};
 use ttlab_lesson::Lesson;
@@ -92,10 +93,25 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     };
     let power_off_at = lifespan.hard_deadline(&state.config().policy);
 
+    // ③ a fresh agent token per VM, stored before any Secret carries it.
+    let tokens: Vec<AgentToken> = nodes
+        .iter()
+        .map(|_| super::tokens::fresh())
+        .collect::<Result<_, _>>()
+        .map_err(|e| Stop::Failed(e.to_string()))?;
+    let pairs: Vec<(NodeName, &str)> = nodes
+        .iter()
+        .cloned()
+        .zip(tokens.iter().map(AgentToken::reveal))
+        .collect();
+    if !with_db(|| async { store.agent_tokens().put(session.id, &pairs).await }).await? {
+        return Err(Stop::Superseded);
+    }
+
     // ③ + ⑤: each VM, then its Secret owned by it; the representative (first) VM owns the
     // other VMs, the Service and the NetworkPolicy.
     let mut representative: Option<Created> = None;
-    for (vm, node) in manifests.vms.into_iter().zip(&nodes) {
+    for ((vm, node), token) in manifests.vms.into_iter().zip(&nodes).zip(&tokens) {
         let mut vm = vm;
         if let Some(rep) = &representative {
             vm.metadata.owner_references = Some(vec![rep.owner_reference()]);
@@ -118,7 +134,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
             observe_stage(state, session, "vm_created").await;
         }
         ensure_starting(state, session).await?;
-        let secret = user_data_secret(state, session, &lesson, node, power_off_at)?;
+        let secret = user_data_secret(state, session, &lesson, node, token, power_off_at)?;
         state
             .cluster()
             .create_secret(secret.to_secret(Some(created.owner_reference())))
@@ -173,23 +189,26 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     // ⑧: the agent's readiness marker on every node, within the setup timeout.
     let setup = lesson.setup_timeout;
     let agent_up = std::sync::atomic::AtomicBool::new(false);
-    try_join_all(vms.iter().zip(running).map(|(v, vmi)| {
-        let agent_up = &agent_up;
-        async move {
-            let ip = match vmi.ip {
-                Some(ip) => ip,
-                None => wait_ip(state, &v.name, setup).await?,
-            };
-            let token = state
-                .config()
-                .auth
-                .agent_token(session.id, &v.node)
-                .map_err(|e| Stop::Failed(e.to_string()))?;
-            let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
-                .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
-            wait_agent(state, session, &client, setup, agent_up).await
-        }
-    }))
+    try_join_all(
+        vms.iter()
+            .zip(running)
+            .zip(&tokens)
+            .map(|((v, vmi), token)| {
+                let agent_up = &agent_up;
+                async move {
+                    let ip = match vmi.ip {
+                        Some(ip) => ip,
+                        None => wait_ip(state, &v.name, setup).await?,
+                    };
+                    let client = AgentClient::new(
+                        SocketAddr::new(ip, state.config().agent_port),
+                        token.clone(),
+                    )
+                    .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+                    wait_agent(state, session, &client, setup, agent_up).await
+                }
+            }),
+    )
     .await?;
 
     match with_db(|| async { store.sessions().mark_running(session.id, None).await }).await? {
@@ -206,18 +225,14 @@ fn user_data_secret(
     session: &Session,
     lesson: &Lesson,
     node: &NodeName,
+    token: &AgentToken,
     power_off_at: DateTime<Utc>,
 ) -> Result<UserDataSecret, Stop> {
-    let token = state
-        .config()
-        .auth
-        .agent_token(session.id, node)
-        .map_err(|e| Stop::Failed(e.to_string()))?;
     let user_data = render_user_data(&UserDataInput {
         lesson,
         node,
         agent: &state.config().agent,
-        token: &token,
+        token,
         power_off_at,
     })
     .map_err(|e| Stop::Failed(format!("cannot render cloud-init: {e}")))?;
