@@ -162,22 +162,35 @@ async fn open_listener(ctx: &ReaperContext) -> Option<Listener> {
 }
 
 /// When the next deadline (expiry or readiness) of the environment comes due, as an instant
-/// of the local monotonic clock computed from the database clock.
-async fn next_wakeup(ctx: &ReaperContext) -> Option<Instant> {
+/// of the local monotonic clock computed from the database clock. A deadline already past
+/// (it came due while the last cycle ran) wakes at once, but the same past deadline seen
+/// again (a row the last cycle could not even move to `finishing`) waits [`MIN_PAUSE`], so a
+/// failing database is not hammered.
+async fn next_wakeup(
+    ctx: &ReaperContext,
+    last_past: &mut Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<Instant> {
     let sessions = ctx.store.sessions();
     let deadline = sessions.next_deadline(&ctx.env).await.ok()??;
     let now = ctx.store.db_now().await.ok()?;
-    let wait = deadline
-        .signed_duration_since(now)
-        .to_std()
-        .map(|d| d + DEADLINE_SLACK)
-        .unwrap_or(MIN_PAUSE);
-    Some(Instant::now() + wait.max(DEADLINE_SLACK))
+    let wait = match deadline.signed_duration_since(now).to_std() {
+        Ok(ahead) => {
+            *last_past = None;
+            ahead + DEADLINE_SLACK
+        }
+        Err(_) if *last_past == Some(deadline) => MIN_PAUSE,
+        Err(_) => {
+            *last_past = Some(deadline);
+            DEADLINE_SLACK
+        }
+    };
+    Some(Instant::now() + wait)
 }
 
 async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: &Metrics) {
     let mut listener = open_listener(ctx).await;
     let mut trigger = CycleTrigger::Startup;
+    let mut last_past = None;
     loop {
         if ctx.shutdown.is_cancelled() {
             return;
@@ -204,7 +217,7 @@ async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics
 
         // Wait for the next reason to run.
         let sweep_at = Instant::now() + interval;
-        let mut deadline = next_wakeup(ctx).await;
+        let mut deadline = next_wakeup(ctx, &mut last_past).await;
         trigger = loop {
             let wake_at = deadline.map_or(sweep_at, |d| d.min(sweep_at));
             let by_deadline = deadline.is_some_and(|d| d < sweep_at);
@@ -234,7 +247,7 @@ async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics
                         if collect {
                             break CycleTrigger::Collect;
                         }
-                        deadline = next_wakeup(ctx).await;
+                        deadline = next_wakeup(ctx, &mut last_past).await;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "notification connection lost; reopening");
