@@ -187,6 +187,12 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         return crate::exec::handle(sim, req, ns, name).await;
     }
     let arrived = Instant::now();
+    let user = req
+        .headers()
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let user = user.as_deref();
     let target = match parse_target(&path) {
         Some(Ok(t)) => t,
         Some(Err(e)) => return error_response(&e),
@@ -252,7 +258,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
             if let Some(n) = &target.name {
                 e = e.with_details(rt.group, rt.plural, n);
             }
-            sim.faults.record(arrived, &key, status);
+            sim.faults.record_as(arrived, &key, user, status);
             let mut r = error_response(&e);
             if status == 429 || status == 503 {
                 r.headers_mut()
@@ -261,7 +267,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
             return r;
         }
         Some(FaultAction::Hang) => {
-            sim.faults.record(arrived, &key, 0);
+            sim.faults.record_as(arrived, &key, user, 0);
             sim.shutdown.cancelled().await;
             return error_response(&ApiError::new(
                 503,
@@ -285,7 +291,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
                 "RequestEntityTooLarge",
                 format!("Request entity too large: limit is {MAX_BODY}"),
             );
-            sim.faults.record(arrived, &key, 413);
+            sim.faults.record_as(arrived, &key, user, 413);
             return error_response(&e);
         }
     };
@@ -310,7 +316,8 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => error_response(&e),
     };
-    sim.faults.record(arrived, &key, response.status().as_u16());
+    sim.faults
+        .record_as(arrived, &key, user, response.status().as_u16());
     response
 }
 

@@ -201,6 +201,10 @@ pub struct CallRecord {
     pub name: Option<String>,
     /// HTTP status of the answer (0 for a call left hanging).
     pub status: u16,
+    /// The user the call acted as: its `Impersonate-User` header (kubeconfig `as:`). kube-sim
+    /// has no authentication, so this is how callers sharing one sim are told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 struct State {
@@ -327,6 +331,11 @@ impl Faults {
 
     /// Records an answered call that arrived at `arrived`.
     pub fn record(&self, arrived: Instant, call: &CallKey<'_>, status: u16) {
+        self.record_as(arrived, call, None, status);
+    }
+
+    /// Records an answered call that arrived at `arrived`, made as `user`.
+    pub fn record_as(&self, arrived: Instant, call: &CallKey<'_>, user: Option<&str>, status: u16) {
         let offset = arrived.duration_since(self.started);
         let at =
             chrono::Utc::now() - chrono::Duration::from_std(arrived.elapsed()).unwrap_or_default();
@@ -345,6 +354,7 @@ impl Faults {
             namespace: call.namespace.map(str::to_owned),
             name: call.name.map(str::to_owned),
             status,
+            user: user.map(str::to_owned),
         });
     }
 

@@ -382,9 +382,23 @@ impl KubeSim {
 
     /// Writes [`KubeSim::kubeconfig_yaml`] to `path`.
     pub fn write_kubeconfig(&self, path: &Path, namespace: &str) -> Result<(), Error> {
-        std::fs::write(path, self.kubeconfig_yaml(namespace)).map_err(|source| Error::Write {
-            path: path.to_path_buf(),
-            source,
+        self.write_kubeconfig_as(path, namespace, None)
+    }
+
+    /// Writes a kubeconfig like [`KubeSim::write_kubeconfig`] whose calls act as `user` (the
+    /// kubeconfig's `as:`, sent as `Impersonate-User`), so that the call record
+    /// ([`CallRecord::user`]) tells apart the processes sharing this sim.
+    pub fn write_kubeconfig_as(
+        &self,
+        path: &Path,
+        namespace: &str,
+        user: Option<&str>,
+    ) -> Result<(), Error> {
+        std::fs::write(path, kubeconfig_yaml_as(&self.url, namespace, user)).map_err(|source| {
+            Error::Write {
+                path: path.to_path_buf(),
+                source,
+            }
         })
     }
 
@@ -521,7 +535,17 @@ impl Drop for KubeSim {
 /// A kubeconfig for a kube-sim at `url` (plain HTTP, no credentials), context namespace
 /// `namespace`.
 pub fn kubeconfig_yaml(url: &str, namespace: &str) -> String {
+    kubeconfig_yaml_as(url, namespace, None)
+}
+
+/// [`kubeconfig_yaml`] whose calls act as `user` (`as:`), when given.
+pub fn kubeconfig_yaml_as(url: &str, namespace: &str, user: Option<&str>) -> String {
+    // A JSON string is a valid YAML flow scalar: any user name is quoted safely.
+    let user = match user {
+        Some(u) => format!("{{as: {}}}", serde_json::Value::from(u)),
+        None => "{}".to_owned(),
+    };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-sim\n  cluster:\n    server: {url}\ncontexts:\n- name: kube-sim\n  context:\n    cluster: kube-sim\n    user: kube-sim\n    namespace: {namespace}\ncurrent-context: kube-sim\nusers:\n- name: kube-sim\n  user: {{}}\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-sim\n  cluster:\n    server: {url}\ncontexts:\n- name: kube-sim\n  context:\n    cluster: kube-sim\n    user: kube-sim\n    namespace: {namespace}\ncurrent-context: kube-sim\nusers:\n- name: kube-sim\n  user: {user}\npreferences: {{}}\n"
     )
 }

@@ -12,6 +12,7 @@ use kube::api::{
 use kube::runtime::wait::await_condition;
 use serde_json::json;
 use support::*;
+use ttlab_kube_sim::Verb;
 
 fn vm_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -206,5 +207,49 @@ async fn ten_thousand_vms_and_a_label_selected_list_in_milliseconds() {
     assert!(
         best < Duration::from_millis(50),
         "label-selected list took {best:?}"
+    );
+}
+
+#[tokio::test]
+async fn calls_are_recorded_with_the_user_the_kubeconfig_acts_as() {
+    let sim = start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut clients = Vec::new();
+    for user in ["ttlab-dev-reaper", "ttlab-prod-reaper"] {
+        let path = dir.path().join(user);
+        sim.write_kubeconfig_as(&path, "ttlab", Some(user))
+            .expect("kubeconfig written");
+        let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig read");
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .expect("kube config");
+        clients.push(kube::Client::try_from(cfg).expect("kube client"));
+    }
+    let dev: Api<Secret> = Api::namespaced(clients[0].clone(), "ttlab");
+    let prod: Api<Secret> = Api::namespaced(clients[1].clone(), "ttlab");
+    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "shared"}})).unwrap();
+    dev.create(&PostParams::default(), &s)
+        .await
+        .expect("created");
+    prod.delete("shared", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    // Without `as:`, no user is recorded.
+    let anonymous: Api<Secret> = Api::namespaced(kube_client(&sim).await, "ttlab");
+    assert!(anonymous.get_opt("shared").await.expect("get").is_none());
+    let seen: Vec<(Verb, Option<String>)> = sim
+        .calls()
+        .into_iter()
+        .filter(|c| c.resource == "secrets")
+        .map(|c| (c.verb, c.user))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (Verb::Create, Some("ttlab-dev-reaper".to_owned())),
+            (Verb::Delete, Some("ttlab-prod-reaper".to_owned())),
+            (Verb::Get, None),
+        ]
     );
 }
