@@ -2,6 +2,7 @@
 //! benchmark is a sub-subcommand in its own module.
 
 pub mod api;
+pub mod console;
 pub mod reaper;
 
 use clap::{Args, Subcommand};
@@ -21,6 +22,8 @@ enum BenchCommand {
     /// The server: `GET /api/sessions/{id}` at 1,000/s, `POST /api/sessions` to 202, and the
     /// backend's own delay on readiness.
     Api(api::ApiBenchArgs),
+    /// The console relay: keystroke echo straight and relayed, bulk output, many idle consoles.
+    Console(console::ConsoleBenchArgs),
 }
 
 /// Runs the chosen benchmark.
@@ -28,5 +31,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Reaper(args) => reaper::run(args).await,
         BenchCommand::Api(args) => api::run(args).await,
+        BenchCommand::Console(args) => console::run(args).await,
     }
 }
