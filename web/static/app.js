@@ -263,7 +263,7 @@ function showLab(view) {
   document.getElementById('grade').hidden = view.runtime !== 'vm';
   const wasHidden = document.getElementById('view-lab').hidden;
   show('view-lab');
-  ensureTerminal();
+  if (!ensureTerminal()) return;
   if (wasHidden) state.fit.fit();
   if (!state.link) {
     state.node = state.node || (view.nodes[0] && view.nodes[0].node) || null;
@@ -467,7 +467,11 @@ function showEnded(view) {
 // The terminal and its console connection
 
 function ensureTerminal() {
-  if (state.term) return;
+  if (state.term) return true;
+  if (typeof Terminal === 'undefined' || typeof FitAddon === 'undefined') {
+    setConn('The terminal component is missing on the server (run `npm ci` in its web/ directory).', 'error');
+    return false;
+  }
   const term = new Terminal({
     cursorBlink: true,
     fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
@@ -489,6 +493,7 @@ function ensureTerminal() {
   state.term = term;
   state.fit = fit;
   window.ttlabTerminal = term; // for the browser tests: read what the screen shows
+  return true;
 }
 
 function setConn(text, kind = '') {
