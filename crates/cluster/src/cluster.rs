@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
+use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind, Lookup,
     ObjectSummary, Page, Propagation, PvcFacts, VmiState,
@@ -192,6 +193,35 @@ pub trait Cluster: Send + Sync {
     /// [`ClusterError::ConsoleNotReady`] while the VMI is not running (retry each second),
     /// [`ClusterError::Conflict`] if it has failed, [`ClusterError::NotFound`] if absent.
     fn open_console<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Terminal>;
+
+    /// Reads a Pod's state (phase, readiness, address); `Ok(None)` if there is no such Pod.
+    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>>;
+
+    /// Waits, by watching (not polling), until the Pod `name` is `Running` and ready. The
+    /// Pod need not exist yet. How the wait ended is a value ([`PodWait`]): running, ended
+    /// (`Succeeded`/`Failed`, or deleted) or timed out with the last state seen; only a
+    /// failure to get answers at all is an error.
+    fn wait_pod_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, PodWait>;
+
+    /// Runs one command in a Pod's container (`None`: its only or default container)
+    /// without a TTY or stdin, and returns its exit status and output (for grading pod
+    /// labs). A command still running after `timeout` is abandoned and reported as timed
+    /// out.
+    fn exec_pod_command<'a>(
+        &'a self,
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, ExecOutput>;
+
+    /// The namespace's ResourceQuotas with their limits and usage (the second layer of the
+    /// capacity limit, after the VM count), sorted by name.
+    fn resource_quotas(&self) -> ClusterFuture<'_, Vec<QuotaSummary>>;
 
     /// Runs `command` in a pod's container (`None`: the pod's only or default container)
     /// with a TTY and stdin attached, for pod labs.

@@ -40,6 +40,7 @@
 mod client;
 mod cluster;
 mod error;
+mod pod;
 mod settings;
 mod teardown;
 mod terminal;
@@ -48,6 +49,7 @@ mod types;
 pub use client::KubeCluster;
 pub use cluster::{Cluster, ClusterFuture};
 pub use error::ClusterError;
+pub use pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaSummary};
 pub use settings::ClusterSettings;
 pub use teardown::{
     LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,

@@ -3,6 +3,7 @@
 mod console;
 mod convert;
 mod exec;
+mod pod;
 mod wait;
 
 use std::fmt;
@@ -25,6 +26,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::cluster::{Cluster, ClusterFuture};
+use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Kind, Lookup, ObjectSummary, Page,
     Propagation, PvcFacts, VmiState,
@@ -151,6 +153,14 @@ impl KubeCluster {
             Ok(result) => result.map_err(ClusterError::from_kube),
             Err(_) => Err(ClusterError::timed_out(what, timeout)),
         }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.inner.client.clone(), &self.inner.namespace)
+    }
+
+    fn ns(&self) -> &str {
+        &self.inner.namespace
     }
 
     fn dynamic(&self, kind: Kind) -> Api<DynamicObject> {
@@ -459,6 +469,49 @@ impl Cluster for KubeCluster {
                 )),
             }
         })
+    }
+
+    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>> {
+        Box::pin(async move {
+            check_name("Pod", name)?;
+            let found = self
+                .call(&format!("get Pod {name}"), self.pods().get_opt(name))
+                .await?;
+            Ok(found.as_ref().map(pod::pod_state))
+        })
+    }
+
+    fn wait_pod_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, PodWait> {
+        Box::pin(async move {
+            check_name("Pod", name)?;
+            pod::wait_running(self, name, timeout).await
+        })
+    }
+
+    fn exec_pod_command<'a>(
+        &'a self,
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, ExecOutput> {
+        Box::pin(async move {
+            check_name("Pod", pod)?;
+            if command.is_empty() {
+                return Err(ClusterError::Invalid {
+                    message: "exec needs a command".to_owned(),
+                });
+            }
+            pod::exec_command(self, pod, container, command, timeout).await
+        })
+    }
+
+    fn resource_quotas(&self) -> ClusterFuture<'_, Vec<QuotaSummary>> {
+        Box::pin(pod::quotas(self))
     }
 
     fn exec_pod<'a>(

@@ -3,4 +3,5 @@
 mod common;
 mod errors;
 mod objects;
+mod pods;
 mod vmi;
