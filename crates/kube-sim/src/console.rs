@@ -92,6 +92,12 @@ pub(crate) fn console_path(path: &str) -> Option<(String, String)> {
 
 pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String) -> Response {
     let arrived = Instant::now();
+    let user = req
+        .headers()
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let user = user.as_deref();
     let key = CallKey {
         verb: Verb::Get,
         resource: "virtualmachineinstances/console",
@@ -105,7 +111,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
     }
     match decision.outcome {
         Some(FaultAction::Fail { status, message }) => {
-            sim.faults.record(arrived, &key, status);
+            sim.faults.record_as(arrived, &key, user, status);
             return error_response(&ApiError::new(
                 status,
                 "InternalError",
@@ -113,14 +119,15 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
             ));
         }
         Some(FaultAction::Hang) => {
-            sim.faults.record(arrived, &key, 0);
+            sim.faults.record_as(arrived, &key, user, 0);
             sim.shutdown.cancelled().await;
             return error_response(&ApiError::new(503, "ServiceUnavailable", "shutting down"));
         }
         _ => {}
     }
     let response = connect(&sim, req, &ns, &name).await;
-    sim.faults.record(arrived, &key, response.status().as_u16());
+    sim.faults
+        .record_as(arrived, &key, user, response.status().as_u16());
     response
 }
 

@@ -115,6 +115,12 @@ impl Options {
 
 pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String) -> Response {
     let arrived = Instant::now();
+    let user = req
+        .headers()
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let user = user.as_deref();
     let verb = match *req.method() {
         Method::GET => Verb::Get,
         Method::POST => Verb::Create,
@@ -136,7 +142,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
     }
     match decision.outcome {
         Some(FaultAction::Fail { status, message }) => {
-            sim.faults.record(arrived, &key, status);
+            sim.faults.record_as(arrived, &key, user, status);
             let reason = match status {
                 400 => "BadRequest",
                 403 => "Forbidden",
@@ -156,7 +162,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
             );
         }
         Some(FaultAction::Hang) => {
-            sim.faults.record(arrived, &key, 0);
+            sim.faults.record_as(arrived, &key, user, 0);
             sim.shutdown.cancelled().await;
             return error_response(&ApiError::new(
                 503,
@@ -167,7 +173,8 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         _ => {}
     }
     let response = connect(&sim, req, &ns, &name).await;
-    sim.faults.record(arrived, &key, response.status().as_u16());
+    sim.faults
+        .record_as(arrived, &key, user, response.status().as_u16());
     response
 }
 

@@ -170,9 +170,10 @@ async fn the_guest_applies_cloud_init_runs_the_agent_and_writes_markers() {
     let h = Http::new(&sim);
     let marker = tempfile::tempdir().unwrap();
     let args_file = marker.path().join("args");
-    // A stand-in agent: records its arguments and stays up until killed.
+    // A stand-in agent: records its arguments, says it listens (the guest waits for that
+    // line before it is Running), and stays up until killed.
     let agent = format!(
-        "#!/bin/sh\necho \"$@\" > {}\nexec sleep 600\n",
+        "#!/bin/sh\necho \"$@\" > {}\necho \"ttlab-agent listening on $4\"\nexec sleep 600\n",
         args_file.display()
     );
     let cfg = json!({
@@ -215,12 +216,13 @@ async fn the_guest_applies_cloud_init_runs_the_agent_and_writes_markers() {
     wait_for(&h, VMIS, "lab-bad", |o| o["status"]["phase"] == "Running").await;
     let bad_dir = sim.guest_dir("ttlab", "lab-bad").unwrap();
     assert_ne!(sim.guest_ip("ttlab", "lab-bad"), Some(ip));
-    // Markers appear after the (short) setup time; poll the file system briefly.
+    // Markers appear after the (short) setup time: files have no event to await, so check
+    // the file system until they exist (generously, for a loaded machine).
     let failed = bad_dir.join(ttlab_agent::protocol::FAILED_MARKER_PATH.trim_start_matches('/'));
-    for _ in 0..200 {
-        if ready.exists() && failed.exists() && args_file.exists() {
-            break;
-        }
+    let started = std::time::Instant::now();
+    while !(ready.exists() && failed.exists() && args_file.exists())
+        && started.elapsed() < Duration::from_secs(20)
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(ready.exists());
