@@ -1,6 +1,14 @@
 //! The simulated guest's first boot: cloud-init `write_files` from the NoCloud user-data into a
 //! per-VM directory, the real `ttlab-agent` binary started from that payload, and the
 //! readiness / failure markers the setup would write.
+//!
+//! The agent runs as `ttlab-agent --root <guest dir> --listen <VMI address>:<agent port>`; its
+//! standard error and output go to the guest's `/var/log/ttlab-agent.log`. The simulated guest
+//! waits for the agent's `ttlab-agent listening on` line (at most
+//! [`AGENT_START_TIMEOUT`]) before the VMI turns Running, so in the sim a Running VMI has an
+//! answering agent. A real guest starts its agent later in cloud-init: clients must still
+//! retry an unreachable agent (`AgentClient::wait_ready` does). The agent is killed and
+//! reaped when its VMI ends, and at `KubeSim::shutdown` (awaited) or drop (SIGKILL).
 
 use std::io::Read as _;
 use std::net::Ipv4Addr;
