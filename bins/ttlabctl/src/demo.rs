@@ -20,6 +20,7 @@ pub(crate) mod client;
 pub(crate) mod stack;
 
 use std::ffi::OsString;
+use std::io::IsTerminal as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -220,6 +221,10 @@ impl Demo {
         ];
         if std::env::var_os("RUST_LOG").is_none() {
             common.push(("RUST_LOG", "info".into()));
+        }
+        // Their output reaches a terminal only through us: colours only if ours is one.
+        if !std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none() {
+            common.push(("NO_COLOR", "1".into()));
         }
         let mut server_env = common.clone();
         server_env.extend([
@@ -430,7 +435,7 @@ fn show(status: std::io::Result<std::process::ExitStatus>) -> String {
 
 /// A page of the web UI that signs in with `token`.
 fn login_link(url: &str, page: &str, token: &str) -> String {
-    format!("{url}{page}#token={token}")
+    format!("{url}{page}?token={token}")
 }
 
 /// 32 random bytes, hex-encoded (64 characters).
@@ -462,7 +467,7 @@ async fn prepare_web(given: Option<PathBuf>) -> Option<PathBuf> {
         return None;
     }
     let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-    if dir.join("package.json").is_file() && !dir.join("node_modules").is_dir() {
+    if dir.join("package.json").is_file() && !dir.join("node_modules/@xterm/xterm").is_dir() {
         eprintln!(
             "ttlabctl: web pages: installing their npm dependencies once (npm ci in {})",
             dir.display()

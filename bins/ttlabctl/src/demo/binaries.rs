@@ -1,9 +1,10 @@
 //! Finding `ttlab-server`, `ttlab-reaper` and `ttlab-agent` for the demo and the benchmarks:
-//! the binaries next to the running `ttlabctl`. When some are missing and ttlabctl runs under
-//! `cargo run` (cargo sets `CARGO` for the programs it runs, after releasing its build lock),
-//! they are built with the same cargo and profile, so `cargo run --bin ttlabctl -- demo` works
-//! on a fresh clone. A binary that answers `--help` with a failure is a placeholder of a
-//! component not built yet, and counts as absent.
+//! the binaries next to the running `ttlabctl`. When ttlabctl runs under `cargo run` (cargo
+//! sets `CARGO` for the programs it runs, after releasing its build lock), they are built
+//! first with the same cargo and profile (a no-op when they are up to date), so
+//! `cargo run --bin ttlabctl -- demo` works on a fresh clone and never runs stale binaries.
+//! A binary that answers `--help` with a failure is a placeholder of a component not built
+//! yet, and counts as absent.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -43,17 +44,26 @@ pub(crate) async fn locate(wanted: &[&str]) -> anyhow::Result<Binaries> {
         .copied()
         .filter(|name| !dir.join(name).is_file())
         .collect();
-    if !missing.is_empty() {
-        match std::env::var_os("CARGO") {
-            Some(cargo) => build(Path::new(&cargo), &dir, wanted).await?,
-            None => eprintln!(
-                "ttlabctl: {} not found next to ttlabctl in {}; build them with \
-                 `cargo build --bin ttlab-server --bin ttlab-reaper --bin ttlab-agent` \
-                 (or run the demo with `cargo run --bin ttlabctl -- demo`, which does it)",
-                missing.join(", "),
-                dir.display()
-            ),
+    match std::env::var_os("CARGO") {
+        // Under cargo, build them every time: a no-op when they are up to date, and the demo
+        // never runs a server older than the checkout.
+        Some(cargo) => {
+            if let Err(e) = build(Path::new(&cargo), &dir, wanted).await {
+                if missing.is_empty() {
+                    eprintln!("ttlabctl: {e:#}; running the binaries already built");
+                } else {
+                    return Err(e);
+                }
+            }
         }
+        None if !missing.is_empty() => eprintln!(
+            "ttlabctl: {} not found next to ttlabctl in {}; build them with \
+             `cargo build --bin ttlab-server --bin ttlab-reaper --bin ttlab-agent` \
+             (or run the demo with `cargo run --bin ttlabctl -- demo`, which does it)",
+            missing.join(", "),
+            dir.display()
+        ),
+        None => {}
     }
     Ok(Binaries {
         server: usable(&dir, SERVER).await,
@@ -74,14 +84,19 @@ fn profile_args(dir: &Path) -> Vec<String> {
 
 async fn build(cargo: &Path, dir: &Path, names: &[&str]) -> anyhow::Result<()> {
     let mut args = vec!["build".to_owned()];
+    // Package and binary: `-p` finds the package from any directory of the workspace.
+    for n in names {
+        args.push("-p".into());
+        args.push(format!("{n}-bin"));
+    }
     for n in names {
         args.push("--bin".into());
         args.push((*n).to_owned());
     }
     args.extend(profile_args(dir));
     eprintln!(
-        "ttlabctl: building the binaries the demo runs: cargo {} (once; this can take a few \
-         minutes on a fresh clone)",
+        "ttlabctl: building the binaries it runs: cargo {} (a few minutes on a fresh clone, \
+         a moment when they are up to date)",
         args.join(" ")
     );
     let mut cmd = tokio::process::Command::new(cargo);

@@ -1,0 +1,303 @@
+//! `ttlabctl demo` end to end: started on a free loopback port with a short session lifespan,
+//! it prints a URL and a student link whose token opens a session through the API; the
+//! session reaches `running`, is reclaimed by the reaper after expiry (when the reaper is part
+//! of this build), and Ctrl-C (SIGINT) stops every process and removes every file.
+//!
+//! The demo runs the sibling binaries `ttlab-server`, `ttlab-reaper` and `ttlab-agent`; when
+//! they are missing it builds them with the cargo that builds this test.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
+use tokio::process::ChildStdout;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// What the demo printed once ready.
+#[derive(Debug, Default)]
+struct Banner {
+    url: String,
+    student_token: String,
+    server_pid: Option<u32>,
+    reaper_pid: Option<u32>,
+    sim_url: String,
+    postgres_dir: PathBuf,
+    data_dir: PathBuf,
+}
+
+fn after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.trim_start().strip_prefix(key).map(str::trim)
+}
+
+fn pid_in(rest: &str) -> Option<u32> {
+    rest.strip_prefix("pid ")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Reads the demo's stdout up to the end of its banner.
+async fn read_banner(lines: &mut Lines<BufReader<ChildStdout>>) -> Banner {
+    let mut b = Banner::default();
+    while let Some(line) = lines.next_line().await.expect("reading the demo's output") {
+        if let Some(rest) = after(&line, "ttlab demo ready:") {
+            b.url = rest.trim_end_matches('/').to_owned();
+        } else if let Some(rest) = after(&line, "student:") {
+            let token = rest
+                .split("token=")
+                .nth(1)
+                .and_then(|t| t.split_whitespace().next())
+                .expect("the student link carries a token");
+            b.student_token = token.to_owned();
+        } else if let Some(rest) = after(&line, "server:") {
+            b.server_pid = pid_in(rest);
+        } else if let Some(rest) = after(&line, "reaper:") {
+            b.reaper_pid = pid_in(rest);
+        } else if let Some(rest) = after(&line, "cluster:") {
+            b.sim_url = rest.trim_start_matches("kube-sim at ").to_owned();
+        } else if let Some(rest) = after(&line, "postgres:") {
+            b.postgres_dir = PathBuf::from(rest);
+        } else if let Some(rest) = after(&line, "data:") {
+            b.data_dir = PathBuf::from(rest.split(" (").next().unwrap_or(rest));
+        } else if line.starts_with("Ctrl-C stops everything") {
+            return b;
+        }
+    }
+    panic!("the demo ended before printing its banner: {b:?}");
+}
+
+async fn send(
+    http: &HttpClient,
+    method: http::Method,
+    url: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (http::StatusCode, Value) {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {token}"));
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Full::new(Bytes::from(v.to_string()))
+        }
+        None => Full::new(Bytes::new()),
+    };
+    let res = http.request(req.body(body).unwrap()).await.expect(url);
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// Follows the session's server-sent events until `until` holds for a view; returns it.
+async fn follow_until(
+    http: &HttpClient,
+    url: &str,
+    token: &str,
+    until: impl Fn(&Value) -> bool,
+) -> Value {
+    let req = http::Request::get(url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", "text/event-stream")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let res = http.request(req).await.expect(url);
+    assert_eq!(res.status(), http::StatusCode::OK, "{url}");
+    let mut body = res.into_body();
+    let mut buf = Vec::new();
+    let mut last = Value::Null;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.expect("reading events").into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line);
+            if let Some(json) = line.trim_end().strip_prefix("data:") {
+                last = serde_json::from_str(json.trim()).expect("event data is JSON");
+                if until(&last) {
+                    return last;
+                }
+            }
+        }
+    }
+    panic!("the event stream ended; last view: {last}");
+}
+
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
+        {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+/// Sends SIGINT to the demo if the test ends early, so that it stops what it started.
+struct Interrupt(Option<u32>);
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        if let Some(pid) = self
+            .0
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_serves_a_session_that_expires_and_stops_cleanly_on_sigint() {
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
+        .args(["demo", "--port", &port.to_string()])
+        .env("CARGO", env!("CARGO"))
+        .env("TTLAB_SESSION_TTL", "12s")
+        .env("TTLAB_SIM_BOOT", "300ms")
+        .env("TTLAB_SIM_SETUP", "300ms")
+        .env("RUST_LOG", "warn")
+        .env_remove("TTLAB_AUTH_SECRET")
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting ttlabctl demo");
+    let _interrupt = Interrupt(child.id());
+    let pid = child.id().expect("the demo's pid");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+
+    // Building missing sibling binaries on a fresh checkout can take minutes.
+    let banner = tokio::time::timeout(Duration::from_secs(900), read_banner(&mut lines))
+        .await
+        .expect("the demo printed its URL in time");
+    assert_eq!(banner.url, format!("http://127.0.0.1:{port}"));
+    assert!(!banner.student_token.is_empty());
+    let server_pid = banner
+        .server_pid
+        .expect("the banner names the server's pid");
+    assert!(process_exists(server_pid));
+    assert!(banner.data_dir.is_dir(), "{banner:?}");
+    assert!(banner.postgres_dir.is_dir(), "{banner:?}");
+    // Keep reading stdout so the demo never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let token = banner.student_token.clone();
+    let (status, created) = send(
+        &http,
+        http::Method::POST,
+        &format!("{}/api/sessions", banner.url),
+        &token,
+        Some(serde_json::json!({"lesson": "systemd-basics"})),
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::ACCEPTED, "{created}");
+    assert_eq!(created["user"], "demo-student");
+    let id = created["id"].as_str().expect("the session's id").to_owned();
+    let events = format!("{}/api/sessions/{id}/events", banner.url);
+
+    let running = tokio::time::timeout(
+        Duration::from_secs(60),
+        follow_until(&http, &events, &token, |v| v["status"] != "starting"),
+    )
+    .await
+    .expect("the session left `starting` in time");
+    assert_eq!(running["status"], "running", "{running}");
+    // The demo's golden PVC for this lesson is present.
+    assert_eq!(running["disk"]["kind"], "golden", "{running}");
+
+    if let Some(reaper_pid) = banner.reaper_pid {
+        assert!(process_exists(reaper_pid));
+        let done = tokio::time::timeout(
+            Duration::from_secs(90),
+            follow_until(&http, &events, &token, |v| {
+                !matches!(v["status"].as_str(), Some("running" | "finishing"))
+            }),
+        )
+        .await
+        .expect("the session was reclaimed in time after expiry");
+        assert_eq!(done["status"], "expired", "{done}");
+        let (status, vms) = send(
+            &http,
+            http::Method::GET,
+            &format!(
+                "{}/apis/kubevirt.io/v1/namespaces/ttlab-vms/virtualmachines",
+                banner.sim_url
+            ),
+            "",
+            None,
+        )
+        .await;
+        assert_eq!(status, http::StatusCode::OK);
+        // Deleted: gone, or going (the simulated guest is still shutting down).
+        let items = vms["items"].as_array().expect("a VM list");
+        assert!(
+            items
+                .iter()
+                .all(|vm| vm["metadata"]["deletionTimestamp"].is_string()),
+            "every VM of the expired session is deleted: {vms}"
+        );
+    } else {
+        eprintln!("this build has no ttlab-reaper: expiry is not checked");
+    }
+
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the demo stopped in time after SIGINT")
+        .unwrap();
+    assert!(
+        status.success(),
+        "the demo exits cleanly on SIGINT: {status}"
+    );
+
+    assert!(!process_exists(server_pid), "the server is gone");
+    if let Some(reaper_pid) = banner.reaper_pid {
+        assert!(!process_exists(reaper_pid), "the reaper is gone");
+    }
+    for dir in [&banner.data_dir, &banner.postgres_dir] {
+        assert!(!dir.exists(), "{} was removed", dir.display());
+        let left = processes_mentioning(&dir.display().to_string());
+        assert!(left.is_empty(), "processes left behind: {left:?}");
+    }
+}
