@@ -87,6 +87,8 @@ use std::time::Duration;
 pub use client::AgentClient;
 pub use paths::AgentPaths;
 pub use server::{Agent, AgentConfig, REQUEST_TIMEOUT};
+#[doc(hidden)]
+pub use server::{Answered, answer_bytes};
 
 /// Everything that can go wrong in this crate: starting the agent, and talking to one.
 #[derive(Debug, thiserror::Error)]

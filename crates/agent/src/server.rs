@@ -228,7 +228,9 @@ fn serve_connection(
     let (response, read_all, what) = match http::read_head(&mut stream, deadline) {
         Ok(head) => {
             let what = format!("{} {}", head.method, head.path);
-            let (response, read_all) = handle(&mut stream, &head, paths, deadline);
+            let (response, read_all) = handle(&mut stream, &head, paths, deadline, |request| {
+                run_exec(request, paths)
+            });
             (Some(response), read_all, what)
         }
         Err(e) => (e.response(), false, describe_read_error(&e)),
@@ -267,12 +269,14 @@ fn describe_read_error(e: &ReadError) -> String {
     }
 }
 
-/// Answers one parsed request; also says whether the whole request was read.
+/// Answers one parsed request; also says whether the whole request was read. `run` answers a
+/// valid, authorized exec request (the real agent runs the command; the fuzz hook does not).
 fn handle(
     conn: &mut impl Conn,
     head: &Head,
     paths: &AgentPaths,
     deadline: Instant,
+    run: impl FnOnce(&ExecRequest) -> Response,
 ) -> (Response, bool) {
     let no_body = head.content_length.unwrap_or(0) == 0
         && !head.transfer_encoding
@@ -298,7 +302,7 @@ fn handle(
         .map_or(head.path.as_str(), |(p, _)| p);
     match (path, head.method.as_str()) {
         ("/v1/ready", "GET") => (Response::ok(&ready(paths)), no_body),
-        ("/v1/exec", "POST") => exec(conn, head, paths, deadline),
+        ("/v1/exec", "POST") => exec(conn, head, deadline, run),
         ("/v1/ready", _) | ("/v1/exec", _) => {
             let message = format!("{} is not allowed on {path}", head.method);
             (
@@ -343,12 +347,12 @@ fn ready(paths: &AgentPaths) -> ReadyResponse {
     }
 }
 
-/// `POST /v1/exec`.
+/// `POST /v1/exec`: reads and checks the body, then lets `run` answer it.
 fn exec(
     conn: &mut impl Conn,
     head: &Head,
-    paths: &AgentPaths,
     deadline: Instant,
+    run: impl FnOnce(&ExecRequest) -> Response,
 ) -> (Response, bool) {
     let len = match (head.content_length, head.transfer_encoding) {
         (Some(len), false) => len,
@@ -402,16 +406,99 @@ fn exec(
         );
         return (Response::error(400, error_code::BAD_REQUEST, message), true);
     }
+    (run(&request), true)
+}
+
+/// Runs a checked exec request's command.
+fn run_exec(request: &ExecRequest, paths: &AgentPaths) -> Response {
     let timeout = Duration::from_millis(request.timeout_ms);
-    let response = match runner::run(&request.command, timeout, &paths.workdir, MAX_OUTPUT_BYTES) {
+    match runner::run(&request.command, timeout, &paths.workdir, MAX_OUTPUT_BYTES) {
         Ok(result) => Response::ok(&result),
         Err(e) => Response::error(
             500,
             error_code::INTERNAL,
             format!("cannot run the command: {e}"),
         ),
+    }
+}
+
+/// What [`answer_bytes`] made of one request.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Answered {
+    /// The status and JSON body sent back (`None`: the connection is closed unanswered).
+    pub response: Option<(u16, Vec<u8>)>,
+    /// Whether the whole request was read (otherwise the agent lingers before closing).
+    pub read_all: bool,
+    /// How many bytes of the input the agent read.
+    pub consumed: usize,
+    /// The exec request that would have been run, if one was accepted.
+    pub exec: Option<ExecRequest>,
+}
+
+/// Reads one request from `input` (delivered in reads of at most `read_size` bytes) and answers
+/// it exactly as a connection is answered, except that an accepted exec request is not run
+/// (it is returned, and answered 200 with an empty body). For the fuzz targets and tests; not
+/// part of the agent's interface.
+#[doc(hidden)]
+pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answered {
+    let mut conn = Bytes {
+        input,
+        pos: 0,
+        step: read_size.max(1),
     };
-    (response, true)
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut accepted = None;
+    let (response, read_all) = match http::read_head(&mut conn, deadline) {
+        Ok(head) => {
+            let (response, read_all) = handle(&mut conn, &head, paths, deadline, |request| {
+                accepted = Some(request.clone());
+                Response {
+                    status: 200,
+                    body: b"{}".to_vec(),
+                }
+            });
+            (Some(response), read_all)
+        }
+        Err(e) => (e.response(), false),
+    };
+    Answered {
+        response: response.map(|r| (r.status, r.body)),
+        read_all,
+        consumed: conn.pos,
+        exec: accepted,
+    }
+}
+
+/// An in-memory connection over a byte slice (for [`answer_bytes`]).
+struct Bytes<'a> {
+    input: &'a [u8],
+    pos: usize,
+    step: usize,
+}
+
+impl Read for Bytes<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.step).min(self.input.len() - self.pos);
+        buf[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl Write for Bytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Conn for Bytes<'_> {
+    fn set_read_timeout(&self, _: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// After an answer to a request that was not read in full: stop writing, then read and drop
