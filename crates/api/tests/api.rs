@@ -198,7 +198,7 @@ async fn auth_and_bad_input_are_4xx_with_the_error_body() {
 
     let (status, lessons) = s.get("/api/lessons", &alice).await;
     assert_eq!(status, 200);
-    assert_eq!(lessons.as_array().unwrap().len(), 5);
+    assert_eq!(lessons.as_array().unwrap().len(), 6);
 
     type Case = (
         &'static str,

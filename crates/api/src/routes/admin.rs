@@ -82,14 +82,28 @@ async fn capacity(
         Ok(n) => (Some(n), None),
         Err(e) => (None, Some(e.to_string())),
     };
+    // The second layer: the namespace's ResourceQuotas, as the API server accounts them.
+    let (quota, quota_error) = match state.cluster().resource_quotas().await {
+        Ok(quotas) => (
+            Some(
+                quotas
+                    .iter()
+                    .map(|q| json!({"name": q.name, "hard": q.hard, "used": q.used}))
+                    .collect::<Vec<_>>(),
+            ),
+            None,
+        ),
+        Err(e) => (None, Some(e.to_string())),
+    };
     Ok(Json(json!({
         "live_vms": live_vms,
         "starting_sessions": starting,
         "limit": state.config().vm_limit,
         "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
         "namespace": state.cluster().namespace(),
-        "quota": Value::Null,
+        "quota": quota,
         "error": error,
+        "quota_error": quota_error,
     })))
 }
 

@@ -83,7 +83,7 @@ pub fn document() -> Value {
             },
             "/api/sessions/{id}/grade": {
                 "parameters": id_param(),
-                "post": op("Run the lesson's grading steps in the VM", auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("the VM's agent did not answer")})))
+                "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("the VM's agent (or the lab pod) did not answer")})))
             },
             "/api/admin/sessions": {"get": {
                 "summary": "Sessions of this environment",
@@ -94,7 +94,7 @@ pub fn document() -> Value {
                 ],
                 "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
             }},
-            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit", admin_errors(json!({"200": ok("capacity", json!({"type": "object"}))})))},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, and the namespace's ResourceQuotas", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
                 "summary": "Recent reaper cycle reports",
                 "security": [{"bearer": []}],
@@ -108,6 +108,17 @@ pub fn document() -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT (HS256; claims sub, role, exp)"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error", "message"], "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
+                "Capacity": {"type": "object", "properties": {
+                    "live_vms": {"type": ["integer", "null"], "description": "VMs ttlab manages in the namespace (any environment); null if the cluster could not be read"},
+                    "starting_sessions": {"type": "integer"}, "limit": {"type": "integer"}, "available": {"type": ["integer", "null"]},
+                    "namespace": {"type": "string"},
+                    "quota": {"type": ["array", "null"], "description": "the namespace's ResourceQuotas; null if they could not be read", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "hard": {"type": "object", "additionalProperties": {"type": "string"}, "description": "limits by resource, e.g. requests.memory, count/virtualmachines.kubevirt.io, pods"},
+                        "used": {"type": "object", "additionalProperties": {"type": "string"}}}}},
+                    "error": {"type": ["string", "null"], "description": "why live_vms could not be counted"},
+                    "quota_error": {"type": ["string", "null"], "description": "why the quotas could not be read"}
+                }},
                 "Lesson": {"type": "object", "properties": {"id": {"type": "string"}, "title": {"type": "string"}, "runtime": {"type": "string", "enum": ["vm", "pod"]}, "nodes": {"type": "array", "items": {"type": "string"}}, "grading_steps": {"type": "integer"}}},
                 "Session": {"type": "object", "properties": {
                     "id": {"type": "string", "format": "uuid"}, "user": {"type": "string"}, "lesson": {"type": "string"}, "runtime": {"type": "string"},

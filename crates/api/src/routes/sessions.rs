@@ -247,12 +247,6 @@ async fn grade(
             ),
         });
     }
-    if s.runtime != Runtime::Vm {
-        return Err(ApiError::WrongState {
-            code: "grading_unavailable",
-            message: "grading runs through the VM agent; pod labs are not graded here".into(),
-        });
-    }
     let lesson = state
         .config()
         .lessons
@@ -261,39 +255,83 @@ async fn grade(
         .ok_or_else(|| ApiError::LessonNotFound(s.lesson.to_string()))?;
     let mut steps = Vec::with_capacity(lesson.grading.len());
     for step in &lesson.grading {
-        let vm =
-            s.vms.iter().find(|v| v.node == step.node).ok_or_else(|| {
-                ApiError::Internal(format!("no VM recorded for node {}", step.node))
-            })?;
-        let ip = state
-            .cluster()
-            .vmi_ip(&vm.name)
-            .await?
-            .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
-        let token = crate::saga::agent_token(&state, s.id, &step.node).await?;
-        let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
-            .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
-        let out = client
-            .exec(&step.command, step.timeout)
-            .await
-            .map_err(|e| ApiError::AgentUnavailable(e.to_string()))?;
-        steps.push(StepResult {
-            name: step.name.clone(),
-            node: step.node.to_string(),
-            passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
-            exit_code: out.exit_code,
-            expected_exit: step.expect_exit,
-            timed_out: out.timed_out,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            duration_ms: out.duration_ms,
+        steps.push(match s.runtime {
+            Runtime::Vm => grade_in_vm(&state, &s, step).await?,
+            Runtime::Pod => grade_in_pod(&state, &s, step).await?,
         });
     }
     let passed = steps.iter().filter(|s| s.passed).count();
+    tracing::info!(session = %s.id, passed, total = steps.len(), "graded");
     Ok(Json(json!({
         "session": s.id.to_string(),
         "passed": passed,
         "total": steps.len(),
         "steps": steps,
     })))
+}
+
+/// Runs one grading step through the agent in the step's VM, with the VM's stored token.
+async fn grade_in_vm(
+    state: &AppState,
+    s: &Session,
+    step: &ttlab_lesson::GradingStep,
+) -> Result<StepResult, ApiError> {
+    let vm = s
+        .vms
+        .iter()
+        .find(|v| v.node == step.node)
+        .ok_or_else(|| ApiError::Internal(format!("no VM recorded for node {}", step.node)))?;
+    let ip = state
+        .cluster()
+        .vmi_ip(&vm.name)
+        .await?
+        .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
+    let token = saga::agent_token(state, s.id, &step.node).await?;
+    let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
+        .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
+    let out = client
+        .exec(&step.command, step.timeout)
+        .await
+        .map_err(|e| ApiError::AgentUnavailable(e.to_string()))?;
+    Ok(StepResult {
+        name: step.name.clone(),
+        node: step.node.to_string(),
+        passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
+        exit_code: out.exit_code,
+        expected_exit: step.expect_exit,
+        timed_out: out.timed_out,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        duration_ms: out.duration_ms,
+    })
+}
+
+/// Runs one grading step in a pod lab's container (`sh -c COMMAND`, no TTY) through the
+/// cluster's pod exec: pods have no agent, the kubelet runs the command.
+async fn grade_in_pod(
+    state: &AppState,
+    s: &Session,
+    step: &ttlab_lesson::GradingStep,
+) -> Result<StepResult, ApiError> {
+    let pod = s
+        .vms
+        .first()
+        .ok_or_else(|| ApiError::Internal("no pod recorded for the session".into()))?;
+    let command = vec!["sh".to_owned(), "-c".to_owned(), step.command.clone()];
+    let out = state
+        .cluster()
+        .exec_pod_command(&pod.name, Some(saga::LAB_CONTAINER), command, step.timeout)
+        .await
+        .map_err(|e| ApiError::AgentUnavailable(format!("the lab pod: {e}")))?;
+    Ok(StepResult {
+        name: step.name.clone(),
+        node: step.node.to_string(),
+        passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
+        exit_code: out.exit_code,
+        expected_exit: step.expect_exit,
+        timed_out: out.timed_out,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        duration_ms: u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
+    })
 }

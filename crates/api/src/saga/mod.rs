@@ -24,6 +24,7 @@ use ttlab_store::{Session, StoreError};
 use crate::{ApiError, AppState};
 
 pub use open::open_session;
+pub(crate) use pod::LAB_CONTAINER;
 pub(crate) use tokens::stored as agent_token;
 
 /// How long a provisioning step retries a database that went away before giving up.

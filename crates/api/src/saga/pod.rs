@@ -1,6 +1,8 @@
 //! A pod lesson: one unprivileged Pod (no added capabilities, every default one dropped, no
 //! privilege escalation, a non-root user) with `activeDeadlineSeconds` from the lifespan
-//! policy, so it ends by itself even if nothing reclaims it.
+//! policy, so it ends by itself even if nothing reclaims it. The session is running only
+//! once the Pod is `Running` and ready (watched, within the lesson's readiness timeout);
+//! grading runs the lesson's commands in its container through the cluster's pod exec.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use ttlab_cluster::PodWait;
 use ttlab_lesson::Lesson;
 use ttlab_model::labels::{self, ObjectLabels};
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
@@ -53,11 +56,44 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         .cluster()
         .create_pod(pod)
         .await
-        .map_err(|e| Stop::Failed(format!("could not create the lab pod: {e}")))?;
+        .map_err(|e| super::vm::create_failed("lab pod", &e))?;
     with_db(|| async {
         store
             .sessions()
             .record_stage(session.id, Stage::VmCreated)
+            .await
+    })
+    .await?;
+
+    // Running only once the Pod runs and is ready, within the lesson's readiness timeout.
+    let readiness = lesson.readiness_timeout;
+    let waited = state
+        .cluster()
+        .wait_pod_running(&name, readiness)
+        .await
+        .map_err(|e| Stop::Failed(format!("could not watch the lab pod start: {e}")))?;
+    match waited {
+        PodWait::Running(_) => {}
+        PodWait::Ended(s) => {
+            return Err(Stop::Failed(format!(
+                "the lab pod stopped before it was ready ({})",
+                s.describe()
+            )));
+        }
+        PodWait::TimedOut { last, .. } => {
+            let seen = last.map(|s| format!(" (last seen: {})", s.describe()));
+            return Err(Stop::Failed(format!(
+                "lab pod did not start within {} s{}",
+                readiness.as_secs(),
+                seen.unwrap_or_default()
+            )));
+        }
+    }
+    // The pod's "VMI running" stage: its container runs.
+    with_db(|| async {
+        store
+            .sessions()
+            .record_stage(session.id, Stage::VmiRunning)
             .await
     })
     .await?;
@@ -66,6 +102,9 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         None => Err(Stop::Superseded),
     }
 }
+
+/// The name of the lab container in the Pod (exec and grading run there).
+pub const LAB_CONTAINER: &str = "lab";
 
 /// The lab Pod of a pod lesson.
 pub fn lab_pod(state: &AppState, session: &Session, lesson: &Lesson, name: &str) -> Pod {
@@ -100,7 +139,7 @@ pub fn lab_pod(state: &AppState, session: &Session, lesson: &Lesson, name: &str)
                 ..PodSecurityContext::default()
             }),
             containers: vec![Container {
-                name: "lab".to_owned(),
+                name: LAB_CONTAINER.to_owned(),
                 image: Some(lesson.image.clone()),
                 stdin: Some(true),
                 tty: Some(true),

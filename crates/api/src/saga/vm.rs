@@ -263,7 +263,7 @@ async fn ensure_starting(state: &AppState, session: &Session) -> Result<(), Stop
     }
 }
 
-fn create_failed(what: &str, e: &ClusterError) -> Stop {
+pub(super) fn create_failed(what: &str, e: &ClusterError) -> Stop {
     match e {
         ClusterError::QuotaExceeded { .. } => Stop::Failed(format!(
             "the lab namespace is full (its quota refused the {what}); try again later"

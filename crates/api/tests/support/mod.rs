@@ -72,6 +72,18 @@ memory: 256Mi
 nodes: [one, two]
 readiness_timeout_seconds: 5
 setup_timeout_seconds: 5
+---
+id: shell
+title: A shell in a pod
+runtime: pod
+image: docker.io/library/debian:12
+memory: 128Mi
+readiness_timeout_seconds: 2
+grading:
+  - name: passes
+    command: "true"
+  - name: fails
+    command: "exit 3"
 "#;
 
 pub struct World {
@@ -106,6 +118,11 @@ fn octet() -> u8 {
 
 impl World {
     pub async fn new() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    /// A world whose kube-sim is configured further by `configure`.
+    pub async fn with(configure: impl FnOnce(&mut SimConfig)) -> Self {
         let db = TestDb::new().await.expect("test database");
         let mut config = SimConfig::for_tests();
         config.namespaces.push(NS.into());
@@ -119,6 +136,7 @@ impl World {
         config
             .lesson_setup
             .insert("hangs".into(), ttlab_kube_sim::SetupOutcome::Never);
+        configure(&mut config);
         let sim = KubeSim::start(config).await.expect("kube-sim");
         let kubeconfig = tempfile::tempdir().unwrap();
         sim.write_kubeconfig(&kubeconfig.path().join("config"), NS)
