@@ -193,8 +193,12 @@ impl Rig {
             ("TTLAB_VM_LIMIT", limit.into()),
             ("TTLAB_SESSION_TTL", "60m".into()),
         ];
+        // Errors only: a line per refused request would disturb the measurement.
         if std::env::var_os("RUST_LOG").is_none() {
-            env.push(("RUST_LOG", "warn".into()));
+            env.push(("RUST_LOG", "error".into()));
+        }
+        if std::env::var_os("NO_COLOR").is_none() {
+            env.push(("NO_COLOR", "1".into()));
         }
         let mut server = ChildProcess::spawn("server", server_bin, &[], &env)?;
         let ready = wait_ready(&mut server, &self.url).await;
