@@ -158,6 +158,14 @@ fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Respons
     (status, Json(body)).into_response()
 }
 
+/// A session past its expiry has no console, even while the reaper has not reclaimed it yet.
+fn expired() -> ApiError {
+    ApiError::WrongState {
+        code: "expired",
+        message: "the session has expired; its VM is being reclaimed".to_owned(),
+    }
+}
+
 fn not_running(s: &Session) -> ApiError {
     ApiError::WrongState {
         code: "not_running",
@@ -194,6 +202,9 @@ async fn ticket(
     };
     if s.status != SessionStatus::Running {
         return Err(not_running(&s));
+    }
+    if s.expires_at <= state.store().db_now().await? {
+        return Err(expired());
     }
     let ticket = lock(&consoles.tickets).issue(user.user, id, std::time::Instant::now());
     Ok(Json(TicketView {
@@ -299,6 +310,14 @@ async fn prepare(
     if session.status != SessionStatus::Running {
         return Err(not_running(&session).into_response());
     }
+    let now = state
+        .store()
+        .db_now()
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
+    if session.expires_at <= now {
+        return Err(expired().into_response());
+    }
     let vm = match &query.node {
         Some(node) => session.vms.iter().find(|v| v.node.as_str() == node),
         None => session.vms.first(),
@@ -318,11 +337,6 @@ async fn prepare(
         )
         .into_response());
     };
-    let now = state
-        .store()
-        .db_now()
-        .await
-        .map_err(|e| ApiError::from(e).into_response())?;
     Ok(Target {
         session: id,
         runtime: session.runtime,
