@@ -34,6 +34,7 @@
 
 pub mod agent_tokens;
 pub mod collect_requests;
+pub mod console_tickets;
 pub mod ephemeral;
 mod error;
 pub mod locks;
@@ -52,10 +53,11 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 
 pub use agent_tokens::AgentTokens;
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
+pub use console_tickets::{ConsoleTicket, ConsoleTickets, TicketDigest};
 pub use error::StoreError;
 pub use locks::{CapacityGuard, LeaderLock, ProvisioningLock};
 pub use migrate::{MigrationReport, SCHEMA_VERSION};
-pub use notify::{Channel, Listener, Notification};
+pub use notify::{Channel, ConsoleTaken, Listener, Notification};
 pub use reaper_cycles::{
     CycleError, CycleId, CycleTrigger, Direction, DirectionCount, NewCycle, ReaperCycle,
     ReaperCycles,
@@ -180,6 +182,11 @@ impl Store {
     /// Queries on the `agent_tokens` table (secrets: see [`agent_tokens`]).
     pub fn agent_tokens(&self) -> AgentTokens<'_> {
         AgentTokens::new(self)
+    }
+
+    /// Queries on the `console_tickets` table (digests only: see [`console_tickets`]).
+    pub fn console_tickets(&self) -> ConsoleTickets<'_> {
+        ConsoleTickets::new(self)
     }
 
     /// Queries on the `reaper_cycles` table.

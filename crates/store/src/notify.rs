@@ -6,6 +6,7 @@
 //! | [`SESSIONS_CHANGED`] | a session is opened, extended, changes status or records provisioning progress (stage, disk, VMs, failure reason) | its environment |
 //! | [`COLLECT_REQUESTED`] | an admin asks for a collection now | the environment |
 //! | [`COLLECT_ANSWERED`] | a reaper cycle answered a collect request | the request id |
+//! | [`CONSOLE_TAKEN`] | a server replica opens a console (the VM allows one: every other replica closes its own) | [`ConsoleTaken`]: `session/node/connection` |
 //!
 //! Notifications are hints to wake up and re-read the tables, never the data itself: one may
 //! be missed while a listener reconnects, so listeners also poll on a timer.
@@ -13,6 +14,8 @@
 use std::fmt;
 
 use tokio::sync::mpsc;
+use ttlab_model::{NodeName, SessionId};
+use uuid::Uuid;
 
 use crate::{DbUrl, Store, StoreError};
 
@@ -31,6 +34,11 @@ macro_rules! channel_collect_answered {
         "ttlab_collect_answered"
     };
 }
+macro_rules! channel_console_taken {
+    () => {
+        "ttlab_console_taken"
+    };
+}
 pub(crate) use {channel_collect_answered, channel_collect_requested, channel_sessions_changed};
 
 /// Channel: a session was opened, extended, changed status or recorded provisioning progress
@@ -40,6 +48,8 @@ pub const SESSIONS_CHANGED: &str = channel_sessions_changed!();
 pub const COLLECT_REQUESTED: &str = channel_collect_requested!();
 /// Channel: a reaper cycle answered a collect request (payload: the request id).
 pub const COLLECT_ANSWERED: &str = channel_collect_answered!();
+/// Channel: a console was opened on some server replica (payload: [`ConsoleTaken`]).
+pub const CONSOLE_TAKEN: &str = channel_console_taken!();
 
 /// One of ttlab's notification channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,14 +60,17 @@ pub enum Channel {
     CollectRequested,
     /// [`COLLECT_ANSWERED`].
     CollectAnswered,
+    /// [`CONSOLE_TAKEN`].
+    ConsoleTaken,
 }
 
 impl Channel {
     /// Every channel.
-    pub const ALL: [Channel; 3] = [
+    pub const ALL: [Channel; 4] = [
         Self::SessionsChanged,
         Self::CollectRequested,
         Self::CollectAnswered,
+        Self::ConsoleTaken,
     ];
 
     /// The channel's name in PostgreSQL.
@@ -66,6 +79,7 @@ impl Channel {
             Self::SessionsChanged => SESSIONS_CHANGED,
             Self::CollectRequested => COLLECT_REQUESTED,
             Self::CollectAnswered => COLLECT_ANSWERED,
+            Self::ConsoleTaken => CONSOLE_TAKEN,
         }
     }
 
@@ -87,6 +101,67 @@ pub struct Notification {
     pub channel: Channel,
     /// Its payload (see the table in the module docs).
     pub payload: String,
+}
+
+/// The payload of [`CONSOLE_TAKEN`]: the console of `node` in `session` was opened by the
+/// connection `connection` (an id the opening replica made up), so every other connection to
+/// that console, on any replica, is closed ("opened in another tab") — KubeVirt allows one
+/// console per VM and has already closed, or is about to close, the others.
+///
+/// ```
+/// use ttlab_store::ConsoleTaken;
+/// let taken = ConsoleTaken {
+///     session: ttlab_model::SessionId::new_random(),
+///     node: "main".parse().unwrap(),
+///     connection: uuid::Uuid::new_v4(),
+/// };
+/// assert_eq!(ConsoleTaken::parse(&taken.payload()), Some(taken));
+/// assert_eq!(ConsoleTaken::parse("garbage"), None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleTaken {
+    /// The session.
+    pub session: SessionId,
+    /// The node whose console was opened.
+    pub node: NodeName,
+    /// The connection that holds it now.
+    pub connection: Uuid,
+}
+
+impl ConsoleTaken {
+    /// `session/node/connection`.
+    pub fn payload(&self) -> String {
+        format!("{}/{}/{}", self.session, self.node, self.connection)
+    }
+
+    /// Reads a payload written by [`ConsoleTaken::payload`]; `None` if it is not one.
+    pub fn parse(payload: &str) -> Option<Self> {
+        let mut parts = payload.split('/');
+        let (session, node, connection) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            session: session.parse().ok()?,
+            node: node.parse().ok()?,
+            connection: connection.parse().ok()?,
+        })
+    }
+}
+
+impl Store {
+    /// Announces on [`CONSOLE_TAKEN`] that `taken.connection` now holds the console of
+    /// `taken.node` in `taken.session`. Every listener, on every replica, receives it (the
+    /// sender's own listeners too).
+    pub async fn announce_console_taken(&self, taken: &ConsoleTaken) -> Result<(), StoreError> {
+        const SQL: &str = concat!("SELECT pg_notify('", channel_console_taken!(), "', $1)");
+        let client = self.client().await?;
+        client
+            .execute(SQL, &[&taken.payload()])
+            .await
+            .map_err(StoreError::query("announcing a console takeover"))?;
+        Ok(())
+    }
 }
 
 /// Receives notifications on a dedicated connection (never a pooled one: `LISTEN` belongs to

@@ -8,7 +8,14 @@ async fn migrating_twice_applies_once() {
     let db = TestDb::new_empty().await.unwrap();
     let store = db.store().await.unwrap();
     let first = store.migrate().await.unwrap();
-    assert_eq!(first.applied, ["V1__initial_schema", "V2__agent_tokens"]);
+    assert_eq!(
+        first.applied,
+        [
+            "V1__initial_schema",
+            "V2__agent_tokens",
+            "V3__console_tickets"
+        ]
+    );
     assert_eq!(first.version, SCHEMA_VERSION);
     let second = store.migrate().await.unwrap();
     assert!(second.applied.is_empty());
@@ -32,7 +39,7 @@ async fn concurrent_migrations_take_turns() {
         let report = r.await.unwrap().unwrap();
         applied += report.applied.len();
     }
-    assert_eq!(applied, 2, "each migration is applied exactly once");
+    assert_eq!(applied, 3, "each migration is applied exactly once");
 }
 
 #[tokio::test]
