@@ -29,7 +29,10 @@
 //!    the reason as the terminal's last line and as the Close frame's code and reason
 //!    ([`CloseReason`]), and the console connection is closed. When the console ends by itself
 //!    the relay first looks for a close order already given (the console was opened in another
-//!    tab), then asks [`Upstream::ended`] why (the VM stopped, or the connection was lost).
+//!    tab), then asks [`Upstream::ended`] why (the VM stopped, or the connection was lost); a
+//!    close order arriving meanwhile, or within [`RelayConfig::takeover_grace`] of a connection
+//!    that looks lost, still wins (another replica's takeover announcement may arrive after
+//!    KubeVirt has already dropped this connection).
 
 use std::fmt;
 use std::future::Future;
@@ -89,6 +92,9 @@ pub struct RelayConfig {
     pub close_timeout: Duration,
     /// Written to the terminal once the console is open (`None`: nothing).
     pub connected_message: Option<String>,
+    /// How long a console connection that ended for no known reason waits for a close order
+    /// (a takeover announced by another server replica) before it is reported as lost.
+    pub takeover_grace: Duration,
 }
 
 impl Default for RelayConfig {
@@ -102,6 +108,7 @@ impl Default for RelayConfig {
             boot_wait: Duration::from_secs(300),
             close_timeout: Duration::from_secs(2),
             connected_message: None,
+            takeover_grace: Duration::from_secs(1),
         }
     }
 }
@@ -177,11 +184,7 @@ where
         Ended::Reason(reason) => reason,
         Ended::ConsoleEnded(detail) => match controls.pending() {
             Some(reason) => reason,
-            None => {
-                let why =
-                    tokio::time::timeout(config.close_timeout, upstream.ended(detail.clone()));
-                why.await.unwrap_or(CloseReason::ConsoleLost(detail))
-            }
+            None => why_ended(&mut upstream, &mut controls, detail, config).await,
         },
     };
     tracing::debug!(%reason, "console relay closing");
@@ -193,6 +196,31 @@ where
         bytes_to_browser: counters.to_browser.load(Ordering::Relaxed),
         bytes_to_console: counters.to_console.load(Ordering::Relaxed),
     }
+}
+
+/// Why the console connection ended by itself. A close order given meanwhile wins over the
+/// upstream's own account: when the console is opened on another server replica, KubeVirt
+/// drops this connection, and the replica's announcement of the takeover may arrive a moment
+/// later. So a connection that looks merely lost waits [`RelayConfig::takeover_grace`] for
+/// such an order before it is reported lost (which makes the page reconnect).
+async fn why_ended<U: Upstream>(
+    upstream: &mut U,
+    controls: &mut Controls,
+    detail: String,
+    config: &RelayConfig,
+) -> CloseReason {
+    let asked = tokio::time::timeout(config.close_timeout, upstream.ended(detail.clone()));
+    let reason = tokio::select! {
+        biased;
+        reason = controls.until_close() => return reason,
+        why = asked => why.unwrap_or(CloseReason::ConsoleLost(detail)),
+    };
+    if !matches!(reason, CloseReason::ConsoleLost(_)) || config.takeover_grace.is_zero() {
+        return reason;
+    }
+    tokio::time::timeout(config.takeover_grace, controls.until_close())
+        .await
+        .unwrap_or(reason)
 }
 
 /// Opens the console, retrying while it is not ready; returns the reason to close otherwise.

@@ -344,6 +344,33 @@ async fn a_console_opened_in_another_tab_closes_this_one_with_that_reason() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_takeover_announced_just_after_the_connection_dropped_still_wins() {
+    // Another server replica opened the console: KubeVirt dropped this connection first, the
+    // replica's announcement arrives half a second later. The student reads "another tab"
+    // (the page does not reconnect and steal the console back), not "connection lost".
+    let mut h = start(Setup::default());
+    let console = h.consoles.next().await.unwrap();
+    let dropped = Instant::now();
+    drop(console);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.controller.close(CloseReason::Replaced);
+    let (_, close) = h.browser.read_to_close().await;
+    assert_eq!(close.unwrap().code, 4003);
+    assert_eq!(h.relay.await.unwrap().reason, CloseReason::Replaced);
+    assert_eq!(dropped.elapsed(), Duration::from_millis(500));
+
+    // Without an announcement the connection is reported lost once the grace is over.
+    let mut h = start(Setup::default());
+    let console = h.consoles.next().await.unwrap();
+    let dropped = Instant::now();
+    drop(console);
+    let (_, close) = h.browser.read_to_close().await;
+    assert_eq!(close.unwrap().code, 4006);
+    assert_eq!(dropped.elapsed(), RelayConfig::default().takeover_grace);
+    h.relay.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_console_that_ends_by_itself_is_explained_by_the_upstream() {
     let mut h = start(Setup {
         on_end: CloseReason::VmStopped,
