@@ -26,6 +26,11 @@ pub struct ClusterSettings {
     /// [`ClusterError::Transient`](crate::ClusterError::Transient). Applies to clients this
     /// crate builds (not to [`KubeCluster::new`](crate::KubeCluster::new)).
     pub retry_throttled: bool,
+    /// How often an open VMI console is pinged (`None` or zero: never). A console from which
+    /// no frame at all (pong or output) arrived for a whole interval after a ping is taken for
+    /// dead: its output ends with [`ClusterError::Transient`](crate::ClusterError::Transient).
+    /// Default 25 s.
+    pub console_ping_interval: Option<Duration>,
 }
 
 impl Default for ClusterSettings {
@@ -37,6 +42,7 @@ impl Default for ClusterSettings {
             request_timeout: Duration::from_secs(30),
             field_manager: "ttlab".to_owned(),
             retry_throttled: true,
+            console_ping_interval: Some(Duration::from_secs(25)),
         }
     }
 }

@@ -6,9 +6,21 @@
 //! is sent through `Client::send` (which still applies the client's base URL, TLS and
 //! authentication), the `101 Switching Protocols` answer is checked here, and the upgraded
 //! connection is wrapped as a client-side WebSocket.
+//!
+//! KubeVirt's console connections are known to be dropped silently (idle or busy), so the
+//! client pings: a ping goes out every `ping_interval` (a setting, 25 s by default), and when
+//! a whole interval after a ping passes with no frame at all from the server (no pong, no
+//! output), the connection is taken for dead: the output stream ends with a
+//! [`ClusterError::Transient`] saying so, which the console relay reports as a lost
+//! connection. A dead connection is noticed within two intervals.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt, future, stream};
+use futures::{Sink, SinkExt as _, Stream, StreamExt as _};
 use http::header::{
     CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL,
     SEC_WEBSOCKET_VERSION, UPGRADE,
@@ -39,6 +51,7 @@ pub(super) async fn open(
     client: &Client,
     namespace: &str,
     name: &str,
+    ping_interval: Option<Duration>,
 ) -> Result<Terminal, ClusterError> {
     let key = generate_key();
     let request = Request::get(console_path(namespace, name))
@@ -88,7 +101,7 @@ pub(super) async fn open(
     let socket =
         WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(config()))
             .await;
-    Ok(terminal(socket))
+    Ok(terminal(socket, ping_interval))
 }
 
 /// The console connection's WebSocket settings. The read buffer is filled (zeroed) to its
@@ -141,32 +154,265 @@ fn ws_error(e: WsError) -> ClusterError {
 }
 
 /// Binary frames carry the serial bytes; a Close frame (or the connection closing) ends the
-/// output. Pings are answered by the WebSocket layer.
-pub(crate) fn terminal<S>(socket: WebSocketStream<S>) -> Terminal
+/// output. Pings from the server are answered by the WebSocket layer; with `ping_interval`,
+/// the output side also pings the server and ends with an error when it stops answering (see
+/// the module docs).
+///
+/// Both halves share the one WebSocket (each poll locks it briefly). They are meant to be
+/// polled from one task, as the console relay does: a ping whose write is blocked is retried
+/// on the output's next poll.
+pub(crate) fn terminal<S>(socket: WebSocketStream<S>, ping_interval: Option<Duration>) -> Terminal
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sink, source) = socket.split();
-    let output = stream::unfold(Some(source), |source| async move {
-        let mut source = source?;
-        loop {
-            match source.next().await {
-                Some(Ok(Message::Binary(bytes))) => return Some((Ok(bytes), Some(source))),
-                Some(Ok(Message::Text(text))) => {
-                    return Some((Ok(Bytes::from(text.as_str().to_owned())), Some(source)));
-                }
-                Some(Ok(Message::Close(_))) | None => return None,
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Err(WsError::ConnectionClosed | WsError::AlreadyClosed)) => return None,
-                Some(Err(e)) => return Some((Err(ws_error(e)), None)),
-            }
+    let socket = Arc::new(Mutex::new(socket));
+    let pinger = ping_interval.filter(|d| !d.is_zero()).map(|every| {
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Pinger {
+            interval,
+            every,
+            waiting: false,
+            flushing: false,
         }
     });
-    let input = sink
-        .sink_map_err(ws_error)
-        .with(|bytes: Bytes| future::ready(Ok::<_, ClusterError>(Message::Binary(bytes))));
+    let output = Output {
+        socket: Arc::clone(&socket),
+        pinger,
+        done: false,
+    };
     Terminal {
         output: output.boxed(),
-        input: Box::pin(input),
+        input: Box::pin(Input { socket }),
+    }
+}
+
+type Shared<S> = Arc<Mutex<WebSocketStream<S>>>;
+
+fn lock<S>(socket: &Shared<S>) -> std::sync::MutexGuard<'_, WebSocketStream<S>> {
+    socket.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The keepalive state of the output side.
+struct Pinger {
+    interval: tokio::time::Interval,
+    every: Duration,
+    /// A ping went out and no frame has arrived since.
+    waiting: bool,
+    /// A ping was queued and is not flushed yet.
+    flushing: bool,
+}
+
+/// The console's output: the serial bytes, with the keepalive driven from its polls.
+struct Output<S> {
+    socket: Shared<S>,
+    pinger: Option<Pinger>,
+    done: bool,
+}
+
+/// Ends the output with `item` (an error, or nothing).
+fn end(
+    done: &mut bool,
+    item: Option<Result<Bytes, ClusterError>>,
+) -> Poll<Option<Result<Bytes, ClusterError>>> {
+    *done = true;
+    Poll::Ready(item)
+}
+
+impl<S> Stream for Output<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    type Item = Result<Bytes, ClusterError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let socket = Arc::clone(&this.socket);
+        let mut ws = lock(&socket);
+        // Everything already received comes first (it also proves the server alive).
+        loop {
+            let message = match ws.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(message))) => message,
+                Poll::Ready(Some(Err(WsError::ConnectionClosed | WsError::AlreadyClosed)))
+                | Poll::Ready(None) => return end(&mut this.done, None),
+                Poll::Ready(Some(Err(e))) => return end(&mut this.done, Some(Err(ws_error(e)))),
+                Poll::Pending => break,
+            };
+            if let Some(p) = &mut this.pinger {
+                p.waiting = false;
+            }
+            match message {
+                Message::Binary(bytes) => return Poll::Ready(Some(Ok(bytes))),
+                Message::Text(text) => {
+                    return Poll::Ready(Some(Ok(Bytes::from(text.as_str().to_owned()))));
+                }
+                Message::Close(_) => return end(&mut this.done, None),
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+            }
+        }
+        let Some(p) = &mut this.pinger else {
+            return Poll::Pending;
+        };
+        if p.flushing {
+            match ws.poll_flush_unpin(cx) {
+                Poll::Ready(Ok(())) => p.flushing = false,
+                Poll::Ready(Err(e)) => return end(&mut this.done, Some(Err(ws_error(e)))),
+                Poll::Pending => {}
+            }
+        }
+        while p.interval.poll_tick(cx).is_ready() {
+            if p.waiting {
+                let message = format!(
+                    "console connection: no answer from the console for {:?} (keepalive ping unanswered)",
+                    p.every
+                );
+                return end(
+                    &mut this.done,
+                    Some(Err(ClusterError::Transient { message })),
+                );
+            }
+            p.waiting = true;
+            // A write side that is blocked counts as silence: the ping goes out when it can.
+            match ws.poll_ready_unpin(cx) {
+                Poll::Ready(Ok(())) => {
+                    if let Err(e) = ws.start_send_unpin(Message::Ping(Bytes::new())) {
+                        return end(&mut this.done, Some(Err(ws_error(e))));
+                    }
+                    p.flushing = true;
+                    match ws.poll_flush_unpin(cx) {
+                        Poll::Ready(Ok(())) => p.flushing = false,
+                        Poll::Ready(Err(e)) => return end(&mut this.done, Some(Err(ws_error(e)))),
+                        Poll::Pending => {}
+                    }
+                }
+                Poll::Ready(Err(e)) => return end(&mut this.done, Some(Err(ws_error(e)))),
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// The console's input: keystrokes as binary frames. Closing it sends a Close frame.
+struct Input<S> {
+    socket: Shared<S>,
+}
+
+impl<S> Sink<Bytes> for Input<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    type Error = ClusterError;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        lock(&self.socket).poll_ready_unpin(cx).map_err(ws_error)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: Bytes) -> Result<(), Self::Error> {
+        lock(&self.socket)
+            .start_send_unpin(Message::Binary(item))
+            .map_err(ws_error)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        lock(&self.socket).poll_flush_unpin(cx).map_err(ws_error)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        lock(&self.socket).poll_close_unpin(cx).map_err(ws_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::DuplexStream;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const EVERY: Duration = Duration::from_secs(25);
+
+    /// A console client over an in-memory pipe, and the server's end of the pipe.
+    async fn pair() -> (Terminal, WebSocketStream<DuplexStream>) {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let server = WebSocketStream::from_raw_socket(server, Role::Server, None).await;
+        (terminal(client, Some(EVERY)), server)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_stops_answering_is_taken_for_dead_within_two_intervals() {
+        // The server end is never read: the first ping is never answered.
+        let (mut term, _server) = pair().await;
+        let started = Instant::now();
+        let end = term.output.next().await;
+        let Some(Err(ClusterError::Transient { message })) = end else {
+            panic!("expected a transient error, got {end:?}");
+        };
+        assert!(
+            message.contains("no answer from the console for 25s"),
+            "{message}"
+        );
+        assert_eq!(started.elapsed(), 2 * EVERY);
+        assert!(term.output.next().await.is_none(), "the output ended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_answers_pings_keeps_the_console_open() {
+        let (mut term, mut server) = pair().await;
+        // A plain WebSocket server: reading answers pings (the library queues the pongs).
+        let pings = tokio::spawn(async move {
+            let mut pings = 0;
+            while let Some(Ok(message)) = server.next().await {
+                match message {
+                    Message::Ping(_) => pings += 1,
+                    Message::Binary(b) if b.as_ref() == b"bye" => break,
+                    _ => {}
+                }
+            }
+            pings
+        });
+        let idle = tokio::time::timeout(10 * EVERY + EVERY / 2, term.output.next()).await;
+        assert!(idle.is_err(), "the idle console ended: {idle:?}");
+        term.input.send(Bytes::from_static(b"bye")).await.unwrap();
+        assert_eq!(pings.await.unwrap(), 10, "one ping per interval");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn output_counts_as_an_answer() {
+        let (mut term, mut server) = pair().await;
+        // The server never answers pings (it never reads) but prints every 10 s.
+        let started = Instant::now();
+        let printer = tokio::spawn(async move {
+            for _ in 0..12 {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                if server
+                    .send(Message::Binary(Bytes::from_static(b".")))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            // Then silence.
+            std::future::pending::<()>().await;
+        });
+        for _ in 0..12 {
+            assert_eq!(
+                term.output.next().await.unwrap().unwrap(),
+                Bytes::from_static(b".")
+            );
+        }
+        let end = term.output.next().await;
+        assert!(
+            matches!(end, Some(Err(ClusterError::Transient { .. }))),
+            "{end:?}"
+        );
+        // The last output came at 120 s; a ping went out at 125 s, unanswered by 150 s.
+        assert_eq!(started.elapsed(), Duration::from_secs(150));
+        printer.abort();
     }
 }

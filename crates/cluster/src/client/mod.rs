@@ -460,7 +460,12 @@ impl Cluster for KubeCluster {
             check_name("VirtualMachineInstance", name)?;
             let _permit = self.permit().await?;
             let timeout = self.inner.settings.request_timeout;
-            let open = console::open(&self.inner.client, &self.inner.namespace, name);
+            let open = console::open(
+                &self.inner.client,
+                &self.inner.namespace,
+                name,
+                self.inner.settings.console_ping_interval,
+            );
             match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(ClusterError::timed_out(
