@@ -58,6 +58,8 @@ pub struct ApiConfig {
     /// Extra time, beyond the lesson's readiness and setup timeouts, before the reaper may
     /// fail a session still `starting` (this server is then presumed dead).
     pub readiness_margin: Duration,
+    /// How long a console ticket can be used (default 30 s, database clock).
+    pub console_ticket_ttl: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -91,6 +93,7 @@ impl ApiConfig {
             collect_timeout: DEFAULT_COLLECT_TIMEOUT,
             web_dir: None,
             readiness_margin: Duration::from_secs(60),
+            console_ticket_ttl: crate::console::TICKET_TTL,
         }
     }
 }

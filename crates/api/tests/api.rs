@@ -327,6 +327,8 @@ async fn the_openapi_document_names_every_route() {
         ("get", "/api/sessions/{id}/events"),
         ("post", "/api/sessions/{id}/extend"),
         ("post", "/api/sessions/{id}/grade"),
+        ("post", "/api/sessions/{id}/console-ticket"),
+        ("get", "/api/sessions/{id}/console"),
         ("get", "/api/admin/sessions"),
         ("get", "/api/admin/capacity"),
         ("get", "/api/admin/reaper"),

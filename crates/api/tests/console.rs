@@ -340,3 +340,179 @@ async fn a_console_that_is_not_ready_is_retried_every_second_with_a_message() {
     read_until(&mut ws, ":~# ").await;
     s.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Several server replicas behind a load balancer without sticky sessions
+
+/// A ticket from `s`, with whatever lifetime that server gives.
+async fn any_ticket(s: &Running, sid: &str, token: &str) -> Value {
+    let (status, v) = s
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket"),
+            token,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn a_ticket_issued_by_one_replica_opens_the_console_on_another_once_and_not_after_it_expired()
+{
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.console_ticket_ttl = Duration::from_secs(1);
+    let a = w.serve(config.clone()).await;
+    let b = w.serve(config).await;
+    let (sid, alice) = start_running(&a, "alice", "quick").await;
+
+    let t = any_ticket(&a, &sid, &alice).await;
+    assert_eq!(t["expires_in_seconds"], 1);
+    let url = t["url"].as_str().unwrap().to_owned();
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url(&b, &url))
+        .await
+        .expect("the console opens on the other replica");
+    read_until(&mut ws, ":~# ").await;
+    // Single use, on every replica.
+    for s in [&a, &b] {
+        let (status, body) = refused(ws_url(s, &url)).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("invalid_ticket")),
+            "second use: {body}"
+        );
+    }
+    // Expired (database clock): refused, whichever replica is asked.
+    let late = any_ticket(&b, &sid, &alice).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (status, body) = refused(ws_url(&a, late["url"].as_str().unwrap())).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "expired: {body}"
+    );
+    // Only digests are stored, and the expired one is purged by the next issue.
+    let store = w.db.store().await.unwrap();
+    any_ticket(&a, &sid, &alice).await;
+    assert_eq!(store.console_tickets().count().await.unwrap(), 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_ticket_can_name_its_node_and_then_opens_that_node_only() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "duo").await;
+    let (status, t) = s
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket?node=two"),
+            &alice,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{t}");
+    let url = t["url"].as_str().unwrap();
+    assert!(url.ends_with("&node=two"), "{url}");
+    let (status, body) = refused(ws_url(&s, &url.replace("&node=two", "&node=one"))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("invalid_ticket")),
+        "{body}"
+    );
+    let (status, t) = s
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket?node=two"),
+            &alice,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{t}");
+    // Without `&node=` the ticket's node is opened.
+    let url = t["url"].as_str().unwrap().replace("&node=two", "");
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url(&s, &url))
+        .await
+        .unwrap();
+    let text = read_until(&mut ws, ":~# ").await;
+    assert!(text.contains("Connected to the console of two"), "{text:?}");
+    let (status, body) = s
+        .post(
+            &format!("/api/sessions/{sid}/console-ticket?node=three"),
+            &alice,
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("unknown_node")),
+        "{body}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_tab_on_another_replica_takes_the_console_and_the_first_does_not_take_it_back() {
+    let w = World::new().await;
+    let a = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let b = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&a, "alice", "quick").await;
+    let mut first = open(&a, &sid, &alice).await;
+    read_until(&mut first, ":~# ").await;
+
+    let mut second = open(&b, &sid, &alice).await;
+    let (text, code, reason, _) = read_to_close(&mut first, Duration::from_secs(5)).await;
+    assert_eq!(code, 4003, "{reason}: {text:?}");
+    assert!(reason.contains("another tab"), "{reason}");
+
+    // The page does not reconnect after 4003, so nothing takes the console back: the second
+    // tab stays open and usable (`read_until` fails on any Close frame).
+    read_until(&mut second, "Connected to the console").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    type_line(&mut second, "whoami").await;
+    read_until(&mut second, "\r\nroot\r\n").await;
+
+    // And back: a third tab on the first replica closes the second one the same way.
+    let mut third = open(&a, &sid, &alice).await;
+    let (_, code, _, _) = read_to_close(&mut second, Duration::from_secs(5)).await;
+    assert_eq!(code, 4003);
+    read_until(&mut third, "Connected to the console").await;
+    type_line(&mut third, "hostname").await;
+    read_until(&mut third, "hostname\r\n").await;
+    a.stop().await;
+    b.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pod labs: the same browser protocol over pod exec
+
+const POD_LESSON: &str = r#"
+id: console-pod
+title: A shell in a pod (console test)
+runtime: pod
+image: docker.io/library/debian:12
+memory: 128Mi
+readiness_timeout_seconds: 5
+"#;
+
+#[tokio::test]
+async fn a_pod_lab_console_is_a_shell_in_the_pod() {
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.lessons = ttlab_lesson::LessonSet::from_sources([
+        ("test.yaml".into(), support::LESSONS.to_owned()),
+        ("pod.yaml".into(), POD_LESSON.to_owned()),
+    ])
+    .unwrap();
+    let s = w.serve(config).await;
+    let (sid, alice) = start_running(&s, "alice", "console-pod").await;
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(v["runtime"], "pod", "{v}");
+    let pod = v["nodes"][0]["vm"].as_str().unwrap().to_owned();
+
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, "Connected to ").await;
+    type_line(&mut ws, "hostname").await;
+    read_until(&mut ws, &format!("\r\n{pod}\r\n")).await;
+    s.stop().await;
+}

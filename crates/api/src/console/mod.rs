@@ -3,26 +3,30 @@
 //! VMI's serial console (VM labs) or a shell in the pod (pod labs).
 //!
 //! - A browser cannot send its bearer token on a WebSocket, so it first trades it for a ticket:
-//!   random, single use, good for 30 s, bound to the user and the session.
+//!   random, single use, good for 30 s, bound to the user and the session (and the node, when
+//!   the ticket request names one with `?node=`). Tickets are kept in PostgreSQL (as digests),
+//!   so any server replica accepts a ticket another one issued.
 //! - Before upgrading, the WebSocket request is checked: a valid ticket for this session
 //!   (else 403 `invalid_ticket`), the ticket's user still owns the session (else 403
 //!   `not_your_session`), the session is running (else 409 `not_running`), the node exists
 //!   (else 400 `unknown_node`). Every refusal has the JSON error body.
 //! - A VM has one console: opening a second one (another tab) closes the first with "opened in
-//!   another tab" before the new one connects.
+//!   another tab" before the new one connects — on this replica at once, and on every other
+//!   replica through the `ttlab_console_taken` notification, announced before the new console
+//!   connects to KubeVirt (which drops the old connection).
 //! - Each console closes at the session's expiry (the instant the countdown shows, from the
 //!   database clock), follows extensions, and closes when the session is finished, expires or
 //!   fails. One task per server follows session changes (the notification hub, plus a re-read
 //!   every 10 s) for all open consoles with one query.
 //!
-//! Tickets and the one-console-per-VM rule are kept in this process: with several server
-//! replicas, route a session's requests to one replica (sticky by session id).
+//! Nothing here needs sticky sessions: a ticket issued by one replica opens the console on
+//! another, and a console opened on one replica closes the one open on another.
 
 mod tickets;
 mod upstream;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -37,18 +41,19 @@ use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
 use futures::{SinkExt as _, StreamExt as _, future};
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 use ttlab_console::{CloseReason, Controller, Frame, RelayConfig, relay};
-use ttlab_model::{FinalStatus, Runtime, SessionId, SessionStatus};
-use ttlab_store::Session;
+use ttlab_model::{FinalStatus, NodeName, Runtime, SessionId, SessionStatus};
+use ttlab_store::{Channel, ConsoleTaken, Session};
+use uuid::Uuid;
 
 use crate::auth::CurrentUser;
 use crate::extract::SessionPath;
 use crate::{ApiError, AppState, ErrorBody};
 
 pub use tickets::TICKET_TTL;
-use tickets::{TicketRefusal, Tickets};
+use tickets::TicketRefusal;
 use upstream::{PodShell, VmConsole};
 
 /// Largest message accepted from the browser (keystrokes and pastes).
@@ -57,6 +62,10 @@ const MAX_BROWSER_MESSAGE: usize = 64 * 1024;
 const FALLBACK: Duration = Duration::from_secs(10);
 /// Changes arriving together are applied once.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// How long a new console waits for this replica to be listening for other replicas'
+/// takeovers before it connects anyway (the first console after a start, or while the
+/// database is unreachable).
+const LISTEN_WAIT: Duration = Duration::from_secs(2);
 
 /// The console routes, with this router's registry of tickets and open consoles.
 pub fn routes() -> Router<AppState> {
@@ -72,25 +81,30 @@ pub fn routes() -> Router<AppState> {
 
 type Key = (SessionId, String);
 
-/// Tickets and open consoles of one server.
+/// The open consoles of one server.
 #[derive(Default)]
 struct Consoles {
-    tickets: Mutex<Tickets>,
     open: Mutex<HashMap<Key, Open>>,
-    next_id: AtomicU64,
     watching: AtomicBool,
+    /// This replica is listening for other replicas' takeovers.
+    listening: AtomicBool,
+    listening_changed: Notify,
 }
 
 struct Open {
-    id: u64,
+    id: Uuid,
     controller: Controller,
+    /// Its own takeover announcement came back through the listener. Announcements reach
+    /// every replica in the same order, so one for another connection that arrives after this
+    /// is newer (KubeVirt holds the other one now), and one that arrives before is older.
+    announced: bool,
 }
 
 /// Unregisters an open console when its relay ends.
 struct Registration {
     consoles: Arc<Consoles>,
     key: Key,
-    id: u64,
+    id: Uuid,
 }
 
 impl Drop for Registration {
@@ -114,8 +128,15 @@ impl Consoles {
         deadline: Instant,
     ) -> (ttlab_console::Controls, Registration) {
         let (controller, controls) = ttlab_console::controls(Some(deadline));
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let previous = lock(&self.open).insert(key.clone(), Open { id, controller });
+        let id = Uuid::new_v4();
+        let previous = lock(&self.open).insert(
+            key.clone(),
+            Open {
+                id,
+                controller,
+                announced: false,
+            },
+        );
         if let Some(previous) = previous {
             previous.controller.close(CloseReason::Replaced);
         }
@@ -125,6 +146,35 @@ impl Consoles {
             id,
         };
         (controls, registration)
+    }
+
+    /// The connection `by` (on any replica) announced that it took the console of `key`.
+    /// This replica's connection to it is closed if it is older (its own announcement came
+    /// first); if it is `by` itself, it is now known to be announced.
+    fn taken(&self, key: &Key, by: Uuid) {
+        let mut opens = lock(&self.open);
+        let Some(open) = opens.get_mut(key) else {
+            return;
+        };
+        if open.id == by {
+            open.announced = true;
+        } else if open.announced {
+            open.controller.close(CloseReason::Replaced);
+        }
+    }
+
+    /// Waits (at most `limit`) until this replica listens for takeovers.
+    async fn until_listening(&self, limit: Duration) {
+        let wait = async {
+            loop {
+                let changed = self.listening_changed.notified();
+                if self.listening.load(Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, wait).await;
     }
 
     fn sessions(&self) -> BTreeSet<SessionId> {
@@ -190,12 +240,21 @@ struct TicketView {
     expires_in_seconds: u64,
 }
 
+/// The ticket request's query: the node whose console the ticket opens (multi-VM labs).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TicketQuery {
+    node: Option<String>,
+}
+
 async fn ticket(
     State(state): State<AppState>,
     Extension(consoles): Extension<Arc<Consoles>>,
     user: CurrentUser,
     SessionPath(id): SessionPath,
+    query: Result<Query<TicketQuery>, QueryRejection>,
 ) -> Result<Json<TicketView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let s = match state.store().sessions().get(id).await? {
         Some(s) if s.user == user.user => s,
         _ => return Err(ApiError::SessionNotFound),
@@ -206,12 +265,39 @@ async fn ticket(
     if s.expires_at <= state.store().db_now().await? {
         return Err(expired());
     }
-    let ticket = lock(&consoles.tickets).issue(user.user, id, std::time::Instant::now());
+    let node: Option<NodeName> = match &query.node {
+        Some(name) => match s.vms.iter().find(|v| v.node.as_str() == name) {
+            Some(vm) => Some(vm.node.clone()),
+            None => return Err(unknown_node(&s, name)),
+        },
+        None => None,
+    };
+    // Listening for other replicas' takeovers is started before any console of this replica
+    // can open (the WebSocket usually follows the ticket within milliseconds).
+    watch_sessions(&state, &consoles);
+    let ttl = state.config().console_ticket_ttl;
+    let (ticket, _expires) =
+        tickets::issue(state.store(), &user.user, id, node.as_ref(), ttl).await?;
+    let url = match &node {
+        Some(node) => format!("/api/sessions/{id}/console?ticket={ticket}&node={node}"),
+        None => format!("/api/sessions/{id}/console?ticket={ticket}"),
+    };
     Ok(Json(TicketView {
-        url: format!("/api/sessions/{id}/console?ticket={ticket}"),
+        url,
         ticket,
-        expires_in_seconds: TICKET_TTL.as_secs(),
+        expires_in_seconds: ttl.as_secs(),
     }))
+}
+
+fn unknown_node(s: &Session, name: &str) -> ApiError {
+    let nodes: Vec<&str> = s.vms.iter().map(|v| v.node.as_str()).collect();
+    ApiError::bad_request(
+        "unknown_node",
+        format!(
+            "this lab has no node {name:?}; its nodes are: {}",
+            nodes.join(", ")
+        ),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -232,7 +318,7 @@ async fn console(
     query: Result<Query<ConsoleQuery>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    match prepare(&state, &consoles, id, query).await {
+    match prepare(&state, id, query).await {
         Ok(target) => {
             let upgrade = match upgrade {
                 Ok(upgrade) => upgrade,
@@ -261,7 +347,6 @@ struct Target {
 
 async fn prepare(
     state: &AppState,
-    consoles: &Consoles,
     id: SessionId,
     query: Result<Query<ConsoleQuery>, QueryRejection>,
 ) -> Result<Target, Response> {
@@ -275,7 +360,9 @@ async fn prepare(
              WebSocket at the url it returns",
         ));
     };
-    let taken = lock(&consoles.tickets).take(&value, id, std::time::Instant::now());
+    let taken = tickets::take(state.store(), &value, id, query.node.as_deref())
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
     let ticket = match taken {
         Ok(ticket) => ticket,
         Err(TicketRefusal::Unknown) => {
@@ -290,6 +377,13 @@ async fn prepare(
                 StatusCode::FORBIDDEN,
                 "invalid_ticket",
                 "this console ticket was issued for another session",
+            ));
+        }
+        Err(TicketRefusal::OtherNode) => {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                "invalid_ticket",
+                "this console ticket was issued for another node of the session",
             ));
         }
     };
@@ -318,24 +412,20 @@ async fn prepare(
     if session.expires_at <= now {
         return Err(expired().into_response());
     }
-    let vm = match &query.node {
+    let wanted = ticket
+        .node
+        .as_ref()
+        .map(|n| n.as_str().to_owned())
+        .or(query.node);
+    let vm = match &wanted {
         Some(node) => session.vms.iter().find(|v| v.node.as_str() == node),
         None => session.vms.first(),
     };
     let Some(vm) = vm else {
-        if query.node.is_none() {
-            return Err(not_running(&session).into_response());
-        }
-        let nodes: Vec<&str> = session.vms.iter().map(|v| v.node.as_str()).collect();
-        return Err(ApiError::bad_request(
-            "unknown_node",
-            format!(
-                "this lab has no node {:?}; its nodes are: {}",
-                query.node.unwrap_or_default(),
-                nodes.join(", ")
-            ),
-        )
-        .into_response());
+        return Err(match wanted {
+            None => not_running(&session).into_response(),
+            Some(name) => unknown_node(&session, &name).into_response(),
+        });
     };
     Ok(Target {
         session: id,
@@ -361,6 +451,11 @@ fn start(
     watch_sessions(&state, &consoles);
     let (controls, registration) =
         consoles.open((target.session, target.node.clone()), target.deadline);
+    let taken = target.node.parse().ok().map(|node| ConsoleTaken {
+        session: target.session,
+        node,
+        connection: registration.id,
+    });
     let config = RelayConfig {
         connected_message: Some(match target.runtime {
             Runtime::Vm => format!(
@@ -378,6 +473,14 @@ fn start(
         .max_message_size(MAX_BROWSER_MESSAGE)
         .max_frame_size(MAX_BROWSER_MESSAGE)
         .on_upgrade(move |socket| async move {
+            // Other replicas close their connections to this console before KubeVirt drops
+            // them, so their pages show "another tab" instead of reconnecting.
+            if let Some(taken) = &taken {
+                consoles.until_listening(LISTEN_WAIT).await;
+                if let Err(e) = state.store().announce_console_taken(taken).await {
+                    tracing::warn!(session = %taken.session, error = %e, "console takeover not announced to other replicas");
+                }
+            }
             let (to_browser, from_browser) = browser_frames(socket);
             let end = match target.runtime {
                 Runtime::Vm => {
@@ -395,6 +498,7 @@ fn start(
                         session: target.session,
                         cluster,
                         pod: target.object.clone(),
+                        shell: None,
                     };
                     relay(to_browser, from_browser, pod, controls, config).await
                 }
@@ -458,6 +562,7 @@ fn watch_sessions(state: &AppState, consoles: &Arc<Consoles>) {
     if consoles.watching.swap(true, Ordering::SeqCst) {
         return;
     }
+    follow_takeovers(state, consoles);
     let weak = Arc::downgrade(consoles);
     let mut hints = state.subscribe();
     let task_state = state.clone();
@@ -480,6 +585,60 @@ fn watch_sessions(state: &AppState, consoles: &Arc<Consoles>) {
             if let Err(e) = apply_changes(&task_state, &consoles).await {
                 tracing::debug!(error = %e, "console sessions not re-read; trying again");
             }
+        }
+    });
+}
+
+/// Listens for consoles opened on any replica (`ttlab_console_taken`) and closes this
+/// replica's other connections to them. Reconnects with backoff; while it is not listening, a
+/// takeover from another replica is noticed only when KubeVirt drops the connection (reported
+/// as lost, after the relay's takeover grace).
+fn follow_takeovers(state: &AppState, consoles: &Arc<Consoles>) {
+    let weak = Arc::downgrade(consoles);
+    let task_state = state.clone();
+    state.spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match task_state.store().listen(&[Channel::ConsoleTaken]).await {
+                Ok(mut listener) => {
+                    pause = Duration::from_millis(100);
+                    let Some(consoles) = weak.upgrade() else {
+                        return;
+                    };
+                    consoles.listening.store(true, Ordering::SeqCst);
+                    consoles.listening_changed.notify_waiters();
+                    drop(consoles);
+                    loop {
+                        let n = match listener.recv().await {
+                            Ok(n) => n,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "console takeover notifications lost; reconnecting");
+                                break;
+                            }
+                        };
+                        let Some(consoles) = weak.upgrade() else {
+                            return;
+                        };
+                        match ConsoleTaken::parse(&n.payload) {
+                            Some(t) => {
+                                consoles.taken(&(t.session, t.node.as_str().to_owned()), t.connection);
+                            }
+                            None => tracing::debug!(payload = %n.payload, "unreadable console takeover"),
+                        }
+                    }
+                    if let Some(consoles) = weak.upgrade() {
+                        consoles.listening.store(false, Ordering::SeqCst);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot listen for console takeovers yet");
+                }
+            }
+            if weak.strong_count() == 0 {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
     });
 }

@@ -1,31 +1,22 @@
 //! One-time console tickets: a browser cannot put its bearer token on a WebSocket request, so
 //! it trades the token for a ticket (`POST …/console-ticket`) and puts the ticket in the
-//! WebSocket's URL. A ticket is random (256 bits), names one user and one session, is good
-//! for [`TICKET_TTL`] and is taken on first use.
+//! WebSocket's URL. A ticket is random (256 bits from the operating system's CSPRNG, 64 hex
+//! digits), names one user, one session and possibly one node, is good for
+//! [`ApiConfig::console_ticket_ttl`](crate::ApiConfig::console_ticket_ttl) (database clock) and
+//! is taken on first use.
+//!
+//! Tickets are kept in PostgreSQL (`ttlab_store::console_tickets`, as SHA-256 digests only),
+//! so the replica that receives the WebSocket need not be the one that issued the ticket.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::fmt::Write as _;
+use std::time::Duration;
 
-use ttlab_model::{SessionId, UserId};
+use chrono::{DateTime, Utc};
+use ttlab_model::{NodeName, SessionId, UserId};
+use ttlab_store::{ConsoleTicket, Store, StoreError, TicketDigest};
 
-/// How long a ticket can be used.
+/// How long a ticket can be used, by default.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
-
-/// Most tickets outstanding at once, all users together (older ones are dropped first).
-const MAX_TICKETS: usize = 100_000;
-
-#[derive(Debug, Clone)]
-pub(super) struct Ticket {
-    pub(super) user: UserId,
-    pub(super) session: SessionId,
-    issued: Instant,
-}
-
-/// The outstanding tickets of this process.
-#[derive(Debug, Default)]
-pub(super) struct Tickets {
-    by_value: HashMap<String, Ticket>,
-}
 
 /// Why a ticket was not accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,92 +25,79 @@ pub(super) enum TicketRefusal {
     Unknown,
     /// Issued for another session.
     OtherSession,
+    /// Issued for another node of the session.
+    OtherNode,
 }
 
-impl Tickets {
-    /// Issues a ticket for `user` and `session`.
-    pub(super) fn issue(&mut self, user: UserId, session: SessionId, now: Instant) -> String {
-        self.by_value
-            .retain(|_, t| now.duration_since(t.issued) < TICKET_TTL);
-        if self.by_value.len() >= MAX_TICKETS
-            && let Some(oldest) = self
-                .by_value
-                .iter()
-                .min_by_key(|(_, t)| t.issued)
-                .map(|(k, _)| k.clone())
-        {
-            self.by_value.remove(&oldest);
-        }
-        let value = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
-        self.by_value.insert(
-            value.clone(),
-            Ticket {
-                user,
-                session,
-                issued: now,
-            },
-        );
-        value
+/// A fresh ticket value: 32 random bytes as 64 lowercase hex digits.
+fn fresh() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    let mut value = String::with_capacity(64);
+    for b in bytes {
+        let _ = write!(value, "{b:02x}");
     }
+    Ok(value)
+}
 
-    /// Takes the ticket `value` for `session`: it is gone afterwards, whatever the answer.
-    pub(super) fn take(
-        &mut self,
-        value: &str,
-        session: SessionId,
-        now: Instant,
-    ) -> Result<Ticket, TicketRefusal> {
-        let ticket = self.by_value.remove(value).ok_or(TicketRefusal::Unknown)?;
-        if now.duration_since(ticket.issued) >= TICKET_TTL {
-            return Err(TicketRefusal::Unknown);
-        }
-        if ticket.session != session {
-            return Err(TicketRefusal::OtherSession);
-        }
-        Ok(ticket)
+/// Issues a ticket for `user`'s console of `session` (and `node`, if named). Returns the
+/// ticket and when it expires.
+pub(super) async fn issue(
+    store: &Store,
+    user: &UserId,
+    session: SessionId,
+    node: Option<&NodeName>,
+    ttl: Duration,
+) -> Result<(String, DateTime<Utc>), StoreError> {
+    let value = fresh()
+        .map_err(|_| StoreError::InvalidArgument("the operating system's random source failed"))?;
+    let expires = store
+        .console_tickets()
+        .issue(&TicketDigest::of(&value), user, session, node, ttl)
+        .await?;
+    Ok((value, expires))
+}
+
+/// Takes the ticket `value` for `session` (and `node`, if the WebSocket names one): it is gone
+/// afterwards, whatever the answer.
+pub(super) async fn take(
+    store: &Store,
+    value: &str,
+    session: SessionId,
+    node: Option<&str>,
+) -> Result<Result<ConsoleTicket, TicketRefusal>, StoreError> {
+    // A value that cannot be a ticket is not looked up.
+    if value.len() != 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(Err(TicketRefusal::Unknown));
     }
+    let Some(ticket) = store
+        .console_tickets()
+        .take(&TicketDigest::of(value))
+        .await?
+    else {
+        return Ok(Err(TicketRefusal::Unknown));
+    };
+    if ticket.session != session {
+        return Ok(Err(TicketRefusal::OtherSession));
+    }
+    if let (Some(issued), Some(asked)) = (&ticket.node, node)
+        && issued.as_str() != asked
+    {
+        return Ok(Err(TicketRefusal::OtherNode));
+    }
+    Ok(Ok(ticket))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ids() -> (UserId, SessionId, SessionId) {
-        (
-            UserId::new("alice").unwrap(),
-            SessionId::from_uuid(uuid::Uuid::new_v4()),
-            SessionId::from_uuid(uuid::Uuid::new_v4()),
-        )
-    }
-
     #[test]
-    fn a_ticket_is_good_once_for_its_session_within_its_lifetime() {
-        let (alice, s1, s2) = ids();
-        let mut t = Tickets::default();
-        let now = Instant::now();
-        let a = t.issue(alice.clone(), s1, now);
+    fn tickets_are_64_hex_digits_and_never_repeat() {
+        let a = fresh().unwrap();
+        let b = fresh().unwrap();
         assert_eq!(a.len(), 64);
-        assert_eq!(t.take(&a, s1, now).unwrap().user, alice);
-        assert_eq!(t.take(&a, s1, now).unwrap_err(), TicketRefusal::Unknown);
-
-        let b = t.issue(alice.clone(), s1, now);
-        assert_eq!(
-            t.take(&b, s2, now).unwrap_err(),
-            TicketRefusal::OtherSession
-        );
-        // Taken even when refused: it cannot be tried against the right session afterwards.
-        assert_eq!(t.take(&b, s1, now).unwrap_err(), TicketRefusal::Unknown);
-
-        let c = t.issue(alice, s1, now);
-        let late = now + TICKET_TTL;
-        assert_eq!(t.take(&c, s1, late).unwrap_err(), TicketRefusal::Unknown);
-        assert_eq!(
-            t.take("guess", s1, now).unwrap_err(),
-            TicketRefusal::Unknown
-        );
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
     }
 }

@@ -3,6 +3,7 @@
 //! decides on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ttlab_cluster::{ByteSink, ByteStream, Cluster, ClusterError, Kind, VmiPhase};
 use ttlab_console::{CloseReason, Connected, ConsoleError, Upstream};
@@ -10,9 +11,10 @@ use ttlab_model::SessionId;
 
 use crate::AppState;
 
-/// The shell a pod lab's console runs: bash if the image has it, else sh, as a login shell.
-const POD_SHELL: &str =
-    "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi";
+/// Asks the pod whether it has bash (exit status 0 if so).
+const HAS_BASH: &str = "command -v bash >/dev/null 2>&1";
+/// How long that question may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The VMI's serial console.
 pub(super) struct VmConsole {
@@ -22,12 +24,35 @@ pub(super) struct VmConsole {
     pub(super) vm: String,
 }
 
-/// A shell in the pod.
+/// A shell in the pod: a login shell, bash if the image has it, else sh. Which one is asked
+/// once (a short exec without a TTY) and kept for reconnections; the interactive shell is
+/// then exec'd directly rather than through a `sh -c` script.
 pub(super) struct PodShell {
     pub(super) state: AppState,
     pub(super) session: SessionId,
     pub(super) cluster: Arc<dyn Cluster>,
     pub(super) pod: String,
+    pub(super) shell: Option<&'static str>,
+}
+
+impl PodShell {
+    async fn shell(&mut self) -> Result<&'static str, ClusterError> {
+        if let Some(shell) = self.shell {
+            return Ok(shell);
+        }
+        let probe = vec!["sh".to_owned(), "-c".to_owned(), HAS_BASH.to_owned()];
+        let answer = self
+            .cluster
+            .exec_pod_command(&self.pod, None, probe, PROBE_TIMEOUT)
+            .await?;
+        let shell = if answer.exit_code == Some(0) {
+            "bash"
+        } else {
+            "sh"
+        };
+        self.shell = Some(shell);
+        Ok(shell)
+    }
 }
 
 /// Why the session's console ended, if the session itself says so (finished, expired…):
@@ -79,7 +104,8 @@ impl Upstream for PodShell {
 
     fn connect(&mut self) -> Connected<'_, Self> {
         Box::pin(async move {
-            let command = vec!["sh".to_owned(), "-c".to_owned(), POD_SHELL.to_owned()];
+            let shell = self.shell().await.map_err(console_error)?;
+            let command = vec![shell.to_owned(), "-l".to_owned()];
             match self.cluster.exec_pod(&self.pod, None, command).await {
                 Ok(terminal) => Ok((terminal.input, terminal.output)),
                 Err(e) => Err(console_error(e)),

@@ -85,6 +85,33 @@ pub fn document() -> Value {
                 "parameters": id_param(),
                 "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("the VM's agent (or the lab pod) did not answer")})))
             },
+            "/api/sessions/{id}/console-ticket": {
+                "parameters": id_param(),
+                "post": {"summary": "A one-time ticket for the console WebSocket: good once, for 30 s, on any server replica", "security": [{"bearer": []}],
+                         "parameters": [{"name": "node", "in": "query", "required": false, "description": "the node whose console the ticket opens (multi-VM labs; default: chosen when the WebSocket opens)", "schema": {"type": "string"}}],
+                         "responses": auth_errors(json!({
+                             "200": ok("the ticket and where to open the WebSocket", json!({"type": "object", "required": ["ticket", "url", "expires_in_seconds"], "properties": {"ticket": {"type": "string"}, "url": {"type": "string"}, "expires_in_seconds": {"type": "integer"}}})),
+                             "400": err("invalid_query, unknown_node"),
+                             "404": err("no such session, or not yours"),
+                             "409": err("not_running, expired")
+                         }))}
+            },
+            "/api/sessions/{id}/console": {
+                "parameters": id_param(),
+                "get": {"summary": "The terminal: a WebSocket relayed to the VM's serial console (or a shell in the lab pod), raw bytes in binary frames both ways; authenticated by its ticket, not a bearer token. Close codes: 4001 session expired, 4002 finished, 4003 opened in another tab, 4004 VM stopped, 4005 console unavailable, 4006 connection lost, 4007 browser not responding, 1012 server restarting (the page reconnects after 4005-4007 and 1012 only)",
+                        "parameters": [
+                            {"name": "ticket", "in": "query", "required": true, "schema": {"type": "string"}},
+                            {"name": "node", "in": "query", "required": false, "schema": {"type": "string"}}
+                        ],
+                        "responses": {
+                            "101": {"description": "switching to the WebSocket"},
+                            "400": err("websocket_required, invalid_query, unknown_node"),
+                            "403": err("invalid_ticket (unknown, used, expired, or for another session or node), not_your_session"),
+                            "404": err("no such session"),
+                            "409": err("not_running, expired"),
+                            "503": err("database unavailable")
+                        }}
+            },
             "/api/admin/sessions": {"get": {
                 "summary": "Sessions of this environment",
                 "security": [{"bearer": []}],

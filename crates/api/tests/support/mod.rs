@@ -178,6 +178,11 @@ impl World {
     /// Starts a server instance (a replica) on its own pool and cluster client.
     pub async fn server(&self, policy: Policy, vm_limit: usize) -> Running {
         let config = self.config(policy, vm_limit).await;
+        self.serve(config).await
+    }
+
+    /// Starts a server instance with `config` (from [`World::config`], changed by the test).
+    pub async fn serve(&self, config: ApiConfig) -> Running {
         let store = self.db.store().await.unwrap();
         let server = Server::bind(config, store, self.cluster().await)
             .await
