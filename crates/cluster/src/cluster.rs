@@ -57,6 +57,8 @@ pub trait Cluster: Send + Sync {
 
     /// Reads one page of the objects of `kind` matching the label `selector`, starting at
     /// `continue_token` (`None` for the first page). The page size is the client's setting.
+    /// Only metadata travels (a `PartialObjectMetadataList`): listing cloud-init Secrets never
+    /// downloads their payloads.
     fn list_page<'a>(
         &'a self,
         kind: Kind,

@@ -309,9 +309,11 @@ impl Cluster for KubeCluster {
     fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
         Box::pin(async move {
             check_name(kind.name(), name)?;
+            // Metadata only (`as=PartialObjectMetadata`): the summary needs nothing else, and
+            // a cloud-init Secret carries the whole guest agent.
             let api = self.dynamic(kind);
             let found = self
-                .call(&format!("get {kind} {name}"), api.get_opt(name))
+                .call(&format!("get {kind} {name}"), api.get_metadata_opt(name))
                 .await?;
             Ok(found.map(|o| convert::summary(kind, &o.metadata)))
         })
@@ -331,8 +333,13 @@ impl Cluster for KubeCluster {
             if let Some(token) = continue_token.as_deref() {
                 lp = lp.continue_token(token);
             }
+            // Metadata only (`as=PartialObjectMetadataList`): a page of 500 cloud-init
+            // Secrets in full would be hundreds of megabytes (each embeds the guest agent),
+            // and a summary needs names, labels, owners and timestamps alone.
             let api = self.dynamic(kind);
-            let list = self.call(&format!("list {kind}"), api.list(&lp)).await?;
+            let list = self
+                .call(&format!("list {kind}"), api.list_metadata(&lp))
+                .await?;
             Ok(Page {
                 items: list
                     .items
