@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::Sim;
 use crate::faults::{CallKey, FaultAction, Verb};
+use crate::metadata::{self, Shape};
 use crate::resources::{self, TYPES, TypeId};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{self, ApiError};
@@ -283,6 +284,12 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    let shape = Shape::negotiate(
+        req.headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+        verb == Verb::List,
+    );
     let body = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
         Ok(b) => b,
         Err(_) => {
@@ -301,6 +308,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         query: &query,
         content_type: &content_type,
         body: &body,
+        shape,
     };
     let result = match verb {
         Verb::Get => call.get(),
@@ -327,6 +335,8 @@ struct Call<'a> {
     query: &'a BTreeMap<String, String>,
     content_type: &'a str,
     body: &'a Bytes,
+    /// Full objects, or their metadata only (the `Accept` header of a get, list or watch).
+    shape: Shape,
 }
 
 fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
@@ -390,6 +400,14 @@ impl Call<'_> {
             .store()
             .get(self.target.t, self.ns(), self.name())
             .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, self.name()))?;
+        if self.shape == Shape::Metadata {
+            let mut r = json_response(200, &metadata::partial(&obj));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(metadata::content_type(false)),
+            );
+            return Ok(r);
+        }
         Ok(json_response(200, &obj))
     }
 
@@ -434,17 +452,22 @@ impl Call<'_> {
         if let Some(r) = page.remaining {
             meta.insert("remainingItemCount".into(), Value::from(r));
         }
+        let partial = self.shape == Shape::Metadata;
+        let (kind, api_version) = if partial {
+            (
+                metadata::PARTIAL_LIST.to_owned(),
+                metadata::API_VERSION.to_owned(),
+            )
+        } else {
+            (format!("{}List", rt.kind), rt.api_version())
+        };
         // Serialize item by item: no deep copy of large lists.
         let mut out = Vec::with_capacity(256 + page.items.len() * 512);
         out.extend_from_slice(b"{\"kind\":");
-        out.extend_from_slice(
-            serde_json::to_string(&format!("{}List", rt.kind))
-                .unwrap_or_default()
-                .as_bytes(),
-        );
+        out.extend_from_slice(serde_json::to_string(&kind).unwrap_or_default().as_bytes());
         out.extend_from_slice(b",\"apiVersion\":");
         out.extend_from_slice(
-            serde_json::to_string(&rt.api_version())
+            serde_json::to_string(&api_version)
                 .unwrap_or_default()
                 .as_bytes(),
         );
@@ -455,13 +478,21 @@ impl Call<'_> {
             if i > 0 {
                 out.push(b',');
             }
-            let _ = serde_json::to_writer(&mut out, &**item);
+            if partial {
+                metadata::write_partial(&mut out, item);
+            } else {
+                let _ = serde_json::to_writer(&mut out, &**item);
+            }
         }
         out.extend_from_slice(b"]}");
         let mut r = Response::new(Body::from(out));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
+            HeaderValue::from_static(if partial {
+                metadata::content_type(true)
+            } else {
+                "application/json"
+            }),
         );
         Ok(r)
     }
@@ -538,10 +569,15 @@ impl Call<'_> {
         let kind = rt.kind;
         let api_version = rt.api_version();
         let bookmark_every = self.sim.config.timings.bookmark;
+        let partial = self.shape == Shape::Metadata;
         tokio::spawn(async move {
             let line = |ty: &str, obj: &Value| {
-                let mut v =
-                    serde_json::to_vec(&json!({"type": ty, "object": obj})).unwrap_or_default();
+                let event = if partial && ty != "BOOKMARK" {
+                    json!({"type": ty, "object": metadata::partial(obj)})
+                } else {
+                    json!({"type": ty, "object": obj})
+                };
+                let mut v = serde_json::to_vec(&event).unwrap_or_default();
                 v.push(b'\n');
                 Bytes::from(v)
             };
@@ -550,7 +586,11 @@ impl Call<'_> {
                 if end {
                     meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
                 }
-                json!({"kind": kind, "apiVersion": api_version, "metadata": meta})
+                if partial {
+                    json!({"kind": metadata::PARTIAL, "apiVersion": metadata::API_VERSION, "metadata": meta})
+                } else {
+                    json!({"kind": kind, "apiVersion": api_version, "metadata": meta})
+                }
             };
             let mut last_rv = start_rv;
             for (k, obj) in backlog {
@@ -1035,6 +1075,15 @@ fn admit_existing(
 /// Creates an object given in full (in-process API), validated like a POST with
 /// `fieldValidation=Strict`.
 pub(crate) fn create_direct(sim: &Sim, obj: Value) -> Result<Value, ApiError> {
+    create_direct_at(sim, obj, None)
+}
+
+/// [`create_direct`] with an explicit `creationTimestamp` (`None`: now).
+pub(crate) fn create_direct_at(
+    sim: &Sim,
+    obj: Value,
+    created: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<Value, ApiError> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default();
     let kind = obj["kind"].as_str().unwrap_or_default();
     let t = TYPES
@@ -1049,7 +1098,10 @@ pub(crate) fn create_direct(sim: &Sim, obj: Value) -> Result<Value, ApiError> {
         String::new()
     };
     let (obj, _) = admit_new(sim, t, &ns, obj, FieldValidation::Strict)?;
-    let stored = sim.store().create(t, &ns, obj)?;
+    let stored = match created {
+        Some(at) => sim.store().create_backdated(t, &ns, obj, at)?,
+        None => sim.store().create(t, &ns, obj)?,
+    };
     Ok((*stored).clone())
 }
 

@@ -15,6 +15,7 @@
 //! | POST | `/sim/vmis/{ns}/{name}/poweroff` / `…/crash` | guest ends |
 //! | GET | `/sim/vmis/{ns}/{name}/guest` | `{"dir", "ip"}` |
 //! | PUT | `/sim/lessons/{lesson}/setup` | a [`crate::SetupOutcome`] |
+//! | POST | `/sim/objects` | `{"object", "creationTimestamp"?}` → the stored object (created directly, optionally backdated) |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,6 +160,46 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
                 .insert((*lesson).to_owned(), outcome);
             reply(StatusCode::OK, &json!({}))
         }
+        (Method::POST, ["sim", "objects"]) => create_object(&sim, &body),
         _ => err(StatusCode::NOT_FOUND, format!("no control endpoint {path}")),
+    }
+}
+
+/// `POST /sim/objects`: creates `object` as an administrator would, with `creationTimestamp`
+/// (RFC 3339) as its creation time when given.
+fn create_object(sim: &Sim, body: &[u8]) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Create {
+        object: Value,
+        #[serde(default)]
+        creation_timestamp: Option<String>,
+    }
+    let create: Create = match serde_json::from_slice(body) {
+        Ok(c) => c,
+        Err(e) => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                format!("expected {{\"object\": {{…}}, \"creationTimestamp\": \"RFC 3339\"}}: {e}"),
+            );
+        }
+    };
+    let created = match create
+        .creation_timestamp
+        .as_deref()
+        .map(chrono::DateTime::parse_from_rfc3339)
+    {
+        None => None,
+        Some(Ok(at)) => Some(at.with_timezone(&chrono::Utc)),
+        Some(Err(e)) => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                format!("creationTimestamp is not an RFC 3339 time: {e}"),
+            );
+        }
+    };
+    match crate::api::create_direct_at(sim, create.object, created) {
+        Ok(stored) => reply(StatusCode::CREATED, &stored),
+        Err(e) => crate::api::error_response(&e),
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! It owns a faithful stand-in for the parts of the Kubernetes API the backend uses — the REST
 //! paths, discovery and OpenAPI entries kubectl and kube-rs need, CRUD with `Status` errors,
-//! label/field selectors, pagination over consistent snapshots, watches from a
-//! resourceVersion, finalizers, owner-reference garbage collection, ResourceQuota admission
-//! — and a simulated KubeVirt: a VirtualMachine with a running strategy gets a
-//! VirtualMachineInstance and a virt-launcher pod that go through the real phases; its guest
+//! label/field selectors, pagination over consistent snapshots, metadata-only answers
+//! (`PartialObjectMetadata[List]`), watches from a resourceVersion, finalizers,
+//! owner-reference garbage collection, ResourceQuota admission — and a simulated KubeVirt: a
+//! VirtualMachine with a running strategy gets a VirtualMachineInstance and a virt-launcher
+//! pod that go through the real phases; its guest
 //! applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
 //! runs the real `ttlab-agent` binary it finds there on a loopback address of its own; its
 //! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Pod exec
@@ -39,6 +40,7 @@ mod exec;
 pub mod faults;
 mod guest;
 mod kubevirt;
+mod metadata;
 mod patch;
 pub mod quantity;
 pub mod resources;
@@ -473,6 +475,18 @@ impl KubeSim {
     /// `kind` and `metadata.namespace` pick where it goes. Returns the stored object.
     pub fn create(&self, object: Value) -> Result<Value, Error> {
         api::create_direct(&self.sim, object).map_err(|e| Error::Api(e.message))
+    }
+
+    /// Creates an object directly, as [`KubeSim::create`] does, with `created_at` as its
+    /// `creationTimestamp` (whole seconds): an object that has been lying around for a month,
+    /// such as a stray cloud-init Secret, without waiting a month. Watchers see it added now.
+    pub fn create_backdated(
+        &self,
+        object: Value,
+        created_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Value, Error> {
+        api::create_direct_at(&self.sim, object, Some(created_at))
+            .map_err(|e| Error::Api(e.message))
     }
 
     /// Replaces the `status` of an object (as its controller would), e.g. a PVC's phase or a

@@ -139,7 +139,12 @@ pub struct Store {
 
 /// Current time as the API server writes it.
 pub fn now_rfc3339() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    rfc3339(chrono::Utc::now())
+}
+
+/// An instant as the API server writes it (whole seconds, UTC).
+pub fn rfc3339(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// `metadata.<field>` as a string.
@@ -341,7 +346,30 @@ impl Store {
 
     /// Creates an object (metadata.name already resolved, body validated). Returns the stored
     /// object.
-    pub fn create(&mut self, t: TypeId, ns: &str, mut obj: Value) -> Result<Arc<Value>, ApiError> {
+    pub fn create(&mut self, t: TypeId, ns: &str, obj: Value) -> Result<Arc<Value>, ApiError> {
+        self.create_at(t, ns, obj, &now_rfc3339())
+    }
+
+    /// Creates an object as [`Store::create`] does, with `created` (RFC 3339, whole seconds,
+    /// as the API server writes it) as its `creationTimestamp`: an object that has been
+    /// lying around for a month, without waiting a month.
+    pub fn create_backdated(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        obj: Value,
+        created: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.create_at(t, ns, obj, &rfc3339(created))
+    }
+
+    fn create_at(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        mut obj: Value,
+        created: &str,
+    ) -> Result<Arc<Value>, ApiError> {
         let rt = &TYPES[t];
         let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
         if rt.namespaced {
@@ -374,7 +402,7 @@ impl Store {
             if let Some(meta) = meta {
                 meta.insert("uid".into(), Value::from(uuid::Uuid::new_v4().to_string()));
                 meta.insert("resourceVersion".into(), Value::from(rv.to_string()));
-                meta.insert("creationTimestamp".into(), Value::from(now_rfc3339()));
+                meta.insert("creationTimestamp".into(), Value::from(created));
                 meta.insert("generation".into(), Value::from(1));
                 meta.remove("deletionTimestamp");
                 meta.remove("deletionGracePeriodSeconds");
@@ -652,72 +680,75 @@ impl Store {
             .all(|(_, table)| table.per_ns.get(ns).copied().unwrap_or(0) == 0)
     }
 
-    /// Lists with selectors and pagination over a consistent snapshot.
+    /// Lists with selectors and pagination over a consistent snapshot. The first page selects
+    /// (through the label index when the selector has an equality) and keeps the matching
+    /// objects (shared, not copied) for the pages after it; a later page is a slice of that
+    /// snapshot.
     pub fn list(&mut self, t: TypeId, q: &ListQuery) -> Result<ListPage, ApiError> {
-        let (rv, items, offset) = match &q.continue_token {
-            Some(tok) => {
-                let (id, offset) = decode_continue(tok).ok_or_else(|| {
-                    ApiError::bad_request(format!("continue key is not valid: {tok}"))
-                })?;
-                self.expire_snapshots();
-                let snap = self.snapshots.get(&id).ok_or_else(|| {
-                    ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
-                })?;
-                (snap.rv, None, offset)
-            }
-            None => (self.rv, Some(self.select(t, q)), 0),
-        };
         let selectors = !q.labels.requirements.is_empty() || !q.fields.terms.is_empty();
-        let all: Vec<Arc<Value>> = match items {
-            Some(v) => v,
-            None => {
-                let id = q
-                    .continue_token
-                    .as_deref()
-                    .and_then(decode_continue)
-                    .map(|x| x.0);
-                id.and_then(|id| self.snapshots.get(&id))
-                    .map(|s| s.items.clone())
-                    .unwrap_or_default()
+        let page_end = |offset: usize, len: usize| {
+            if q.limit == 0 {
+                len
+            } else {
+                offset.saturating_add(q.limit).min(len)
             }
         };
-        if q.limit == 0 || offset + q.limit >= all.len() {
-            let items = all.get(offset..).map(<[_]>::to_vec).unwrap_or_default();
+        if let Some(tok) = &q.continue_token {
+            let (id, offset) = decode_continue(tok).ok_or_else(|| {
+                ApiError::bad_request(format!("continue key is not valid: {tok}"))
+            })?;
+            self.expire_snapshots();
+            let snap = self.snapshots.get(&id).ok_or_else(|| {
+                ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+            })?;
+            let end = page_end(offset, snap.items.len());
+            let items = snap
+                .items
+                .get(offset..end)
+                .map(<[_]>::to_vec)
+                .unwrap_or_default();
+            let left = snap.items.len().saturating_sub(end);
             return Ok(ListPage {
                 items,
+                rv: snap.rv,
+                continue_token: (left > 0).then(|| encode_continue(id, end, snap.rv)),
+                remaining: (left > 0 && !selectors).then_some(left as u64),
+            });
+        }
+        let rv = self.rv;
+        let mut all = self.select(t, q);
+        let end = page_end(0, all.len());
+        if end == all.len() {
+            return Ok(ListPage {
+                items: all,
                 rv,
                 continue_token: None,
                 remaining: None,
             });
         }
-        let page = all[offset..offset + q.limit].to_vec();
-        let left = all.len() - offset - q.limit;
-        let id = match q.continue_token.as_deref().and_then(decode_continue) {
-            Some((id, _)) => id,
-            None => {
-                let id = self.next_snapshot;
-                self.next_snapshot += 1;
-                self.expire_snapshots();
-                if self.snapshots.len() >= SNAPSHOTS
-                    && let Some(first) = self.snapshots.keys().next().copied()
-                {
-                    self.snapshots.remove(&first);
-                }
-                self.snapshots.insert(
-                    id,
-                    Snapshot {
-                        created: Instant::now(),
-                        rv,
-                        items: all,
-                    },
-                );
-                id
-            }
-        };
+        let items = all[..end].to_vec();
+        let left = all.len() - end;
+        all.shrink_to_fit();
+        let id = self.next_snapshot;
+        self.next_snapshot += 1;
+        self.expire_snapshots();
+        if self.snapshots.len() >= SNAPSHOTS
+            && let Some(first) = self.snapshots.keys().next().copied()
+        {
+            self.snapshots.remove(&first);
+        }
+        self.snapshots.insert(
+            id,
+            Snapshot {
+                created: Instant::now(),
+                rv,
+                items: all,
+            },
+        );
         Ok(ListPage {
-            items: page,
+            items,
             rv,
-            continue_token: Some(encode_continue(id, offset + q.limit, rv)),
+            continue_token: Some(encode_continue(id, end, rv)),
             remaining: (!selectors).then_some(left as u64),
         })
     }
