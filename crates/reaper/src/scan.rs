@@ -64,16 +64,22 @@ pub(crate) async fn read_live(ctx: &ReaperContext) -> Result<LiveSet, ttlab_stor
 pub(crate) type Listing = BTreeMap<Kind, Vec<ObjectSummary>>;
 
 /// Lists every kind the orphan direction looks at, selecting on this environment's label only
-/// (an object of another environment, or without labels, is never even read).
+/// (an object of another environment, or without labels, is never even read). Metadata only,
+/// and the kinds at once: each kind's pages follow one another, but the VMs' pages do not wait
+/// for the Secrets'.
 pub(crate) async fn list_env_objects(
     ctx: &ReaperContext,
 ) -> Result<Listing, ttlab_cluster::ClusterError> {
     let selector = env_selector(&ctx.env);
-    let mut out = BTreeMap::new();
-    for kind in ORPHAN_KINDS {
-        out.insert(kind, ctx.cluster.list_all(kind, &selector).await?);
-    }
-    Ok(out)
+    let lists = futures::future::try_join_all(ORPHAN_KINDS.map(|kind| {
+        let selector = &selector;
+        async move {
+            let objects = ctx.cluster.list_all(kind, selector).await?;
+            Ok::<_, ttlab_cluster::ClusterError>((kind, objects))
+        }
+    }))
+    .await?;
+    Ok(lists.into_iter().collect())
 }
 
 /// Running sessions whose VMs (or pod) are not in the listing are confirmed gone by a direct

@@ -258,8 +258,8 @@ async fn a_session_opened_after_the_listing_is_not_an_orphan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stray_cloud_init_secrets_of_this_environment_go_and_others_stay() {
     let h = Harness::start().await;
-    // A session that ended long ago (its row is final) left its cloud-init Secret behind;
-    // so did one of another environment, and one with no row at all.
+    // A session that ended long ago (its row is final) left its cloud-init Secret behind 32
+    // days ago; so did one of another environment, and one with no row at all.
     let old = h
         .open(
             "dev",
@@ -268,22 +268,22 @@ async fn stray_cloud_init_secrets_of_this_environment_go_and_others_stay() {
             &["vm"],
         )
         .await;
-    let ctx = h.ctx("dev");
-    reap_once(&ctx).await;
+    reap_once(&h.ctx("dev")).await;
     assert_eq!(h.status(old.id).await, SessionStatus::Expired);
-    h.create_secret("dev", old.id, "vm", None).await;
+    let month_ago = h.now().await - minutes(32 * 24 * 60);
+    h.create_secret_backdated("dev", old.id, "vm", month_ago);
     let rowless = SessionId::new_random();
-    h.create_secret("dev", rowless, "vm", None).await;
+    h.create_secret_backdated("dev", rowless, "vm", month_ago);
     let foreign = SessionId::new_random();
-    h.create_secret("prod", foreign, "vm", None).await;
+    h.create_secret_backdated("prod", foreign, "vm", month_ago);
+    // One just written (its session's row may not be committed yet): younger than the
+    // minimum age, kept whatever its session.
+    let fresh = SessionId::new_random();
+    h.create_secret("dev", fresh, "vm", None).await;
 
-    // Younger than the minimum age: kept, whatever its session.
-    let careful = ctx.clone().with_settings(ReaperSettings::default());
-    let report = reap_once(&careful).await;
-    assert_eq!(report.orphans.done, 0, "{report:?}");
-    assert!(h.secret_alive(old.id, "vm") && h.secret_alive(rowless, "vm"));
-
-    let report = reap_once(&ctx).await;
+    // The reaper as deployed: the default minimum age (2 minutes).
+    let deployed = h.ctx("dev").with_settings(ReaperSettings::default());
+    let report = reap_once(&deployed).await;
     assert_eq!(
         (report.orphans.done, report.orphans.failed),
         (2, 0),
@@ -295,6 +295,10 @@ async fn stray_cloud_init_secrets_of_this_environment_go_and_others_stay() {
         h.secret_alive(foreign, "vm"),
         "another environment's Secret stays"
     );
+    assert!(h.secret_alive(fresh, "vm"), "a fresh Secret stays");
+    let report = reap_once(&deployed).await;
+    assert_eq!(report.orphans.done, 0, "{report:?}");
+    assert!(h.secret_alive(foreign, "vm") && h.secret_alive(fresh, "vm"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

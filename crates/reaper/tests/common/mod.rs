@@ -229,6 +229,45 @@ impl Harness {
             .expect("create secret");
     }
 
+    /// A cloud-init Secret of `node` labelled like the server labels it, without an owner,
+    /// created directly in the simulation with `created_at` as its `creationTimestamp`: a
+    /// Secret left behind long ago.
+    pub fn create_secret_backdated(
+        &self,
+        env_name: &str,
+        session: SessionId,
+        n: &str,
+        created_at: DateTime<Utc>,
+    ) {
+        let mut labels = ObjectLabels::new(
+            session,
+            env(env_name),
+            LESSON.parse().expect("lesson"),
+            Some(node(n)),
+        )
+        .to_map();
+        labels.insert(COMPONENT.to_owned(), "cloud-init".to_owned());
+        let secret = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": secret_name(session, &node(n)),
+                "namespace": NS,
+                "labels": labels,
+            },
+            "stringData": {"userdata": "#cloud-config\n{}\n"},
+        });
+        let stored = self
+            .sim
+            .create_backdated(secret, created_at)
+            .expect("create backdated secret");
+        let written = stored["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .expect("creationTimestamp");
+        assert_eq!(written.timestamp(), created_at.timestamp());
+    }
+
     /// Whether the object exists and is not being deleted.
     pub fn alive(&self, resource: &str, name: &str) -> bool {
         self.sim
