@@ -302,6 +302,15 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
             return error_response(&e);
         }
     };
+    // A create names its object in the body: the record keeps the requested name.
+    let requested = (verb == Verb::Create)
+        .then(|| serde_json::from_slice::<Value>(&body).ok())
+        .flatten()
+        .map(|v| v["metadata"]["name"].as_str().unwrap_or("").to_owned());
+    let key = CallKey {
+        name: requested.as_deref().or(key.name),
+        ..key
+    };
     let call = Call {
         sim: &sim,
         target: &target,

@@ -238,18 +238,20 @@ async fn calls_are_recorded_with_the_user_the_kubeconfig_acts_as() {
     // Without `as:`, no user is recorded.
     let anonymous: Api<Secret> = Api::namespaced(kube_client(&sim).await, "ttlab");
     assert!(anonymous.get_opt("shared").await.expect("get").is_none());
-    let seen: Vec<(Verb, Option<String>)> = sim
+    let seen: Vec<(Verb, Option<String>, Option<String>)> = sim
         .calls()
         .into_iter()
         .filter(|c| c.resource == "secrets")
-        .map(|c| (c.verb, c.user))
+        .map(|c| (c.verb, c.name, c.user))
         .collect();
+    let shared = || Some("shared".to_owned());
+    // A create names its object in the body; the record has the requested name too.
     assert_eq!(
         seen,
         vec![
-            (Verb::Create, Some("ttlab-dev-reaper".to_owned())),
-            (Verb::Delete, Some("ttlab-prod-reaper".to_owned())),
-            (Verb::Get, None),
+            (Verb::Create, shared(), Some("ttlab-dev-reaper".to_owned())),
+            (Verb::Delete, shared(), Some("ttlab-prod-reaper".to_owned())),
+            (Verb::Get, shared(), None),
         ]
     );
 }
