@@ -13,6 +13,7 @@ mod demo;
 mod migrate;
 mod render;
 mod sim;
+mod soak;
 mod token;
 
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
     Demo(demo::DemoArgs),
+    /// Prove reclamation holds: two environments under simulated students, injected faults
+    /// and chaos, checked against the invariants (`--profile short` for about a minute).
+    Soak(soak::SoakArgs),
 }
 
 #[tokio::main]
@@ -60,6 +64,7 @@ async fn main() -> ExitCode {
         Command::Token(args) => token::run(args),
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,
+        Command::Soak(args) => soak::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,6 +50,17 @@ impl Database {
         self.cluster.socket_dir()
     }
 
+    /// Stops the server as a crash would (every connection cut), keeping its data, so that
+    /// [`Database::resume`] starts it again at the same URL (outages of the soak test).
+    pub(crate) async fn pause(&mut self) -> anyhow::Result<()> {
+        tokio::task::block_in_place(|| self.cluster.pause()).context("stopping PostgreSQL")
+    }
+
+    /// Starts a paused server again and waits until it accepts connections.
+    pub(crate) async fn resume(&mut self) -> anyhow::Result<()> {
+        tokio::task::block_in_place(|| self.cluster.resume()).context("restarting PostgreSQL")
+    }
+
     /// Stops the server (immediate shutdown) and deletes its directory.
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || self.cluster.stop())

@@ -1,0 +1,257 @@
+//! `ttlabctl soak`: the whole system under load, faults and chaos on this machine, checked
+//! against the invariants that make reclamation "unfailing", with a printed table and a
+//! non-zero exit status when any is violated.
+//!
+//! One throwaway PostgreSQL database and one kube-sim namespace are shared by two
+//! environments, `dev` and `prod`, each with its own `ttlab-server` and `ttlab-reaper` child
+//! processes (the store separates environments by the rows' `env` column; the capacity lock
+//! and the one-live-session-per-user index are shared). Each process talks to kube-sim as its
+//! own user (`ttlab-<env>-server`, `ttlab-<env>-reaper`, a kubeconfig `as:`), so the call
+//! record says who deleted what. Simulated students (tasks with a seeded generator) start labs,
+//! double-click, extend (also past the limits), grade, reconnect consoles, finish and abandon,
+//! with lifespans of seconds so that sessions expire all the time. Faults (failed calls, a
+//! fraction of every verb) and latency are injected into the Kubernetes API, and the chaos
+//! options SIGKILL and restart the reapers and servers and stop and start PostgreSQL.
+//!
+//! After the run, students stop, the chaos and faults stop, and the system drains: every row
+//! must reach a final status and the namespace must empty. Then the invariants are checked
+//! ([`checks`]) and printed.
+
+mod chaos;
+mod checks;
+mod rig;
+mod students;
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// The two environments sharing the namespace and the database.
+pub(crate) const ENVS: [&str; 2] = ["dev", "prod"];
+
+/// Arguments of `ttlabctl soak`.
+#[derive(Debug, Clone, Args)]
+pub struct SoakArgs {
+    /// Preset: `full` (10 minutes, 300 students; the default) or `short` (about a minute with
+    /// every chaos option, for CI). Flags given explicitly override the preset.
+    #[arg(long, value_enum, default_value_t = Profile::Full)]
+    pub profile: Profile,
+    /// How long students keep opening labs (the drain comes after).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Simulated students (half on `dev`, half on `prod`).
+    #[arg(long)]
+    pub students: Option<u32>,
+    /// Fraction (0–1) of Kubernetes API calls (get, list, create, delete) failed on purpose.
+    #[arg(long)]
+    pub fault_rate: Option<f64>,
+    /// Latency added to every Kubernetes API call.
+    #[arg(long, value_parser = parse_duration)]
+    pub latency: Option<Duration>,
+    /// Seed of the students' choices and of the injected faults.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// SIGKILL one reaper (alternating environments) this often, and start it again.
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_reaper_every: Option<Duration>,
+    /// SIGKILL one server (alternating environments) this often, and start it again.
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_server_every: Option<Duration>,
+    /// Stop PostgreSQL (as a crash would) this often, for a couple of seconds.
+    #[arg(long, value_parser = parse_duration)]
+    pub restart_postgres_every: Option<Duration>,
+    /// VM limit of both servers (`TTLAB_VM_LIMIT`) and the namespace quota: the VMs of both
+    /// environments count against it.
+    #[arg(long)]
+    pub vm_limit: Option<usize>,
+    /// Reaper interval (`TTLAB_REAP_INTERVAL`): the "one cycle" of the expiry invariant.
+    #[arg(long, value_parser = parse_duration)]
+    pub reap_interval: Option<Duration>,
+    /// Longest wait, after the run, for every row to be final and the namespace empty.
+    #[arg(long, value_parser = parse_duration, default_value = "3m")]
+    pub drain_timeout: Duration,
+}
+
+/// A preset of the soak's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// About a minute, every chaos option, for CI.
+    Short,
+    /// Ten minutes, 300 students.
+    Full,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 3s, 2m)"))
+}
+
+/// The lifespan policy of one environment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EnvPolicy {
+    /// `TTLAB_SESSION_TTL`.
+    pub ttl: Duration,
+    /// `TTLAB_SESSION_MAX`.
+    pub max: Duration,
+    /// `TTLAB_MAX_EXTENSIONS`.
+    pub max_extensions: u32,
+}
+
+/// The settings of one run, the profile resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub profile: Profile,
+    pub duration: Duration,
+    pub students: u32,
+    pub fault_rate: f64,
+    pub latency: Duration,
+    pub seed: u64,
+    pub kill_reaper_every: Option<Duration>,
+    pub kill_server_every: Option<Duration>,
+    pub restart_postgres_every: Option<Duration>,
+    pub vm_limit: usize,
+    pub reap_interval: Duration,
+    pub drain_timeout: Duration,
+    /// By environment, in [`ENVS`] order.
+    pub policies: [EnvPolicy; 2],
+}
+
+impl Settings {
+    fn resolve(args: &SoakArgs) -> anyhow::Result<Self> {
+        let short = args.profile == Profile::Short;
+        let secs = Duration::from_secs;
+        let s = Self {
+            profile: args.profile,
+            duration: args
+                .duration
+                .unwrap_or(if short { secs(30) } else { secs(600) }),
+            students: args.students.unwrap_or(if short { 40 } else { 300 }),
+            fault_rate: args.fault_rate.unwrap_or(if short { 0.1 } else { 0.0 }),
+            latency: args.latency.unwrap_or(if short {
+                Duration::from_millis(5)
+            } else {
+                Duration::ZERO
+            }),
+            seed: args.seed.unwrap_or(1),
+            kill_reaper_every: args
+                .kill_reaper_every
+                .or(if short { Some(secs(10)) } else { None }),
+            kill_server_every: args
+                .kill_server_every
+                .or(if short { Some(secs(13)) } else { None }),
+            restart_postgres_every: args.restart_postgres_every.or(if short {
+                Some(secs(17))
+            } else {
+                None
+            }),
+            vm_limit: args.vm_limit.unwrap_or(if short { 24 } else { 120 }),
+            reap_interval: args.reap_interval.unwrap_or(secs(5)),
+            drain_timeout: args.drain_timeout,
+            policies: if short {
+                [
+                    EnvPolicy {
+                        ttl: secs(8),
+                        max: secs(16),
+                        max_extensions: 2,
+                    },
+                    EnvPolicy {
+                        ttl: secs(12),
+                        max: secs(24),
+                        max_extensions: 2,
+                    },
+                ]
+            } else {
+                [
+                    EnvPolicy {
+                        ttl: secs(20),
+                        max: secs(40),
+                        max_extensions: 2,
+                    },
+                    EnvPolicy {
+                        ttl: secs(30),
+                        max: secs(60),
+                        max_extensions: 2,
+                    },
+                ]
+            },
+        };
+        if s.students == 0 {
+            anyhow::bail!("--students must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&s.fault_rate) {
+            anyhow::bail!("--fault-rate must be between 0 and 1, not {}", s.fault_rate);
+        }
+        if s.vm_limit == 0 {
+            anyhow::bail!("--vm-limit must be at least 1");
+        }
+        if s.duration.is_zero() {
+            anyhow::bail!("--duration must be longer than zero");
+        }
+        if s.reap_interval < Duration::from_secs(1) || s.reap_interval.subsec_nanos() != 0 {
+            anyhow::bail!("--reap-interval must be whole seconds, at least 1s");
+        }
+        for (name, every) in [
+            ("--kill-reaper-every", s.kill_reaper_every),
+            ("--kill-server-every", s.kill_server_every),
+            ("--restart-postgres-every", s.restart_postgres_every),
+        ] {
+            if every.is_some_and(|d| d < Duration::from_secs(3)) {
+                anyhow::bail!("{name} must be at least 3s");
+            }
+        }
+        Ok(s)
+    }
+
+    fn describe(&self) -> String {
+        let every = |d: Option<Duration>| {
+            d.map_or_else(
+                || "never".to_owned(),
+                |d| humantime::format_duration(d).to_string(),
+            )
+        };
+        let policy = |p: &EnvPolicy| {
+            format!(
+                "ttl {}s max {}s ext {}",
+                p.ttl.as_secs(),
+                p.max.as_secs(),
+                p.max_extensions
+            )
+        };
+        format!(
+            "soak ({:?} profile): {} students for {}, fault rate {}, latency {}, seed {}, \
+             VM limit {}, reap interval {}s; dev {}; prod {}; kill reaper every {}, kill server \
+             every {}, restart PostgreSQL every {}",
+            self.profile,
+            self.students,
+            humantime::format_duration(self.duration),
+            self.fault_rate,
+            humantime::format_duration(self.latency),
+            self.seed,
+            self.vm_limit,
+            self.reap_interval.as_secs(),
+            policy(&self.policies[0]),
+            policy(&self.policies[1]),
+            every(self.kill_reaper_every),
+            every(self.kill_server_every),
+            every(self.restart_postgres_every),
+        )
+    }
+}
+
+/// Runs the soak and prints its invariant table; an error when any invariant was violated.
+pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    eprintln!("ttlabctl: {}", settings.describe());
+    let mut rig = rig::Rig::default();
+    let result = rig.soak(&settings).await;
+    let stopped = rig.stop().await;
+    let table = result?;
+    println!("{}", table.render());
+    if let Err(e) = stopped {
+        eprintln!("ttlabctl: error while stopping: {e:#}");
+    }
+    let failed = table.failed();
+    if failed > 0 {
+        anyhow::bail!("{failed} invariant(s) violated");
+    }
+    Ok(())
+}

@@ -1,0 +1,611 @@
+//! What the soak starts and stops: PostgreSQL, kube-sim (faults, latency, the namespace quota),
+//! the lessons, and per environment a server and a reaper as child processes; the run itself
+//! (students, chaos, continuous checks), the drain, and the final analysis.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio::sync::watch;
+use ttlab_api::auth::{AuthConfig, AuthSecret};
+use ttlab_kube_sim::{FaultAction, FaultRule, KubeSim, Timings, Verb};
+use ttlab_lesson::LessonSet;
+use ttlab_model::{EnvName, NodeName};
+use ttlab_store::{Session, Store, StoreOptions};
+
+use super::checks::{self, Table};
+use super::{ENVS, Settings, chaos, students};
+use crate::demo::client::{self, HttpClient, Method};
+use crate::demo::stack::{self, Database};
+use crate::demo::{
+    AGENT, ChildProcess, REAPER, SERVER, locate_binaries, random_secret, wait_ready,
+};
+
+/// The namespace both environments share.
+pub(crate) const NAMESPACE: &str = "ttlab-vms";
+/// How long a stopped child gets after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Process names, by environment and role (server, reaper).
+const NAMES: [[&str; 2]; 2] = [["dev-server", "dev-reaper"], ["prod-server", "prod-reaper"]];
+/// The lesson with one VM and the one with two (a Service and a NetworkPolicy too).
+pub(crate) const LESSON_SINGLE: &str = "soak-single";
+/// See [`LESSON_SINGLE`].
+pub(crate) const LESSON_MULTI: &str = "soak-multi";
+
+/// The kube-sim user of a process (`ttlab-dev-reaper`).
+pub(crate) fn kube_user(env: usize, reaper: bool) -> String {
+    format!(
+        "ttlab-{}-{}",
+        ENVS[env],
+        if reaper { "reaper" } else { "server" }
+    )
+}
+
+/// One child process and how to start it again.
+pub(crate) struct Proc {
+    pub name: &'static str,
+    pub env: usize,
+    pub reaper: bool,
+    program: PathBuf,
+    vars: Vec<(&'static str, OsString)>,
+    pub child: Option<ChildProcess>,
+}
+
+impl Proc {
+    pub(crate) fn spawn(&mut self) -> anyhow::Result<()> {
+        self.child = Some(ChildProcess::spawn(
+            self.name,
+            &self.program,
+            &[],
+            &self.vars,
+        )?);
+        Ok(())
+    }
+}
+
+/// A disturbance injected by the chaos: a process down, or PostgreSQL down.
+#[derive(Debug, Clone)]
+pub(crate) struct Disturbance {
+    pub what: Disrupted,
+    pub start: DateTime<Utc>,
+    /// When it was over (the process started again, PostgreSQL accepting connections).
+    pub end: DateTime<Utc>,
+}
+
+/// What a [`Disturbance`] took down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Disrupted {
+    Reaper(usize),
+    Server(usize),
+    Postgres,
+}
+
+/// One answer the students got (or did not get).
+#[derive(Debug, Clone)]
+pub(crate) struct ApiCall {
+    pub env: usize,
+    pub route: &'static str,
+    /// HTTP status; 0 when no answer came (connection refused or reset, timeout).
+    pub status: u16,
+    /// The `error` code of an error body.
+    pub code: String,
+    /// The session the request named, if any.
+    pub session: Option<String>,
+    pub started: DateTime<Utc>,
+    pub ended: DateTime<Utc>,
+}
+
+/// A child that exited without being killed.
+#[derive(Debug, Clone)]
+pub(crate) struct Crash {
+    pub name: String,
+    pub status: String,
+    /// Its last output lines.
+    pub tail: String,
+    /// When it was found exited.
+    pub seen: DateTime<Utc>,
+}
+
+/// What happened during the run, for the final checks.
+#[derive(Default)]
+pub(crate) struct Journal {
+    pub calls: Mutex<Vec<ApiCall>>,
+    pub disturbances: Mutex<Vec<Disturbance>>,
+    /// Children that exited without being killed.
+    pub crashes: Mutex<Vec<Crash>>,
+    pub activity: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Journal {
+    pub(crate) fn count(&self, what: &'static str) {
+        *lock(&self.activity).entry(what).or_default() += 1;
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Everything the run's tasks share.
+pub(crate) struct Shared {
+    pub settings: Settings,
+    pub urls: [String; 2],
+    pub procs: tokio::sync::Mutex<Vec<Proc>>,
+    pub database: tokio::sync::Mutex<Option<Database>>,
+    pub journal: Journal,
+    pub http: HttpClient,
+    pub auth: AuthConfig,
+    pub lessons: LessonSet,
+}
+
+impl Shared {
+    /// Starts again, after a pause of the database or a kill, every child that is not
+    /// running; records an unexpected exit as a crash.
+    pub(crate) async fn revive(&self) {
+        let mut procs = self.procs.lock().await;
+        for p in procs.iter_mut() {
+            let Some(child) = p.child.as_mut() else {
+                continue;
+            };
+            if let Some(status) = child.has_exited() {
+                let tail = child.tail();
+                eprintln!(
+                    "ttlabctl: soak: {} exited by itself ({status}); starting it again",
+                    p.name
+                );
+                lock(&self.journal.crashes).push(Crash {
+                    name: p.name.to_owned(),
+                    status: status.to_string(),
+                    tail,
+                    seen: Utc::now(),
+                });
+                if let Err(e) = p.spawn() {
+                    eprintln!("ttlabctl: soak: cannot start {} again: {e:#}", p.name);
+                }
+            }
+        }
+    }
+}
+
+/// What the soak started.
+#[derive(Default)]
+pub(crate) struct Rig {
+    data: Option<tempfile::TempDir>,
+    sim: Option<KubeSim>,
+    shared: Option<Arc<Shared>>,
+    store: Option<Store>,
+}
+
+impl Rig {
+    /// Starts everything, runs, drains and checks. Returns the invariant table.
+    pub(crate) async fn soak(&mut self, settings: &Settings) -> anyhow::Result<Table> {
+        self.start(settings).await?;
+        let shared = self.shared.clone().context("started")?;
+        let store = self.store.clone().context("started")?;
+        let sim = self.sim.as_ref().context("started")?;
+        let t0 = Instant::now();
+        let run_started = Utc::now();
+
+        // The run: students, chaos and continuous checks until the duration is over.
+        let (stop_students, students_stop) = watch::channel(false);
+        let (stop_chaos, chaos_stop) = watch::channel(false);
+        let (stop_watch, watch_stop) = watch::channel(false);
+        let students = students::spawn_all(&shared, students_stop);
+        let chaos = chaos::spawn_all(&shared, chaos_stop);
+        let watching = checks::watch(&shared, &store, sim, watch_stop);
+        let run = async {
+            tokio::time::sleep(settings.duration).await;
+            eprintln!(
+                "ttlabctl: soak: {}s done; stopping the students and the chaos",
+                t0.elapsed().as_secs()
+            );
+            stop_students.send_replace(true);
+            stop_chaos.send_replace(true);
+            for c in chaos {
+                let _ = c.await;
+            }
+            for s in students {
+                let _ = s.await;
+            }
+            // Drain: no more faults; everyone up.
+            sim.faults().clear();
+            let drain_started = Utc::now();
+            {
+                let mut db = shared.database.lock().await;
+                if let Some(db) = db.as_mut() {
+                    db.resume().await?;
+                }
+            }
+            shared.revive().await;
+            eprintln!("ttlabctl: soak: draining (faults off, every process up)");
+            let drained = drain(&shared, &store, sim, settings.drain_timeout).await;
+            stop_watch.send_replace(true);
+            eprintln!(
+                "ttlabctl: soak: drained in {}s ({})",
+                (Utc::now() - drain_started).num_seconds(),
+                match &drained {
+                    Ok(()) => "complete".to_owned(),
+                    Err(e) => format!("INCOMPLETE: {e}"),
+                }
+            );
+            anyhow::Ok(drain_started)
+        };
+        let (live, drain_started) = tokio::join!(watching, run);
+        let drain_started = drain_started?;
+
+        let sessions = all_sessions(&store).await?;
+        let leftovers = leftovers(&shared.http, sim.url()).await?;
+        let input = checks::Input {
+            settings,
+            sessions: &sessions,
+            calls: &sim.calls(),
+            journal: &shared.journal,
+            lessons: &shared.lessons,
+            leftovers: &leftovers,
+            live: &live,
+            peak_vms: sim.stats().peak_vms,
+            run_started,
+            drain_started,
+        };
+        Ok(checks::analyse(&input))
+    }
+
+    async fn start(&mut self, settings: &Settings) -> anyhow::Result<()> {
+        let bins = locate_binaries(&[SERVER, REAPER, AGENT]).await?;
+        let server_bin = bins
+            .server
+            .clone()
+            .context("ttlab-server is not available next to ttlabctl; the soak needs it")?;
+        let reaper_bin = bins
+            .reaper
+            .clone()
+            .context("ttlab-reaper is not available next to ttlabctl; the soak needs it")?;
+        let agent_bin = bins
+            .agent
+            .clone()
+            .context("ttlab-agent is missing next to ttlabctl (the server embeds it in VMs)")?;
+
+        let data = tempfile::Builder::new()
+            .prefix("ttlab-soak-")
+            .tempdir()
+            .context("creating a data directory")?;
+        let data_dir = data.path().to_path_buf();
+        self.data = Some(data);
+        let lessons_dir = data_dir.join("lessons");
+        write_lessons(&lessons_dir)?;
+        let lessons = LessonSet::load(&lessons_dir).context("loading the soak's lessons")?;
+
+        let db = Database::start().await?;
+        let database_url = db.url().to_owned();
+        self.store = Some(
+            Store::connect(
+                &database_url,
+                StoreOptions {
+                    max_connections: 4,
+                    acquire_timeout: Duration::from_secs(5),
+                },
+            )
+            .await?,
+        );
+
+        let timings = Timings {
+            pending: Duration::from_millis(20),
+            scheduling: Duration::from_millis(50),
+            boot: Duration::from_millis(300),
+            setup: Duration::from_millis(200),
+            stop: Duration::from_millis(200),
+            gc: Duration::from_millis(20),
+            pod_start: Duration::from_millis(50),
+            bookmark: Duration::from_secs(30),
+        };
+        let sim = start_sim(settings, timings, &data_dir.join("guests")).await?;
+        // The second layer, as deployed: a namespace quota on the number of VMs.
+        sim.create(json!({
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "ttlab-vms", "namespace": NAMESPACE},
+            "spec": {"hard": {"count/virtualmachines.kubevirt.io": settings.vm_limit.to_string()}},
+        }))
+        .context("creating the namespace quota")?;
+
+        let secret = random_secret()?;
+        let auth = AuthConfig::new(AuthSecret::new(secret.as_bytes())?);
+        let mut procs = Vec::new();
+        let mut urls = [String::new(), String::new()];
+        let log = std::env::var_os("RUST_LOG").unwrap_or_else(|| "error".into());
+        for (e, env) in ENVS.iter().enumerate() {
+            let _: EnvName = env.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let policy = settings.policies[e];
+            let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
+            urls[e] = format!("http://{listen}");
+            for reaper in [false, true] {
+                let user = kube_user(e, reaper);
+                let kubeconfig = data_dir.join(format!("kubeconfig-{user}"));
+                sim.write_kubeconfig_as(&kubeconfig, NAMESPACE, Some(&user))?;
+                let mut vars: Vec<(&'static str, OsString)> = vec![
+                    ("DATABASE_URL", database_url.clone().into()),
+                    ("KUBECONFIG", kubeconfig.into()),
+                    ("TTLAB_ENV", (*env).into()),
+                    ("TTLAB_NAMESPACE", NAMESPACE.into()),
+                    (
+                        "TTLAB_SESSION_TTL",
+                        format!("{}s", policy.ttl.as_secs()).into(),
+                    ),
+                    (
+                        "TTLAB_SESSION_MAX",
+                        format!("{}s", policy.max.as_secs()).into(),
+                    ),
+                    (
+                        "TTLAB_MAX_EXTENSIONS",
+                        policy.max_extensions.to_string().into(),
+                    ),
+                    ("RUST_LOG", log.clone()),
+                    ("NO_COLOR", "1".into()),
+                ];
+                if reaper {
+                    let metrics =
+                        SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
+                    vars.extend([
+                        (
+                            "TTLAB_REAP_INTERVAL",
+                            format!("{}s", settings.reap_interval.as_secs()).into(),
+                        ),
+                        ("TTLAB_ORPHAN_MIN_AGE", "15s".into()),
+                        ("TTLAB_METRICS_LISTEN", metrics.to_string().into()),
+                    ]);
+                } else {
+                    vars.extend([
+                        ("TTLAB_LISTEN", listen.to_string().into()),
+                        ("TTLAB_AUTH_SECRET", secret.clone().into()),
+                        ("TTLAB_LESSONS", lessons_dir.clone().into()),
+                        ("TTLAB_AGENT_BINARY", agent_bin.clone().into()),
+                        ("TTLAB_VM_LIMIT", settings.vm_limit.to_string().into()),
+                    ]);
+                }
+                let mut p = Proc {
+                    name: NAMES[e][usize::from(reaper)],
+                    env: e,
+                    reaper,
+                    program: if reaper {
+                        reaper_bin.clone()
+                    } else {
+                        server_bin.clone()
+                    },
+                    vars,
+                    child: None,
+                };
+                p.spawn()?;
+                procs.push(p);
+            }
+        }
+        self.sim = Some(sim);
+        let shared = Arc::new(Shared {
+            settings: settings.clone(),
+            urls,
+            procs: tokio::sync::Mutex::new(procs),
+            database: tokio::sync::Mutex::new(Some(db)),
+            journal: Journal::default(),
+            http: client::client(64),
+            auth,
+            lessons,
+        });
+        self.shared = Some(shared.clone());
+        {
+            let mut procs = shared.procs.lock().await;
+            for p in procs.iter_mut().filter(|p| !p.reaper) {
+                if let Some(child) = p.child.as_mut() {
+                    wait_ready(child, &shared.urls[p.env]).await?;
+                }
+            }
+        }
+        // Faults and latency only once everything is up.
+        let sim = self.sim.as_ref().context("started")?;
+        sim.faults().set_latency(settings.latency);
+        if settings.fault_rate > 0.0 {
+            for (verb, status) in [
+                (Verb::Get, 500),
+                (Verb::List, 503),
+                (Verb::Create, 500),
+                (Verb::Delete, 503),
+            ] {
+                sim.faults().add(FaultRule {
+                    action: FaultAction::Fail {
+                        status,
+                        message: None,
+                    },
+                    ..FaultRule::fail(Some(verb), None, status).fraction(settings.fault_rate)
+                });
+            }
+        }
+        eprintln!(
+            "ttlabctl: soak: dev at {}, prod at {}, kube-sim at {}",
+            shared.urls[0],
+            shared.urls[1],
+            sim.url()
+        );
+        Ok(())
+    }
+
+    /// Stops the children, the simulation and PostgreSQL, and deletes the data.
+    pub(crate) async fn stop(&mut self) -> anyhow::Result<()> {
+        let mut errors = Vec::new();
+        if let Some(store) = self.store.take() {
+            store.close();
+        }
+        if let Some(shared) = self.shared.take() {
+            let mut procs = shared.procs.lock().await;
+            for p in procs.iter_mut().rev() {
+                if let Some(child) = p.child.as_mut()
+                    && let Err(e) = child.stop(STOP_GRACE).await
+                {
+                    errors.push(format!("{e:#}"));
+                }
+            }
+            drop(procs);
+            if let Some(db) = shared.database.lock().await.take()
+                && let Err(e) = db.stop().await
+            {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        if let Some(sim) = self.sim.take() {
+            sim.shutdown().await;
+        }
+        if let Some(data) = self.data.take() {
+            let dir = data.path().display().to_string();
+            if let Err(e) = data.close() {
+                errors.push(format!("removing {dir}: {e}"));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("{}", errors.join("; "))
+        }
+    }
+}
+
+async fn start_sim(
+    settings: &Settings,
+    timings: Timings,
+    guests: &Path,
+) -> anyhow::Result<KubeSim> {
+    let mut config = ttlab_kube_sim::SimConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+    config.namespaces = vec!["default".into(), NAMESPACE.into()];
+    config.timings = timings;
+    config.guest_root = Some(guests.to_path_buf());
+    config.seed = settings.seed;
+    KubeSim::start(config).await.context("starting kube-sim")
+}
+
+/// The soak's lessons: quick to set up, graded by commands that touch nothing.
+fn write_lessons(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let common = "runtime: vm\nimage: quay.io/containerdisks/debian:12\nmemory: 1Gi\ncores: 1\n\
+         readiness_timeout_seconds: 20\nsetup_timeout_seconds: 20\n\
+         files:\n  - path: /opt/lab/README.md\n    mode: \"0644\"\n    content: |\n      soak\n\
+         setup: |\n  #!/bin/sh\n  true\n";
+    let single = format!(
+        "id: {LESSON_SINGLE}\ntitle: \"Soak: one VM\"\n{common}grading:\n  - name: the shell answers\n    command: \"true\"\n  - name: a check that fails\n    command: \"false\"\n"
+    );
+    let multi = format!(
+        "id: {LESSON_MULTI}\ntitle: \"Soak: two VMs\"\n{common}nodes:\n  - control-plane\n  - worker-1\ngrading:\n  - name: the control plane answers\n    node: control-plane\n    command: \"true\"\n  - name: the worker answers\n    node: worker-1\n    command: \"true\"\n"
+    );
+    for (name, text) in [(LESSON_SINGLE, single), (LESSON_MULTI, multi)] {
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Every session of both environments.
+async fn all_sessions(store: &Store) -> anyhow::Result<Vec<Session>> {
+    let mut out = Vec::new();
+    for env in ENVS {
+        let env: EnvName = env.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        out.extend(
+            store
+                .sessions()
+                .list_recent(&env, 10_000_000)
+                .await
+                .context("reading the sessions")?,
+        );
+    }
+    Ok(out)
+}
+
+/// The kinds that must be gone after the drain, with their collection paths.
+const KINDS: [(&str, &str); 6] = [
+    (
+        "VirtualMachines",
+        "/apis/kubevirt.io/v1/namespaces/NS/virtualmachines",
+    ),
+    (
+        "VirtualMachineInstances",
+        "/apis/kubevirt.io/v1/namespaces/NS/virtualmachineinstances",
+    ),
+    ("Secrets", "/api/v1/namespaces/NS/secrets"),
+    ("Services", "/api/v1/namespaces/NS/services"),
+    (
+        "NetworkPolicies",
+        "/apis/networking.k8s.io/v1/namespaces/NS/networkpolicies",
+    ),
+    ("Pods", "/api/v1/namespaces/NS/pods"),
+];
+
+/// Objects of each kind still in the namespace: (kind, names).
+async fn leftovers(http: &HttpClient, sim_url: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    let mut out = Vec::new();
+    for (kind, path) in KINDS {
+        let url = format!("{sim_url}{}", path.replace("NS", NAMESPACE));
+        let (status, body) = client::send(http, Method::GET, &url, None, None).await?;
+        if !status.is_success() {
+            anyhow::bail!("listing {kind}: {status}");
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        let names = v["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push((kind.to_owned(), names));
+    }
+    Ok(out)
+}
+
+/// Waits until every row is final and the namespace is empty (or the timeout).
+async fn drain(
+    shared: &Shared,
+    store: &Store,
+    sim: &KubeSim,
+    timeout: Duration,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let mut last = String::new();
+    loop {
+        shared.revive().await;
+        let live = match all_sessions(store).await {
+            Ok(s) => s.iter().filter(|s| s.status.is_live()).count(),
+            Err(e) => {
+                last = format!("{e:#}");
+                usize::MAX
+            }
+        };
+        let objects = match leftovers(&shared.http, sim.url()).await {
+            Ok(l) => l.iter().map(|(_, n)| n.len()).sum(),
+            Err(e) => {
+                last = format!("{e:#}");
+                usize::MAX
+            }
+        };
+        if live == 0 && objects == 0 {
+            return Ok(());
+        }
+        if live != usize::MAX && objects != usize::MAX {
+            last = format!("{live} live rows, {objects} objects");
+        }
+        if started.elapsed() > timeout {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The node names of a lesson (empty for an unknown one).
+pub(crate) fn nodes_of(lessons: &LessonSet, lesson: &str) -> Vec<NodeName> {
+    lessons
+        .iter()
+        .find(|l| l.id.as_str() == lesson)
+        .map(|l| l.nodes.iter().cloned().collect())
+        .unwrap_or_default()
+}
