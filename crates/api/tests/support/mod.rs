@@ -184,6 +184,11 @@ impl World {
     /// Starts a server instance with `config` (from [`World::config`], changed by the test).
     pub async fn serve(&self, config: ApiConfig) -> Running {
         let store = self.db.store().await.unwrap();
+        self.serve_on(config, store).await
+    }
+
+    /// Starts a server instance with `config` on `store` (a database of the test's own).
+    pub async fn serve_on(&self, config: ApiConfig, store: ttlab_store::Store) -> Running {
         let server = Server::bind(config, store, self.cluster().await)
             .await
             .unwrap();
