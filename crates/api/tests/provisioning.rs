@@ -85,6 +85,50 @@ async fn twenty_students_with_a_limit_of_eight_never_exceed_eight_vms() {
     b.stop().await;
 }
 
+#[tokio::test]
+async fn two_environments_sharing_the_namespace_and_database_share_one_vm_limit() {
+    let w = World::new().await;
+    // VMs are created slowly: every session is still `starting`, its VM not yet listed, while
+    // all the clicks are answered. Only the starting rows of both environments say how many
+    // VMs are coming.
+    w.sim.faults().add(ttlab_kube_sim::FaultRule {
+        action: ttlab_kube_sim::FaultAction::Delay { millis: 1500 },
+        ..ttlab_kube_sim::FaultRule::fail(
+            Some(ttlab_kube_sim::Verb::Create),
+            Some("virtualmachines"),
+            500,
+        )
+    });
+    let dev = w.server(policy(3600, 7200, 3), 4).await;
+    let mut config = w.config(policy(3600, 7200, 3), 4).await;
+    config.env = "prod".parse().unwrap();
+    let prod = w.serve(config).await;
+    let tokens: Vec<String> = (0..12)
+        .map(|i| token(&format!("student{i}"), Role::Student))
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let s = if i % 2 == 0 { &dev } else { &prod };
+        tasks.push(s.post("/api/sessions", t, json!({"lesson": "quick"})));
+    }
+    let results = futures::future::join_all(tasks).await;
+    let accepted: Vec<(usize, &Value)> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (s, _))| *s == 202)
+        .map(|(i, (_, v))| (i, v))
+        .collect();
+    assert_eq!(accepted.len(), 4, "{results:?}");
+    for (i, v) in &accepted {
+        let s = if i % 2 == 0 { &dev } else { &prod };
+        s.wait_session(&id(v), &tokens[*i], |v| v["status"] == "running")
+            .await;
+    }
+    assert_eq!(w.sim.stats().peak_vms, 4, "{:?}", w.sim.stats());
+    dev.stop().await;
+    prod.stop().await;
+}
+
 fn golden_pvc(w: &World) {
     w.sim
         .create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",

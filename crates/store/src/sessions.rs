@@ -544,6 +544,29 @@ impl<'a> Sessions<'a> {
         .await
     }
 
+    /// Sessions in `status` of every environment sharing this database, by id, paged like
+    /// [`Sessions::list_live`]. The capacity check counts the VMs that other environments'
+    /// starting sessions are about to create: they share the namespace and its limit.
+    pub async fn list_in_status_all_envs(
+        &self,
+        status: SessionStatus,
+        after: Option<SessionId>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE status = $1 \
+             AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3"
+        );
+        self.query_all(
+            "listing sessions of every environment",
+            SQL,
+            &[&status.as_str(), &after.map(|a| a.as_uuid()), &limit(n)],
+        )
+        .await
+    }
+
     /// Running sessions of `env` whose `expires_at` is at or before `until`, soonest first.
     /// With `until` = the database's now, these are the expired ones (the reaper confirms
     /// each with `ttlab-lifespan` and [`Sessions::begin_expiring`]).

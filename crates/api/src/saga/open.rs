@@ -92,25 +92,21 @@ async fn open_vm_session(
 }
 
 /// Live VMs: every VM ttlab manages in the namespace (whatever its environment: ghosts and
-/// the other environment's VMs hold memory too), plus the VMs that sessions still
-/// `starting` are about to create. A VM counted twice (created, and planned) counts once.
+/// the other environment's VMs hold memory too), plus the VMs that sessions still `starting`
+/// — of every environment sharing this database — are about to create. A VM counted twice
+/// (created, and planned) counts once.
+///
+/// The starting rows are read before the cluster is listed: a session that turns running in
+/// between created its VM before the list, so it is listed; read the other way round, its
+/// VM could be in neither.
 async fn count_vms(state: &AppState) -> Result<usize, ApiError> {
-    let selector = ttlab_model::labels::managed_selector();
-    let listed = tokio::time::timeout(
-        Duration::from_secs(5),
-        state
-            .cluster()
-            .list_all(ttlab_cluster::Kind::VirtualMachine, &selector),
-    )
-    .await
-    .map_err(|_| ApiError::ClusterUnavailable("listing VMs took longer than 5 s".into()))??;
-    let mut names: BTreeSet<String> = listed.into_iter().map(|o| o.name).collect();
+    let mut names: BTreeSet<String> = BTreeSet::new();
     let mut after = None;
     loop {
         let page = state
             .store()
             .sessions()
-            .list_in_status(&state.config().env, SessionStatus::Starting, after, 500)
+            .list_in_status_all_envs(SessionStatus::Starting, after, 500)
             .await?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);
@@ -128,5 +124,15 @@ async fn count_vms(state: &AppState) -> Result<usize, ApiError> {
             }
         }
     }
+    let selector = ttlab_model::labels::managed_selector();
+    let listed = tokio::time::timeout(
+        Duration::from_secs(5),
+        state
+            .cluster()
+            .list_all(ttlab_cluster::Kind::VirtualMachine, &selector),
+    )
+    .await
+    .map_err(|_| ApiError::ClusterUnavailable("listing VMs took longer than 5 s".into()))??;
+    names.extend(listed.into_iter().map(|o| o.name));
     Ok(names.len())
 }
