@@ -63,12 +63,18 @@ struct Args {
     web_dir: Option<PathBuf>,
 }
 
+/// Caps the PostgreSQL client's query log (which prints parameters) below debug.
+const QUIET_QUERIES: &str = "tokio_postgres::query=info";
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+                // The PostgreSQL client logs query parameters at debug, and those include the
+                // per-VM agent tokens: never let them into the log, whatever RUST_LOG says.
+                .add_directive(QUIET_QUERIES.parse().expect("a valid log directive")),
         )
         .init();
     match run(Args::parse()).await {
