@@ -480,6 +480,30 @@ impl<'a> Sessions<'a> {
             .await
     }
 
+    /// The session `id` and the database clock, read in one statement (one round trip for
+    /// a read rendered against "now"); `None` if there is no such session.
+    pub async fn get_with_now(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<(Session, DateTime<Utc>)>, StoreError> {
+        const WHAT: &str = "reading a session";
+        const SQL: &str = concat!(
+            "SELECT now() AS db_now, ",
+            columns!(),
+            " FROM sessions WHERE id = $1"
+        );
+        let client = self.store.client().await?;
+        let Some(row) = client
+            .query_opt(SQL, &[&id.as_uuid()])
+            .await
+            .map_err(StoreError::query(WHAT))?
+        else {
+            return Ok(None);
+        };
+        let now: DateTime<Utc> = row.try_get("db_now").map_err(StoreError::query(WHAT))?;
+        Ok(Some((Session::from_row(&row)?, now)))
+    }
+
     /// The user's live (starting, running or finishing) session, if any.
     pub async fn live_for_user(&self, user: &UserId) -> Result<Option<Session>, StoreError> {
         const SQL: &str = concat!(

@@ -140,8 +140,13 @@ async fn read(
     user: CurrentUser,
     SessionPath(id): SessionPath,
 ) -> Result<Json<SessionView>, ApiError> {
-    let s = visible(&state, &user, id).await?;
-    Ok(Json(view(&state, &s).await?))
+    // One round trip: the row and the database clock it is rendered against.
+    match state.store().sessions().get_with_now(id).await? {
+        Some((s, now)) if s.user == user.user || user.is_admin() => {
+            Ok(Json(SessionView::new(&s, &state.config().policy, now)))
+        }
+        _ => Err(ApiError::SessionNotFound),
+    }
 }
 
 async fn extend(

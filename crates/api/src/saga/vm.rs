@@ -20,9 +20,12 @@ use ttlab_vm_manifest::{SessionVms, render, secret_name, vm_name};
 use super::{Stop, with_db};
 use crate::AppState;
 
-/// Polls of the agent: first pause, longest pause.
+/// Polls of the VMI's address: first pause, longest pause.
 const AGENT_POLL_FIRST: Duration = Duration::from_millis(50);
 const AGENT_POLL_MAX: Duration = Duration::from_millis(200);
+/// Pause between readiness polls of the agent once the VMI runs: fixed and short, so a
+/// session is marked running at most this long (plus one request) after its guest is ready.
+const READY_POLL: Duration = Duration::from_millis(100);
 
 pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(), Stop> {
     let lesson = state
@@ -317,8 +320,8 @@ async fn wait_ip(state: &AppState, vmi: &str, within: Duration) -> Result<IpAddr
     }
 }
 
-/// Polls the agent's readiness with backoff until the marker is reported (Ok), the setup
-/// reports failure, or `within` runs out.
+/// Polls the agent's readiness every [`READY_POLL`] until the marker is reported (Ok), the
+/// setup reports failure, or `within` runs out.
 async fn wait_agent(
     state: &AppState,
     session: &Session,
@@ -327,7 +330,6 @@ async fn wait_agent(
     agent_up: &std::sync::atomic::AtomicBool,
 ) -> Result<(), Stop> {
     let deadline = tokio::time::Instant::now() + within;
-    let mut pause = AGENT_POLL_FIRST;
     let mut answered = false;
     loop {
         match client.ready().await {
@@ -365,7 +367,7 @@ async fn wait_agent(
                 )));
             }
         }
-        if tokio::time::Instant::now() + pause > deadline {
+        if tokio::time::Instant::now() + READY_POLL > deadline {
             return Err(Stop::Failed(if answered {
                 format!("setup script did not finish within {} s", within.as_secs())
             } else {
@@ -375,7 +377,6 @@ async fn wait_agent(
                 )
             }));
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(AGENT_POLL_MAX);
+        tokio::time::sleep(READY_POLL).await;
     }
 }
