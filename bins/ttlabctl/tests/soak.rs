@@ -33,6 +33,7 @@ async fn the_short_soak_holds_every_invariant() {
     );
     for row in [
         "VMs at once <= limit (both envs)",
+        "server VM limit held (quota unused)",
         "one live session per user",
         "expired VM deleted <= 2s (or 1 cycle after a fault)",
         "no object deleted by the other env",

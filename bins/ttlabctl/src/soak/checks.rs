@@ -156,22 +156,16 @@ pub(crate) async fn watch(
         let mut users: BTreeMap<String, u32> = BTreeMap::new();
         let mut read = true;
         for env in &envs {
-            let mut after = None;
-            loop {
-                match store.sessions().list_live(env, after, 1000).await {
-                    Ok(page) => {
-                        let Some(last) = page.last() else { break };
-                        after = Some(last.id);
-                        for s in &page {
-                            *users.entry(s.user.to_string()).or_default() += 1;
-                        }
-                    }
-                    Err(_) => {
-                        // PostgreSQL is down (an injected outage): no check this time.
-                        read = false;
-                        break;
+            // One query per environment: a snapshot (pages read one after the other could see a
+            // user's old session and their new one).
+            match store.sessions().list_live(env, None, 1_000_000).await {
+                Ok(rows) => {
+                    for s in &rows {
+                        *users.entry(s.user.to_string()).or_default() += 1;
                     }
                 }
+                // PostgreSQL is down (an injected outage): no check this time.
+                Err(_) => read = false,
             }
         }
         if read {
@@ -400,6 +394,31 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         });
     }
     table.rows.push(expiry);
+
+    // The servers' own limit (the first layer): a VM create the quota refused means a server
+    // admitted a session past the limit. By design a server does not limit when it cannot
+    // count (its list of VMs failed): excused when that server's VM list failed just before.
+    let mut first_layer = Row::new("server VM limit held (quota unused)");
+    for (e, _) in ENVS.iter().enumerate() {
+        let user = kube_user(e, false);
+        let mine: Vec<&Call<'_>> = calls
+            .iter()
+            .filter(|c| c.user == Some(user.as_str()) && c.resource == "virtualmachines")
+            .collect();
+        for c in mine.iter().filter(|c| c.verb == Verb::Create) {
+            let refused = c.status == 403;
+            let uncounted = mine.iter().any(|l| {
+                l.verb == Verb::List
+                    && injected(l.status)
+                    && l.at <= c.at
+                    && l.at >= c.at - TimeDelta::seconds(10)
+            });
+            first_layer.check(!refused || uncounted, || {
+                format!("{user}: VM {} refused by the quota at {}", c.name, c.at)
+            });
+        }
+    }
+    table.rows.push(first_layer);
 
     // Deletes only by the object's own environment.
     let mut cross = Row::new("no object deleted by the other env");
