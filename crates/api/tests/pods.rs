@@ -160,7 +160,9 @@ async fn capacity_shows_the_namespace_quota() {
 fn the_pod_sample_lesson_loads_with_the_others() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lessons");
     let set = ttlab_lesson::LessonSet::load(&dir).unwrap();
-    let lesson = set.get(&"shell-basics".parse().unwrap()).expect("the pod sample");
+    let lesson = set
+        .get(&"shell-basics".parse().unwrap())
+        .expect("the pod sample");
     assert_eq!(lesson.runtime, ttlab_model::Runtime::Pod);
     assert_eq!(lesson.grading.len(), 4);
 }
