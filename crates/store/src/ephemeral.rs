@@ -373,10 +373,33 @@ impl PgCluster {
         Ok(())
     }
 
-    /// Stops the server now (immediate shutdown, as a crash would: every connection is cut)
-    /// but keeps its data directory and socket directory, so [`PgCluster::resume`] can start
-    /// it again at the same [`PgCluster::url`]. Stopping a stopped cluster does nothing.
+    /// Stops the server (fast shutdown, as `pg_ctl stop` does: every connection is cut, and
+    /// every committed transaction is flushed first — this cluster runs with
+    /// `synchronous_commit = off`, so an immediate shutdown could lose the last ones) but
+    /// keeps its data directory and socket directory, so [`PgCluster::resume`] can start it
+    /// again at the same [`PgCluster::url`]. Stopping a stopped cluster does nothing.
     pub fn pause(&mut self) -> Result<(), StoreError> {
+        if let Some(server) = self.server.as_mut()
+            && matches!(server.try_wait(), Ok(None))
+            && let Some(pid) = fs::read_to_string(self.data.join("postmaster.pid"))
+                .ok()
+                .and_then(|t| t.lines().next().map(|l| l.trim().to_owned()))
+        {
+            // SIGINT to the postmaster is PostgreSQL's fast shutdown.
+            let signalled = Command::new("kill")
+                .args(["-INT", &pid])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while signalled && Instant::now() < deadline {
+                if let Ok(Some(_)) = server.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        // Already stopped by now, or stopped at once if the fast shutdown did not finish.
         self.stop_server()?;
         // An immediate shutdown removes the pid file; a killed server leaves it behind, and
         // its `ready` line must not be mistaken for the next server's.
