@@ -300,6 +300,19 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     let mut expiry = Row::new("expired VM deleted <= 2s (or 1 cycle after a fault)");
     let cycle = TimeDelta::from_std(input.settings.reap_interval).unwrap_or(TimeDelta::MAX);
     let mut delays: Vec<i64> = Vec::new();
+    // Injected failures answered to each environment's reaper, in time order.
+    let reaper_faults: Vec<Vec<DateTime<Utc>>> = (0..ENVS.len())
+        .map(|e| {
+            let user = kube_user(e, true);
+            let mut v: Vec<DateTime<Utc>> = calls
+                .iter()
+                .filter(|c| c.user == Some(user.as_str()) && injected(c.status))
+                .map(|c| c.at)
+                .collect();
+            v.sort();
+            v
+        })
+        .collect();
     for s in input
         .sessions
         .iter()
@@ -356,14 +369,12 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         }
         // A failed call of its reaper's cycle (a list retried with backoff, say) holds up
         // the next cycle too.
-        let reaper = kube_user(env, true);
-        for c in calls
-            .iter()
-            .filter(|c| c.user == Some(reaper.as_str()) && injected(c.status))
+        let faults = &reaper_faults[env];
+        let upto = faults.partition_point(|t| *t <= done);
+        if let Some(t) = upto.checked_sub(1).map(|i| faults[i])
+            && t >= e - cycle
         {
-            if c.at >= e - cycle && c.at <= done {
-                last_fault = Some(last_fault.map_or(c.at, |l| l.max(c.at)));
-            }
+            last_fault = Some(last_fault.map_or(t, |l| l.max(t)));
         }
         for d in &disturbances {
             let relevant = match d.what {
@@ -405,14 +416,16 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             .iter()
             .filter(|c| c.user == Some(user.as_str()) && c.resource == "virtualmachines")
             .collect();
+        let mut failed_lists: Vec<DateTime<Utc>> = mine
+            .iter()
+            .filter(|l| l.verb == Verb::List && injected(l.status))
+            .map(|l| l.at)
+            .collect();
+        failed_lists.sort();
         for c in mine.iter().filter(|c| c.verb == Verb::Create) {
             let refused = c.status == 403;
-            let uncounted = mine.iter().any(|l| {
-                l.verb == Verb::List
-                    && injected(l.status)
-                    && l.at <= c.at
-                    && l.at >= c.at - TimeDelta::seconds(10)
-            });
+            let i = failed_lists.partition_point(|t| *t < c.at - TimeDelta::seconds(10));
+            let uncounted = failed_lists.get(i).is_some_and(|t| *t <= c.at);
             first_layer.check(!refused || uncounted, || {
                 format!("{user}: VM {} refused by the quota at {}", c.name, c.at)
             });
@@ -578,7 +591,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     for c in calls_journal.iter() {
         *by_answer
             .entry(if c.status == 0 {
-                "no answer (process down)".to_owned()
+                format!("no answer ({})", c.code)
             } else if c.code.is_empty() {
                 c.status.to_string()
             } else {

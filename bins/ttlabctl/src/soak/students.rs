@@ -367,7 +367,9 @@ pub(crate) async fn call(
             s.as_u16(),
             serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         ),
-        Ok(Err(_)) | Err(_) => (0, Value::Null),
+        // No answer: the server is down (connection refused or cut), or too slow.
+        Ok(Err(_)) => (0, json!({"error": "no connection"})),
+        Err(_) => (0, json!({"error": "timed out"})),
     };
     lock(&shared.journal.calls).push(ApiCall {
         env,
