@@ -258,7 +258,8 @@ async fn a_second_tab_takes_the_console_and_the_first_is_told_why() {
 #[tokio::test]
 async fn the_console_closes_at_the_expiry_second_after_following_an_extension() {
     let w = World::new().await;
-    let s = w.server(policy(3, 60, 3), 8).await;
+    // Long enough that provisioning on a slow machine cannot use it up before the extend.
+    let s = w.server(policy(10, 60, 3), 8).await;
     let (sid, alice) = start_running(&s, "alice", "quick").await;
     let mut ws = open(&s, &sid, &alice).await;
     read_until(&mut ws, ":~# ").await;
@@ -277,7 +278,7 @@ async fn the_console_closes_at_the_expiry_second_after_following_an_extension() 
         "{old} → {new}"
     );
 
-    let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(10)).await;
+    let (text, code, _, _) = read_to_close(&mut ws, Duration::from_secs(20)).await;
     let closed_at = chrono::Utc::now();
     assert_eq!(code, 4001);
     assert!(text.contains("Your lab session has expired."), "{text:?}");
