@@ -40,7 +40,7 @@ fn invalid(text: &str) -> (String, Option<usize>, Option<usize>, String) {
 fn the_shipped_lessons_load_from_the_repository_directory() {
     let set = LessonSet::load(&repo_lessons()).unwrap();
     let ids: Vec<_> = set.ids().map(|i| i.as_str().to_owned()).collect();
-    assert_eq!(ids, ["kubeadm-cluster", "systemd-basics"]);
+    assert_eq!(ids, ["kubeadm-cluster", "shell-basics", "systemd-basics"]);
 
     let systemd = set.get(&"systemd-basics".parse().unwrap()).unwrap();
     assert_eq!(systemd, &samples::systemd_basics());
