@@ -36,10 +36,10 @@ enum Command {
     Render(render::RenderArgs),
     /// Run kube-sim (a local Kubernetes API with a simulated KubeVirt) and write a kubeconfig.
     Sim(sim::SimArgs),
-    /// Mint a bearer token for the ttlab API (`--user U --role student|admin --ttl 8h`).
-    Token(token::TokenArgs),
     /// Benchmarks that print measured figures against their targets (`bench reaper`).
     Bench(bench::BenchArgs),
+    /// Mint a bearer token for the ttlab API (`--user U --role student|admin --ttl 8h`).
+    Token(token::TokenArgs),
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
     Demo(demo::DemoArgs),
     /// Prove reclamation holds: two environments under simulated students, injected faults
@@ -61,8 +61,8 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Render(args) => render::run(&args),
         Command::Sim(args) => sim::run(args).await,
-        Command::Token(args) => token::run(args),
         Command::Bench(args) => bench::run(args).await,
+        Command::Token(args) => token::run(args),
         Command::Demo(args) => demo::run(args).await,
         Command::Soak(args) => soak::run(args).await,
     };
