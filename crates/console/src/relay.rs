@@ -300,7 +300,10 @@ where
 {
     let mut work = std::pin::pin!(work);
     loop {
+        // Biased: work that is already done wins over a browser frame waiting to be read, so
+        // a console that opens at once loses none of the keystrokes typed before it opened.
         tokio::select! {
+            biased;
             done = &mut work => return Ok(done),
             reason = controls.until_close() => return Err(reason),
             frame = from_browser.next() => {

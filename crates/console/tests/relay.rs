@@ -221,6 +221,25 @@ async fn keystrokes_reach_the_vm_as_binary_whatever_the_browser_sends_and_output
     assert_eq!(console.keys.next().await, None);
 }
 
+#[tokio::test]
+async fn keystrokes_typed_before_a_console_that_opens_at_once_are_not_lost() {
+    // The browser's first frame is already waiting when the relay opens the console; the
+    // relay must not read (and drop) it while the connection attempt is also ready. Repeated,
+    // because which of two ready branches is looked at first must not matter.
+    for round in 0..64 {
+        let mut h = start(Setup::default());
+        h.browser.type_bytes(Frame::Text("hostname\r".into())).await;
+        let mut console = h.consoles.next().await.unwrap();
+        assert_eq!(
+            console.keys.next().await,
+            Some(Bytes::from_static(b"hostname\r")),
+            "round {round}"
+        );
+        h.controller.close(CloseReason::Finished);
+        assert_eq!(h.relay.await.unwrap().reason, CloseReason::Finished);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_booting_vm_is_retried_every_second_and_the_terminal_says_what_it_waits_for() {
     let started = Instant::now();
