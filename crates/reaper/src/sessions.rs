@@ -76,6 +76,23 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
             return Item::Failed(format!("{}: {e}", store_error_kind(&e)));
         }
     };
+    if !matches!(begin, Begin::Expire { .. }) {
+        // A provisioner still running for the session may be creating objects: deleting now
+        // could leave one behind a final row. Moving the row to `finishing` made it stop at its
+        // next step, and it completes the session itself; a provisioner that died let go of
+        // its lock with its connection, so the session is reclaimed on a later cycle.
+        match ctx.store.provisioning_in_progress(id).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(session = %id, "its provisioner is still stopping; left to it this cycle");
+                return Item::Skipped;
+            }
+            Err(e) => {
+                tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot tell whether a provisioner is running");
+                return Item::Failed(format!("{}: {e}", store_error_kind(&e)));
+            }
+        }
+    }
     let nodes = nodes_of(&session);
     let target = SessionTarget {
         env: &session.env,

@@ -347,6 +347,45 @@ async fn ghosts_stuck_starts_and_unlisted_clusters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_go() {
+    let h = Harness::start().await;
+    let ctx = h.ctx("dev");
+    let stuck = h
+        .open("dev", SessionStatus::Starting, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", stuck.id, &["vm"], true).await;
+    // A server is still provisioning it (and may be creating objects right now).
+    let provisioner = h
+        .store
+        .try_provisioning_lock(stuck.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.stuck.done, report.stuck.failed),
+        (0, 0),
+        "{report:?}"
+    );
+    // It is told to stop (the row left `starting`), and nothing was deleted under it.
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Finishing);
+    assert!(h.vm_alive(stuck.id, "vm"));
+    // The provisioner dies without completing it: the next cycle does.
+    drop(provisioner);
+    let mut report = reap_once(&ctx).await;
+    for _ in 0..50 {
+        if report.stuck.done == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        report = reap_once(&ctx).await;
+    }
+    assert_eq!(report.stuck.done, 1, "{report:?}");
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Failed);
+    assert!(!h.vm_alive(stuck.id, "vm"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dry_run_reports_and_deletes_nothing() {
     let h = Harness::start().await;
     let expired = h

@@ -177,6 +177,59 @@ impl Store {
             .map_err(StoreError::query("taking a provisioning lock"))?;
         Ok(got.then_some(ProvisioningLock { _client: client }))
     }
+
+    /// Takes the provisioning lock of session `id`, waiting up to `within` for whoever holds
+    /// it to let go. `None` means it was still held when the time was up. Used by whoever ends
+    /// a session that was `starting`: once it holds the lock, no provisioner is creating
+    /// objects for the session any more, so what it deletes stays deleted.
+    pub async fn wait_provisioning_lock(
+        &self,
+        id: ttlab_model::SessionId,
+        within: std::time::Duration,
+    ) -> Result<Option<ProvisioningLock>, StoreError> {
+        let client = self.url().connect().await?;
+        let (class, _) = lock_key(LockKind::Provisioning, 0);
+        let ms = within.as_millis().clamp(1, i32::MAX as u128);
+        client
+            .batch_execute(&format!("SET lock_timeout = {ms}"))
+            .await
+            .map_err(StoreError::query("waiting for a provisioning lock"))?;
+        match client
+            .execute(
+                "SELECT pg_advisory_lock($1, hashtext($2))",
+                &[&class, &id.to_string()],
+            )
+            .await
+        {
+            Ok(_) => Ok(Some(ProvisioningLock { _client: client })),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                Ok(None)
+            }
+            Err(e) => Err(StoreError::query("waiting for a provisioning lock")(e)),
+        }
+    }
+
+    /// Whether some process holds the provisioning lock of session `id` (a provisioner is
+    /// still running for it). The reaper leaves such a session to its provisioner, which ends
+    /// it once it notices the session is no longer `starting`.
+    pub async fn provisioning_in_progress(
+        &self,
+        id: ttlab_model::SessionId,
+    ) -> Result<bool, StoreError> {
+        let (class, _) = lock_key(LockKind::Provisioning, 0);
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND granted AND classid = $1::int::oid \
+                 AND objid = hashtext($2)::oid AND objsubid = 2)",
+                &[&class, &id.to_string()],
+            )
+            .await
+            .map_err(StoreError::query("looking for a provisioning lock"))?;
+        row.try_get(0)
+            .map_err(StoreError::query("looking for a provisioning lock"))
+    }
 }
 
 /// An open transaction holding the capacity lock. See [`Store::lock_capacity`].

@@ -534,3 +534,47 @@ async fn one_reaper_leads_each_environment() {
         .expect("released");
     drop(next);
 }
+
+#[tokio::test]
+async fn ending_a_starting_session_waits_for_its_provisioner_to_let_go() {
+    let (_db, store, _now) = setup().await;
+    let id = SessionId::new_random();
+    let other = SessionId::new_random();
+    assert!(!store.provisioning_in_progress(id).await.unwrap());
+    let provisioner = store
+        .try_provisioning_lock(id)
+        .await
+        .unwrap()
+        .expect("free at first");
+    assert!(store.provisioning_in_progress(id).await.unwrap());
+    assert!(!store.provisioning_in_progress(other).await.unwrap());
+
+    // While the provisioner holds on, a waiter gives up after its time.
+    let started = std::time::Instant::now();
+    let waited = store
+        .wait_provisioning_lock(id, std::time::Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(waited.is_none(), "the provisioner still holds it");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+
+    // Once the provisioner lets go (here: its connection ends), the waiter gets it at once.
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .wait_provisioning_lock(id, std::time::Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(provisioner);
+    let held = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted once released");
+    assert!(store.provisioning_in_progress(id).await.unwrap());
+    assert!(store.try_provisioning_lock(id).await.unwrap().is_none());
+    drop(held);
+}

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use ttlab_agent::AgentClient;
 use ttlab_lifespan::Lifespan;
-use ttlab_model::{FinalStatus, LessonId, Runtime, SessionStatus};
+use ttlab_model::{LessonId, Runtime, SessionStatus};
 use ttlab_store::Session;
 
 use crate::auth::CurrentUser;
@@ -200,14 +200,7 @@ async fn finish(
 ) -> Result<Json<SessionView>, ApiError> {
     let s = owned(&state, &user, id).await?;
     let ended = if matches!(s.status, SessionStatus::Starting | SessionStatus::Running) {
-        saga::end_session(
-            &state,
-            &s,
-            &[SessionStatus::Starting, SessionStatus::Running],
-            FinalStatus::Finished,
-            None,
-        )
-        .await?
+        saga::finish_by_student(&state, &s).await?
     } else {
         None
     };

@@ -101,14 +101,29 @@ async fn provision(state: &AppState, session: &Session) {
         Ok(()) => tracing::info!("session running"),
         Err(Stop::Superseded) => {
             tracing::info!("session left starting during provisioning; removing what was made");
-            let report = teardown_session(
-                state.cluster().as_ref(),
-                &target(state, session, &nodes_of(state, session)),
-                LabelSweep::Always,
-            )
-            .await;
-            if !report.all_deleted() {
-                tracing::warn!("some objects could not be deleted; the reaper will find them");
+            // Whoever moved the row on may have left its completion to us (a student's finish
+            // does, while we hold the provisioning lock): we are the last to create objects,
+            // so a `finishing` row is completed here, after our own deletions.
+            let row = with_db(|| async { state.store().sessions().get(session.id).await }).await;
+            match row {
+                Ok(Some(row)) if row.status == SessionStatus::Finishing => {
+                    if let Err(e) = complete(state, row).await {
+                        tracing::warn!(error = %e, "could not end the session; the reaper will");
+                    }
+                }
+                _ => {
+                    let report = teardown_session(
+                        state.cluster().as_ref(),
+                        &target(state, session, &nodes_of(state, session)),
+                        LabelSweep::Always,
+                    )
+                    .await;
+                    if !report.all_deleted() {
+                        tracing::warn!(
+                            "some objects could not be deleted; the reaper will find them"
+                        );
+                    }
+                }
             }
         }
         Err(Stop::Failed(reason)) => {
@@ -172,6 +187,65 @@ pub async fn end_session(
         return Ok(None);
     };
     Ok(Some(complete(state, row).await?))
+}
+
+/// How long a student's finish of a `starting` session waits for its provisioner to stop
+/// before leaving the session `finishing` for the provisioner (or the reaper) to complete.
+const PROVISIONER_STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// A student ends their session (`starting` or `running`) as `finished`. A session still
+/// being provisioned may have a provisioner creating objects at this very moment: the row goes
+/// `finishing` first (so the provisioner stops at its next step), then the provisioning lock is
+/// waited for, so nothing is created after the deletions. If the provisioner takes longer, the
+/// row is returned `finishing`; the provisioner completes it when it stops.
+pub async fn finish_by_student(
+    state: &AppState,
+    session: &Session,
+) -> Result<Option<Session>, ApiError> {
+    let Some(row) = with_db(|| async {
+        state
+            .store()
+            .sessions()
+            .begin_finishing(
+                session.id,
+                &[SessionStatus::Starting, SessionStatus::Running],
+                FinalStatus::Finished,
+                None,
+            )
+            .await
+    })
+    .await?
+    else {
+        return Ok(None);
+    };
+    if session.status != SessionStatus::Starting {
+        return Ok(Some(complete(state, row).await?));
+    }
+    let lock = with_db(|| {
+        state
+            .store()
+            .wait_provisioning_lock(session.id, PROVISIONER_STOP_WAIT)
+    })
+    .await?;
+    match lock {
+        Some(lock) => {
+            // The provisioner may have completed it already on its way out.
+            let fresh = with_db(|| async { state.store().sessions().get(session.id).await })
+                .await?
+                .unwrap_or(row);
+            let done = if fresh.status == SessionStatus::Finishing {
+                complete(state, fresh).await?
+            } else {
+                fresh
+            };
+            drop(lock);
+            Ok(Some(done))
+        }
+        None => {
+            tracing::info!(session = %session.id, "finish left to the provisioner, which is still stopping");
+            Ok(Some(row))
+        }
+    }
 }
 
 /// Deletes everything of a `finishing` session and marks it final if that worked.
