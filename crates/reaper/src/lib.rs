@@ -61,6 +61,17 @@ use ttlab_store::Direction;
 /// clock was read; everything else is in the report ([`CycleReport::ran`] is false only when
 /// the database could not be reached at all).
 pub async fn reap_once(ctx: &ReaperContext) -> CycleReport {
+    reap(ctx, true).await
+}
+
+/// Runs the database-driven directions only (finishing, stuck and expired sessions), without
+/// listing the cluster: what a deadline coming due needs, at a cost independent of the
+/// cluster's size. [`run`] does this at each deadline, alongside its full sweeps.
+pub async fn reap_sessions(ctx: &ReaperContext) -> CycleReport {
+    reap(ctx, false).await
+}
+
+async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
     let clock = Instant::now();
     let now = match ctx.store.db_now().await {
         Ok(now) => now,
@@ -79,7 +90,9 @@ pub async fn reap_once(ctx: &ReaperContext) -> CycleReport {
     sessions::stuck_starting(ctx, &mut report, now).await;
     sessions::expired(ctx, &mut report, now).await;
 
-    if !ctx.shutdown.is_cancelled()
+    report.sessions_only = !scan_cluster;
+    if scan_cluster
+        && !ctx.shutdown.is_cancelled()
         && let Ok(candidates) = find_orphans_at(ctx, &mut report, now).await
     {
         scan::delete_orphans(ctx, &mut report, candidates).await;

@@ -46,6 +46,9 @@ pub struct CycleReport {
     pub actions: Vec<Action>,
     /// Whether the cluster could be listed (orphans and ghosts need it).
     pub cluster_listed: bool,
+    /// Whether only the database-driven directions ran ([`crate::reap_sessions`]: a deadline
+    /// came due), so the cluster was not meant to be listed.
+    pub sessions_only: bool,
     /// Why the cycle could not run at all (the database could not be read), if so.
     pub fatal: Option<String>,
 }
@@ -64,6 +67,7 @@ impl CycleReport {
             errors: Vec::new(),
             actions: Vec::new(),
             cluster_listed: false,
+            sessions_only: false,
             fatal: None,
         }
     }
@@ -159,7 +163,9 @@ impl CycleReport {
             self.orphans.failed,
             self.ghosts.done,
             self.ghosts.failed,
-            if self.cluster_listed {
+            if self.sessions_only {
+                " (sessions only)"
+            } else if self.cluster_listed {
                 ""
             } else {
                 " (cluster not listed)"

@@ -1,7 +1,9 @@
-//! When cycles run: a sweep every interval as the backstop, a wake-up at the next deadline
-//! (re-read whenever the server notifies a session change), and "collect now" requests,
-//! answered with the cycle's report row. Only the holder of the environment's leader lock
-//! acts; other replicas wait and take over when its connection drops.
+//! When cycles run: a full sweep at start, every interval as the backstop and on "collect
+//! now" requests (answered with the cycle's report row); and, side by side with the sweeps, a
+//! database-only cycle at the next deadline (re-read whenever the server notifies a session
+//! change), so an expiry never waits for a sweep of a large cluster. Only the holder of the
+//! environment's leader lock acts; other replicas wait and take over when its connection
+//! drops.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +12,17 @@ use futures::FutureExt as _;
 use tokio::time::Instant;
 use ttlab_store::{Channel, CollectRequestId, CycleTrigger, LeaderLock, Listener, ReaperCycle};
 
-use crate::{CycleReport, Metrics, ReaperContext, ReaperError, reap_once};
+use tokio_util::sync::CancellationToken;
+
+use crate::{CycleReport, Metrics, ReaperContext, ReaperError, reap_once, reap_sessions};
 
 /// How often a waiting replica tries to take the leader lock.
 pub const LEADER_RETRY: Duration = Duration::from_secs(1);
 /// The shortest pause between cycles when a deadline is already past (a row that could not
 /// even be moved to `finishing`), so a failing database is not hammered.
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
+/// How often a loop without a notification connection tries to open one again.
+const LISTEN_RETRY: Duration = Duration::from_secs(5);
 /// Slack added after a deadline, so the database clock has surely passed it on waking.
 const DEADLINE_SLACK: Duration = Duration::from_millis(2);
 
@@ -30,14 +36,20 @@ pub struct RecordedCycle {
     pub row: Option<ReaperCycle>,
 }
 
-/// Runs one cycle, records its report (answering `answers`) and counts it in `metrics`.
+/// Runs one cycle, records its report (answering `answers`) and counts it in `metrics`. A
+/// [`CycleTrigger::Wakeup`] (a deadline came due) runs the database-driven directions only
+/// ([`reap_sessions`]); every other trigger runs the full cycle ([`reap_once`]).
 pub async fn run_cycle(
     ctx: &ReaperContext,
     metrics: &Metrics,
     trigger: CycleTrigger,
     answers: &[CollectRequestId],
 ) -> RecordedCycle {
-    let report = reap_once(ctx).await;
+    let report = if trigger == CycleTrigger::Wakeup {
+        reap_sessions(ctx).await
+    } else {
+        reap_once(ctx).await
+    };
     metrics.observe(&report, trigger);
     if !report.ran() {
         tracing::error!(
@@ -147,17 +159,35 @@ async fn wait_for_lock(ctx: &ReaperContext) -> Option<LeaderLock> {
     }
 }
 
-async fn open_listener(ctx: &ReaperContext) -> Option<Listener> {
-    match ctx
-        .store
-        .listen(&[Channel::SessionsChanged, Channel::CollectRequested])
-        .await
-    {
+async fn open_listener(ctx: &ReaperContext, channel: Channel) -> Option<Listener> {
+    match ctx.store.listen(&[channel]).await {
         Ok(l) => Some(l),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for notifications; polling on the timer");
+            tracing::warn!(error = %e, channel = channel.as_str(), "cannot listen for notifications; polling on the timer");
             None
         }
+    }
+}
+
+/// The next notification of `listener` for this environment (`Err`: the connection was lost);
+/// never, without a listener.
+async fn notified(ctx: &ReaperContext, listener: &mut Option<Listener>) -> Result<(), String> {
+    loop {
+        match listener.as_mut() {
+            Some(l) => match l.recv().await {
+                Ok(n) if n.payload == ctx.env.as_str() => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            },
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// Drains what else is queued on `listener` already.
+fn drain(listener: &mut Option<Listener>) {
+    if let Some(l) = listener.as_mut() {
+        while let Some(Ok(_)) = l.recv().now_or_never() {}
     }
 }
 
@@ -187,20 +217,47 @@ async fn next_wakeup(
     Some(Instant::now() + wait)
 }
 
+/// Acts as the environment's reaper until shutdown or the lock is lost. Two loops run side by
+/// side: full sweeps (at start, on the timer, on "collect now") and deadline cycles (the
+/// database-driven directions only, at the next expiry or readiness deadline). A deadline
+/// that comes due during a long sweep is therefore handled at once, not after it. Both are
+/// idempotent and every transition is conditional, so overlapping is safe.
 async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: &Metrics) {
-    let mut listener = open_listener(ctx).await;
+    let stop = ctx.shutdown.child_token();
+    tokio::join!(
+        sweeps(ctx, lock, interval, metrics, &stop),
+        deadlines(ctx, lock, metrics, &stop),
+    );
+}
+
+/// Confirms the leader lock before a cycle; on losing it, stops both loops.
+async fn still_leader(lock: &LeaderLock, stop: &CancellationToken) -> bool {
+    if stop.is_cancelled() {
+        return false;
+    }
+    if let Err(e) = lock.check().await {
+        tracing::warn!(error = %e, "the leader lock is gone");
+        stop.cancel();
+        return false;
+    }
+    true
+}
+
+async fn sweeps(
+    ctx: &ReaperContext,
+    lock: &LeaderLock,
+    interval: Duration,
+    metrics: &Metrics,
+    stop: &CancellationToken,
+) {
+    let mut listener = open_listener(ctx, Channel::CollectRequested).await;
     let mut trigger = CycleTrigger::Startup;
-    let mut last_past = None;
     loop {
-        if ctx.shutdown.is_cancelled() {
+        if !still_leader(lock, stop).await {
             return;
         }
         if listener.is_none() {
-            listener = open_listener(ctx).await;
-        }
-        if let Err(e) = lock.check().await {
-            tracing::warn!(error = %e, "the leader lock is gone");
-            return;
+            listener = open_listener(ctx, Channel::CollectRequested).await;
         }
         let answers: Vec<CollectRequestId> =
             match ctx.store.collect_requests().pending(&ctx.env).await {
@@ -215,48 +272,73 @@ async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics
         }
         run_cycle(ctx, metrics, trigger, &answers).await;
 
-        // Wait for the next reason to run.
         let sweep_at = Instant::now() + interval;
-        let mut deadline = next_wakeup(ctx, &mut last_past).await;
-        trigger = loop {
-            let wake_at = deadline.map_or(sweep_at, |d| d.min(sweep_at));
-            let by_deadline = deadline.is_some_and(|d| d < sweep_at);
-            let notified = async {
-                match listener.as_mut() {
-                    Some(l) => l.recv().await.map_err(|e| e.to_string()),
-                    None => std::future::pending().await,
+        trigger = tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(sweep_at) => CycleTrigger::Timer,
+            n = notified(ctx, &mut listener) => {
+                if let Err(e) = n {
+                    tracing::warn!(error = %e, "notification connection lost; reopening");
+                    listener = None;
                 }
-            };
-            tokio::select! {
-                () = ctx.shutdown.cancelled() => return,
-                () = tokio::time::sleep_until(wake_at) => {
-                    break if by_deadline { CycleTrigger::Wakeup } else { CycleTrigger::Timer };
-                }
-                n = notified => match n {
-                    Ok(n) if n.payload != ctx.env.as_str() => {}
-                    Ok(n) if n.channel == Channel::CollectRequested => break CycleTrigger::Collect,
-                    Ok(_) => {
-                        // A session changed: drain what else is queued, then re-read the deadline.
-                        let mut collect = false;
-                        if let Some(l) = listener.as_mut() {
-                            while let Some(Ok(n)) = l.recv().now_or_never() {
-                                collect |= n.channel == Channel::CollectRequested
-                                    && n.payload == ctx.env.as_str();
-                            }
-                        }
-                        if collect {
-                            break CycleTrigger::Collect;
-                        }
-                        deadline = next_wakeup(ctx, &mut last_past).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "notification connection lost; reopening");
-                        listener = open_listener(ctx).await;
-                        // Something may have been missed: run a cycle.
-                        break CycleTrigger::Wakeup;
-                    }
-                },
+                drain(&mut listener);
+                CycleTrigger::Collect
             }
         };
+    }
+}
+
+async fn deadlines(
+    ctx: &ReaperContext,
+    lock: &LeaderLock,
+    metrics: &Metrics,
+    stop: &CancellationToken,
+) {
+    let mut listener = open_listener(ctx, Channel::SessionsChanged).await;
+    let mut last_past = None;
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        if listener.is_none() {
+            listener = open_listener(ctx, Channel::SessionsChanged).await;
+        }
+        // Without a deadline (or a database to read it from), wait for a session change;
+        // the sweeps' timer is the backstop.
+        let deadline = next_wakeup(ctx, &mut last_past).await;
+        // Without a listener, look again every few seconds (and try to listen again).
+        let retry = listener.is_none().then(|| Instant::now() + LISTEN_RETRY);
+        let wake = match (deadline, retry) {
+            (Some(d), Some(r)) if r < d => Some((r, false)),
+            (Some(d), _) => Some((d, true)),
+            (None, Some(r)) => Some((r, false)),
+            (None, None) => None,
+        };
+        let due = async {
+            match wake {
+                Some((at, is_deadline)) => {
+                    tokio::time::sleep_until(at).await;
+                    is_deadline
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let run = tokio::select! {
+            () = stop.cancelled() => return,
+            is_deadline = due => is_deadline,
+            n = notified(ctx, &mut listener) => {
+                // A session changed: re-read the deadline (after what else is queued).
+                if let Err(e) = n {
+                    tracing::warn!(error = %e, "notification connection lost; reopening");
+                    listener = None;
+                }
+                drain(&mut listener);
+                // Something may have been missed while the connection was down: run.
+                listener.is_none()
+            }
+        };
+        if run && still_leader(lock, stop).await {
+            run_cycle(ctx, metrics, CycleTrigger::Wakeup, &[]).await;
+        }
     }
 }
