@@ -14,6 +14,9 @@ use crate::ApiConfig;
 use crate::auth::AuthConfig;
 use crate::metrics::Metrics;
 
+/// A listing of the namespace's VMs and when it was taken.
+pub(crate) type ListedVms = (tokio::time::Instant, Arc<Vec<String>>);
+
 /// What the routes share: configuration, database, cluster, metrics, the notification hub
 /// and the provisioning tasks. Cheap to clone.
 #[derive(Clone)]
@@ -28,6 +31,7 @@ struct Inner {
     metrics: Metrics,
     hub: broadcast::Sender<HubEvent>,
     capacity: tokio::sync::Mutex<()>,
+    listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -62,6 +66,7 @@ impl AppState {
                 metrics: Metrics::new(),
                 hub,
                 capacity: tokio::sync::Mutex::new(()),
+                listed_vms: tokio::sync::Mutex::new(None),
                 tasks: Mutex::new(JoinSet::new()),
             }),
         }
@@ -97,6 +102,12 @@ impl AppState {
     /// connection).
     pub(crate) async fn capacity_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.inner.capacity.lock().await
+    }
+
+    /// The last listing of the namespace's VMs the capacity check took (see
+    /// `saga::open::count_vms`), shared by the requests of this process.
+    pub(crate) fn listed_vms(&self) -> &tokio::sync::Mutex<Option<ListedVms>> {
+        &self.inner.listed_vms
     }
 
     /// Runs `task` in the background, tracked so [`AppState::abort_tasks`] can stop it.

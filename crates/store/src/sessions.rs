@@ -414,8 +414,12 @@ impl<'a> Sessions<'a> {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Option<Session>, StoreError> {
         let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
         let row = client
-            .query_opt(sql, params)
+            .query_opt(&statement, params)
             .await
             .map_err(StoreError::query(what))?;
         opt_session(row)
@@ -428,8 +432,12 @@ impl<'a> Sessions<'a> {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Session>, StoreError> {
         let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
         let rows = client
-            .query(sql, params)
+            .query(&statement, params)
             .await
             .map_err(StoreError::query(what))?;
         rows_to_sessions(&rows)
@@ -442,8 +450,12 @@ impl<'a> Sessions<'a> {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<bool, StoreError> {
         let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
         let n = client
-            .execute(sql, params)
+            .execute(&statement, params)
             .await
             .map_err(StoreError::query(what))?;
         Ok(n > 0)
@@ -493,8 +505,12 @@ impl<'a> Sessions<'a> {
             " FROM sessions WHERE id = $1"
         );
         let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(SQL)
+            .await
+            .map_err(StoreError::query(WHAT))?;
         let Some(row) = client
-            .query_opt(SQL, &[&id.as_uuid()])
+            .query_opt(&statement, &[&id.as_uuid()])
             .await
             .map_err(StoreError::query(WHAT))?
         else {
@@ -568,27 +584,39 @@ impl<'a> Sessions<'a> {
         .await
     }
 
-    /// Sessions in `status` of every environment sharing this database, by id, paged like
-    /// [`Sessions::list_live`]. The capacity check counts the VMs that other environments'
-    /// starting sessions are about to create: they share the namespace and its limit.
-    pub async fn list_in_status_all_envs(
+    /// The VMs that live VM sessions of every environment sharing this database hold or are
+    /// about to create: per session, its id, lesson and recorded VM names (empty while its
+    /// VMs are not recorded yet). Only these columns are read, in one statement, so the
+    /// capacity check stays cheap with many live sessions.
+    pub async fn live_vm_sessions_all_envs(
         &self,
-        status: SessionStatus,
-        after: Option<SessionId>,
-        n: u32,
-    ) -> Result<Vec<Session>, StoreError> {
-        const SQL: &str = concat!(
-            "SELECT ",
-            columns!(),
-            " FROM sessions WHERE status = $1 \
-             AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3"
-        );
-        self.query_all(
-            "listing sessions of every environment",
-            SQL,
-            &[&status.as_str(), &after.map(|a| a.as_uuid()), &limit(n)],
-        )
-        .await
+    ) -> Result<Vec<(SessionId, LessonId, Vec<String>)>, StoreError> {
+        const WHAT: &str = "listing live VM sessions";
+        const SQL: &str = "SELECT id, lesson, vm_names FROM sessions \
+             WHERE status = ANY($1) AND runtime = $2";
+        let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(SQL)
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        let rows = client
+            .query(
+                &statement,
+                &[&names(&SessionStatus::LIVE), &Runtime::Vm.as_str()],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter()
+            .map(|row| {
+                let id: Uuid = row.try_get(0).map_err(StoreError::query(WHAT))?;
+                let lesson: &str = row.try_get(1).map_err(StoreError::query(WHAT))?;
+                let vms: Vec<String> = row.try_get(2).map_err(StoreError::query(WHAT))?;
+                let lesson = lesson
+                    .parse()
+                    .map_err(|e| StoreError::corrupt("lesson", e))?;
+                Ok((SessionId::from_uuid(id), lesson, vms))
+            })
+            .collect()
     }
 
     /// Running sessions of `env` whose `expires_at` is at or before `until`, soonest first.

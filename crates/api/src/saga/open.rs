@@ -1,12 +1,13 @@
 //! Steps ① and ②: the `starting` row, after the capacity check for VM lessons.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
 use ttlab_lesson::Lesson;
 use ttlab_lifespan::Lifespan;
-use ttlab_model::{Runtime, SessionId, SessionStatus, UserId};
+use ttlab_model::{Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, Session, SessionTimes, StoreError};
 
 use crate::{ApiError, AppState};
@@ -65,10 +66,16 @@ async fn open_vm_session(
 ) -> Result<Session, ApiError> {
     let _turn = state.capacity_turn().await;
     for _ in 0..3 {
+        // Listed before the lock is taken and the rows are read (see `count_vms`).
+        let listing = listed_vms(state).await;
         let guard = state.store().lock_capacity().await?;
         let limit = state.config().vm_limit;
         let needed = lesson.nodes.len();
-        match count_vms(state).await {
+        let count = match listing {
+            Ok(listing) => count_vms(state, &listing).await,
+            Err(e) => Err(e),
+        };
+        match count {
             Ok(count) if count + needed > limit => {
                 guard.rollback().await?;
                 state.metrics().capacity_rejections.inc();
@@ -91,38 +98,17 @@ async fn open_vm_session(
     ))
 }
 
-/// Live VMs: every VM ttlab manages in the namespace (whatever its environment: ghosts and
-/// the other environment's VMs hold memory too), plus the VMs that sessions still `starting`
-/// — of every environment sharing this database — are about to create. A VM counted twice
-/// (created, and planned) counts once.
-///
-/// The starting rows are read before the cluster is listed: a session that turns running in
-/// between created its VM before the list, so it is listed; read the other way round, its
-/// VM could be in neither.
-async fn count_vms(state: &AppState) -> Result<usize, ApiError> {
-    let mut names: BTreeSet<String> = BTreeSet::new();
-    let mut after = None;
-    loop {
-        let page = state
-            .store()
-            .sessions()
-            .list_in_status_all_envs(SessionStatus::Starting, after, 500)
-            .await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        for s in page.iter().filter(|s| s.runtime == Runtime::Vm) {
-            if s.vms.is_empty() {
-                let nodes = super::nodes_of(state, s);
-                if nodes.is_empty() {
-                    names.insert(format!("unknown-lesson-{}", s.id));
-                }
-                for node in nodes {
-                    names.insert(ttlab_vm_manifest::vm_name(s.id, &node));
-                }
-            } else {
-                names.extend(s.vms.iter().map(|v| v.name.clone()));
-            }
-        }
+/// How old a listing of the namespace's VMs the capacity check may use.
+const LISTING_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The names of the VMs ttlab manages in the namespace (whatever their environment), from a
+/// listing at most [`LISTING_MAX_AGE`] old, taken again when older.
+async fn listed_vms(state: &AppState) -> Result<Arc<Vec<String>>, ApiError> {
+    let mut cached = state.listed_vms().lock().await;
+    if let Some((at, names)) = cached.as_ref()
+        && at.elapsed() <= LISTING_MAX_AGE
+    {
+        return Ok(names.clone());
     }
     let selector = ttlab_model::labels::managed_selector();
     let listed = tokio::time::timeout(
@@ -133,6 +119,39 @@ async fn count_vms(state: &AppState) -> Result<usize, ApiError> {
     )
     .await
     .map_err(|_| ApiError::ClusterUnavailable("listing VMs took longer than 5 s".into()))??;
-    names.extend(listed.into_iter().map(|o| o.name));
+    let names = Arc::new(listed.into_iter().map(|o| o.name).collect::<Vec<_>>());
+    *cached = Some((tokio::time::Instant::now(), names.clone()));
+    Ok(names)
+}
+
+/// Live VMs: the VMs that live sessions of every environment sharing this database hold or
+/// are about to create (recorded names, else the lesson's nodes), plus every VM ttlab manages
+/// in the namespace without such a session (ghosts, leftovers, the other environment's
+/// objects hold memory too). A VM counted twice counts once.
+///
+/// A session's row is live from before its first VM is created until after its last is
+/// deleted, so the database alone accounts for every session's VMs, whatever the age of the
+/// listing; the listing (`listing`, taken before the database is read, at most a second
+/// old) only adds VMs no live session accounts for, where a second's delay is harmless.
+async fn count_vms(state: &AppState, listing: &[String]) -> Result<usize, ApiError> {
+    let mut names: BTreeSet<String> = listing.iter().cloned().collect();
+    let live = state.store().sessions().live_vm_sessions_all_envs().await?;
+    for (id, lesson, vms) in live {
+        if !vms.is_empty() {
+            names.extend(vms);
+            continue;
+        }
+        match state.config().lessons.get(&lesson) {
+            Some(l) if !l.nodes.is_empty() => {
+                for node in l.nodes.as_slice() {
+                    names.insert(ttlab_vm_manifest::vm_name(id, node));
+                }
+            }
+            // A lesson this server does not know (another environment's): one VM at least.
+            _ => {
+                names.insert(format!("unknown-lesson-{id}"));
+            }
+        }
+    }
     Ok(names.len())
 }
