@@ -114,8 +114,20 @@ impl Store {
                 "max_connections must be at least 1",
             ));
         }
+        // Statements are prepared once per connection (`prepare_cached`); each execution is
+        // still planned with its parameters, because the partial indexes on `status` serve
+        // only plans that know the statuses asked for (a generic plan, which PostgreSQL
+        // switches to after five executions, walks the whole table instead).
+        let mut config = url.config().clone();
+        let server_options = match config.get_options() {
+            Some(given) if !given.is_empty() => {
+                format!("{given} -c plan_cache_mode=force_custom_plan")
+            }
+            _ => "-c plan_cache_mode=force_custom_plan".to_owned(),
+        };
+        config.options(&server_options);
         let manager = Manager::from_config(
-            url.config().clone(),
+            config,
             tokio_postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
