@@ -190,11 +190,21 @@ pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<Starte
         Some(l) => cmd.stderr(l),
         None => cmd.stderr(std::process::Stdio::null()),
     };
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            tracing::warn!(path = %bin.display(), error = %e, "guest agent did not start");
-            return None;
+    // The binary was written into the guest moments ago; a process this one forked meanwhile
+    // (another guest's agent) may still hold it open for writing until it execs, which makes
+    // exec fail with ETXTBSY for that instant. Retried briefly.
+    let mut busy = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Ok(child) => break child,
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 50 => {
+                busy += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => {
+                tracing::warn!(path = %bin.display(), error = %e, "guest agent did not start");
+                return None;
+            }
         }
     };
     let (tx, listening) = oneshot::channel();

@@ -64,9 +64,10 @@ pub async fn reap_once(ctx: &ReaperContext) -> CycleReport {
     reap(ctx, true).await
 }
 
-/// Runs the database-driven directions only (finishing, stuck and expired sessions), without
-/// listing the cluster: what a deadline coming due needs, at a cost independent of the
-/// cluster's size. [`run`] does this at each deadline, alongside its full sweeps.
+/// Runs what a deadline coming due needs: expired, then stuck starting sessions, from the
+/// database alone, without listing the cluster (at a cost independent of its size) and
+/// without retrying rows already `finishing` (the full cycles do). [`run`] does this at each
+/// deadline, alongside its full sweeps.
 pub async fn reap_sessions(ctx: &ReaperContext) -> CycleReport {
     reap(ctx, false).await
 }
@@ -85,10 +86,18 @@ async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
     };
     let mut report = CycleReport::new(ctx.env.clone(), now, ctx.settings.dry_run);
 
-    // The database alone says what these need, even when the cluster cannot be listed.
-    sessions::finishing(ctx, &mut report).await;
-    sessions::stuck_starting(ctx, &mut report, now).await;
-    sessions::expired(ctx, &mut report, now).await;
+    // The database alone says what these need, even when the cluster cannot be listed. A
+    // deadline cycle does what just came due, expiries first, and leaves the rows already
+    // `finishing` (a deletion failed, often again) to the sweeps, so retries never hold back
+    // an expiry.
+    if scan_cluster {
+        sessions::finishing(ctx, &mut report).await;
+        sessions::stuck_starting(ctx, &mut report, now).await;
+        sessions::expired(ctx, &mut report, now).await;
+    } else {
+        sessions::expired(ctx, &mut report, now).await;
+        sessions::stuck_starting(ctx, &mut report, now).await;
+    }
 
     report.sessions_only = !scan_cluster;
     if scan_cluster

@@ -37,7 +37,7 @@ pub struct RecordedCycle {
 }
 
 /// Runs one cycle, records its report (answering `answers`) and counts it in `metrics`. A
-/// [`CycleTrigger::Wakeup`] (a deadline came due) runs the database-driven directions only
+/// [`CycleTrigger::Wakeup`] (a deadline came due) runs the expired and stuck directions only
 /// ([`reap_sessions`]); every other trigger runs the full cycle ([`reap_once`]).
 pub async fn run_cycle(
     ctx: &ReaperContext,
@@ -219,7 +219,7 @@ async fn next_wakeup(
 
 /// Acts as the environment's reaper until shutdown or the lock is lost. Two loops run side by
 /// side: full sweeps (at start, on the timer, on "collect now") and deadline cycles (the
-/// database-driven directions only, at the next expiry or readiness deadline). A deadline
+/// expired and stuck directions only, at the next expiry or readiness deadline). A deadline
 /// that comes due during a long sweep is therefore handled at once, not after it. Both are
 /// idempotent and every transition is conditional, so overlapping is safe.
 async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: &Metrics) {

@@ -220,6 +220,21 @@ impl Store {
         self.pool.get().await.map_err(|e| self.pool_error(e))
     }
 
+    /// A pooled connection and `sql` prepared on it (once per connection: later calls reuse
+    /// the statement, saving a round trip each).
+    pub(crate) async fn prepared(
+        &self,
+        what: &'static str,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
+        Ok((client, statement))
+    }
+
     fn pool_error(&self, e: PoolError) -> StoreError {
         match e {
             PoolError::Backend(e) => self.url.connect_error(&e),

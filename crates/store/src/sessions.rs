@@ -413,11 +413,7 @@ impl<'a> Sessions<'a> {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Option<Session>, StoreError> {
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(StoreError::query(what))?;
+        let (client, statement) = self.store.prepared(what, sql).await?;
         let row = client
             .query_opt(&statement, params)
             .await
@@ -431,11 +427,7 @@ impl<'a> Sessions<'a> {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Session>, StoreError> {
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(StoreError::query(what))?;
+        let (client, statement) = self.store.prepared(what, sql).await?;
         let rows = client
             .query(&statement, params)
             .await
@@ -449,11 +441,7 @@ impl<'a> Sessions<'a> {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<bool, StoreError> {
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(StoreError::query(what))?;
+        let (client, statement) = self.store.prepared(what, sql).await?;
         let n = client
             .execute(&statement, params)
             .await
@@ -504,11 +492,7 @@ impl<'a> Sessions<'a> {
             columns!(),
             " FROM sessions WHERE id = $1"
         );
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(SQL)
-            .await
-            .map_err(StoreError::query(WHAT))?;
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
         let Some(row) = client
             .query_opt(&statement, &[&id.as_uuid()])
             .await
@@ -594,11 +578,7 @@ impl<'a> Sessions<'a> {
         const WHAT: &str = "listing live VM sessions";
         const SQL: &str = "SELECT id, lesson, vm_names FROM sessions \
              WHERE status = ANY($1) AND runtime = $2";
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(SQL)
-            .await
-            .map_err(StoreError::query(WHAT))?;
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
         let rows = client
             .query(
                 &statement,
