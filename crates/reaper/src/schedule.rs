@@ -191,30 +191,30 @@ fn drain(listener: &mut Option<Listener>) {
     }
 }
 
+/// The deadline a deadline cycle last ran for, and when it ran.
+type LastRun = Option<(chrono::DateTime<chrono::Utc>, Instant)>;
+
 /// When the next deadline (expiry or readiness) of the environment comes due, as an instant
-/// of the local monotonic clock computed from the database clock. A deadline already past
-/// (it came due while the last cycle ran) wakes at once, but the same past deadline seen
-/// again (a row the last cycle could not even move to `finishing`) waits [`MIN_PAUSE`], so a
-/// failing database is not hammered.
+/// of the local monotonic clock computed from the database clock, with the deadline itself.
+/// A deadline already past (it came due while the last cycle ran, or just now) wakes at once;
+/// but if a cycle already ran for that very deadline (a row the cycle could not even move to
+/// `finishing`), not before [`MIN_PAUSE`] after that run, so a failing database is not
+/// hammered.
 async fn next_wakeup(
     ctx: &ReaperContext,
-    last_past: &mut Option<chrono::DateTime<chrono::Utc>>,
-) -> Option<Instant> {
+    last_run: LastRun,
+) -> Option<(Instant, chrono::DateTime<chrono::Utc>)> {
     let sessions = ctx.store.sessions();
     let deadline = sessions.next_deadline(&ctx.env).await.ok()??;
     let now = ctx.store.db_now().await.ok()?;
-    let wait = match deadline.signed_duration_since(now).to_std() {
-        Ok(ahead) => {
-            *last_past = None;
-            ahead + DEADLINE_SLACK
-        }
-        Err(_) if *last_past == Some(deadline) => MIN_PAUSE,
-        Err(_) => {
-            *last_past = Some(deadline);
-            DEADLINE_SLACK
-        }
+    let at = match deadline.signed_duration_since(now).to_std() {
+        Ok(ahead) => Instant::now() + ahead + DEADLINE_SLACK,
+        Err(_) => match last_run {
+            Some((ran_for, ran_at)) if ran_for == deadline => ran_at + MIN_PAUSE,
+            _ => Instant::now(),
+        },
     };
-    Some(Instant::now() + wait)
+    Some((at, deadline))
 }
 
 /// Acts as the environment's reaper until shutdown or the lock is lost. Two loops run side by
@@ -295,7 +295,7 @@ async fn deadlines(
     stop: &CancellationToken,
 ) {
     let mut listener = open_listener(ctx, Channel::SessionsChanged).await;
-    let mut last_past = None;
+    let mut last_run: LastRun = None;
     loop {
         if stop.is_cancelled() {
             return;
@@ -305,27 +305,36 @@ async fn deadlines(
         }
         // Without a deadline (or a database to read it from), wait for a session change;
         // the sweeps' timer is the backstop.
-        let deadline = next_wakeup(ctx, &mut last_past).await;
+        let next = next_wakeup(ctx, last_run).await;
         // Without a listener, look again every few seconds (and try to listen again).
         let retry = listener.is_none().then(|| Instant::now() + LISTEN_RETRY);
-        let wake = match (deadline, retry) {
-            (Some(d), Some(r)) if r < d => Some((r, false)),
-            (Some(d), _) => Some((d, true)),
-            (None, Some(r)) => Some((r, false)),
+        let wake = match (next, retry) {
+            (Some((d, _)), Some(r)) if r < d => Some((r, None)),
+            (Some((d, deadline)), _) => Some((d, Some(deadline))),
+            (None, Some(r)) => Some((r, None)),
             (None, None) => None,
         };
         let due = async {
             match wake {
-                Some((at, is_deadline)) => {
+                Some((at, deadline)) => {
                     tokio::time::sleep_until(at).await;
-                    is_deadline
+                    deadline
                 }
                 None => std::future::pending().await,
             }
         };
+        // Biased: a deadline that is due wins over the stream of session changes (each of
+        // which would only re-read the deadline).
         let run = tokio::select! {
+            biased;
             () = stop.cancelled() => return,
-            is_deadline = due => is_deadline,
+            deadline = due => match deadline {
+                Some(d) => {
+                    last_run = Some((d, Instant::now()));
+                    true
+                }
+                None => false,
+            },
             n = notified(ctx, &mut listener) => {
                 // A session changed: re-read the deadline (after what else is queued).
                 if let Err(e) = n {

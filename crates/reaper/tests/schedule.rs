@@ -66,3 +66,76 @@ async fn an_expiry_is_reclaimed_on_time_while_a_slow_sweep_is_still_listing() {
     ctx.shutdown.cancel();
     reaper.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expiry_is_reclaimed_on_time_while_other_sessions_change_all_the_time() {
+    let h = Arc::new(Harness::start().await);
+    let ctx = h.ctx("dev");
+    let reaper = tokio::spawn(ttlab_reaper::run(
+        ctx.clone(),
+        Duration::from_secs(60),
+        Arc::new(Metrics::new()),
+    ));
+    // Other students open and finish sessions without pause: a stream of notifications.
+    let churn = {
+        let h = h.clone();
+        let stop = ctx.shutdown.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                let s = h
+                    .open(
+                        "dev",
+                        SessionStatus::Running,
+                        TimeDelta::minutes(30),
+                        &["vm"],
+                    )
+                    .await
+                    .id;
+                let sessions = h.store.sessions();
+                sessions
+                    .begin_finishing(
+                        s,
+                        &[SessionStatus::Running],
+                        ttlab_model::FinalStatus::Finished,
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                sessions.complete_finishing(s).await.unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        let session = h
+            .open(
+                "dev",
+                SessionStatus::Running,
+                TimeDelta::milliseconds(1500),
+                &["vm"],
+            )
+            .await;
+        h.create_vms("dev", session.id, &["vm"], true).await;
+        let expires = Instant::now() + Duration::from_millis(1400);
+        while h.status(session.id).await != SessionStatus::Expired {
+            assert!(
+                expires.elapsed() < Duration::from_secs(5),
+                "not reclaimed within 5 s of its expiry"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        delays.push(Instant::now().saturating_duration_since(expires));
+    }
+    ctx.shutdown.cancel();
+    let churned = churn.await.unwrap();
+    reaper.await.unwrap();
+    assert!(churned > 20, "only {churned} sessions churned");
+    // Reclaimed well within the product's one second, every time.
+    assert!(
+        delays.iter().all(|d| *d < Duration::from_millis(1000)),
+        "{delays:?}"
+    );
+}
