@@ -71,4 +71,16 @@ pub fn routes(dir: Option<PathBuf>) -> Router<AppState> {
             "/vendor/addon-fit",
             ServeDir::new(dir.join("node_modules/@xterm/addon-fit")),
         )
+        .layer(axum::middleware::map_response(not_found_not_500))
+}
+
+/// The file services answer 500 to a file-system error other than "not found", which a client
+/// can cause at will (a name longer than the file system allows, a path through a file): for
+/// static files any such request is a 404, never a server error.
+async fn not_found_not_500(response: axum::response::Response) -> axum::response::Response {
+    if response.status() == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::debug!("a static file could not be read; answered 404");
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    response
 }

@@ -355,3 +355,23 @@ async fn an_expired_or_finished_session_gets_no_console_even_with_a_ticket() {
     let _ = connection.await;
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_static_file_path_the_file_system_rejects_is_404_not_500() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let long = "w".repeat(300);
+    for path in [
+        // A name longer than the file system allows (found by the api_request fuzz target).
+        format!("/vendor/xterm/{long}"),
+        format!("/vendor/addon-fit/{long}"),
+        format!("/static/{long}"),
+        // A path through a file.
+        "/static/app.js/x".to_owned(),
+        "/vendor/xterm/package.json/x".to_owned(),
+    ] {
+        let (status, _) = call(&s, "GET", &path, None).await;
+        assert_eq!(status, 404, "GET {path}");
+    }
+    s.stop().await;
+}
