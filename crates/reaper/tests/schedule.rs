@@ -12,18 +12,24 @@ use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
 use ttlab_model::SessionStatus;
 use ttlab_reaper::Metrics;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_expiry_is_reclaimed_on_time_while_a_slow_sweep_is_still_listing() {
-    let h = Harness::start().await;
+/// A running `dev` session with its VM, expiring in `millis`.
+async fn running_vm(h: &Harness, millis: i64) -> ttlab_store::Session {
     let session = h
         .open(
             "dev",
             SessionStatus::Running,
-            TimeDelta::milliseconds(2500),
+            TimeDelta::milliseconds(millis),
             &["vm"],
         )
         .await;
     h.create_vms("dev", session.id, &["vm"], true).await;
+    session
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expiry_is_reclaimed_on_time_while_a_slow_sweep_is_still_listing() {
+    let h = Harness::start().await;
+    let session = running_vm(&h, 2500).await;
     let opened = Instant::now();
     // Listing VMs takes 8 s: the first sweep (at start) is still listing when the session
     // expires.
@@ -110,15 +116,7 @@ async fn an_expiry_is_reclaimed_on_time_while_other_sessions_change_all_the_time
     };
     let mut delays = Vec::new();
     for _ in 0..5 {
-        let session = h
-            .open(
-                "dev",
-                SessionStatus::Running,
-                TimeDelta::milliseconds(1500),
-                &["vm"],
-            )
-            .await;
-        h.create_vms("dev", session.id, &["vm"], true).await;
+        let session = running_vm(&h, 1500).await;
         let expires = Instant::now() + Duration::from_millis(1400);
         while h.status(session.id).await != SessionStatus::Expired {
             assert!(
