@@ -215,6 +215,23 @@ fn injected(status: u16) -> bool {
     status == 500 || status == 503
 }
 
+/// For each environment, when the injected faults answered to its reaper (`reaper`) or its
+/// server, in time order.
+fn injected_faults_by_env(calls: &[Call<'_>], reaper: bool) -> Vec<Vec<DateTime<Utc>>> {
+    (0..ENVS.len())
+        .map(|e| {
+            let user = kube_user(e, reaper);
+            let mut v: Vec<DateTime<Utc>> = calls
+                .iter()
+                .filter(|c| c.user == Some(user.as_str()) && injected(c.status))
+                .map(|c| c.at)
+                .collect();
+            v.sort();
+            v
+        })
+        .collect()
+}
+
 /// A deletion the API accepted, or found already done.
 fn accepted_delete(status: u16) -> bool {
     matches!(status, 200 | 202 | 404)
@@ -301,18 +318,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     let cycle = TimeDelta::from_std(input.settings.reap_interval).unwrap_or(TimeDelta::MAX);
     let mut delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
-    let reaper_faults: Vec<Vec<DateTime<Utc>>> = (0..ENVS.len())
-        .map(|e| {
-            let user = kube_user(e, true);
-            let mut v: Vec<DateTime<Utc>> = calls
-                .iter()
-                .filter(|c| c.user == Some(user.as_str()) && injected(c.status))
-                .map(|c| c.at)
-                .collect();
-            v.sort();
-            v
-        })
-        .collect();
+    let reaper_faults = injected_faults_by_env(&calls, true);
     for s in input
         .sessions
         .iter()
@@ -569,18 +575,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         .filter(|d| d.what == Disrupted::Postgres)
         .map(|d| (d.start, d.end + OUTAGE_TAIL))
         .collect();
-    let server_faults: Vec<Vec<DateTime<Utc>>> = (0..ENVS.len())
-        .map(|e| {
-            let user = kube_user(e, false);
-            let mut v: Vec<DateTime<Utc>> = calls
-                .iter()
-                .filter(|c| c.user == Some(user.as_str()) && injected(c.status))
-                .map(|c| c.at)
-                .collect();
-            v.sort();
-            v
-        })
-        .collect();
+    let server_faults = injected_faults_by_env(&calls, false);
     let ended_at: HashMap<String, DateTime<Utc>> = input
         .sessions
         .iter()

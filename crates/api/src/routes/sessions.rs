@@ -230,6 +230,31 @@ struct StepResult {
     duration_ms: u64,
 }
 
+impl StepResult {
+    /// The result of `step`, from what running its command gave; it passed if it finished
+    /// with the expected exit code.
+    fn new(
+        step: &ttlab_lesson::GradingStep,
+        exit_code: Option<i32>,
+        timed_out: bool,
+        stdout: String,
+        stderr: String,
+        duration_ms: u64,
+    ) -> Self {
+        Self {
+            name: step.name.clone(),
+            node: step.node.to_string(),
+            passed: !timed_out && exit_code == Some(step.expect_exit),
+            exit_code,
+            expected_exit: step.expect_exit,
+            timed_out,
+            stdout,
+            stderr,
+            duration_ms,
+        }
+    }
+}
+
 async fn grade(
     State(state): State<AppState>,
     user: CurrentUser,
@@ -291,17 +316,14 @@ async fn grade_in_vm(
         .exec(&step.command, step.timeout)
         .await
         .map_err(|e| ApiError::AgentUnavailable(e.to_string()))?;
-    Ok(StepResult {
-        name: step.name.clone(),
-        node: step.node.to_string(),
-        passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
-        exit_code: out.exit_code,
-        expected_exit: step.expect_exit,
-        timed_out: out.timed_out,
-        stdout: out.stdout,
-        stderr: out.stderr,
-        duration_ms: out.duration_ms,
-    })
+    Ok(StepResult::new(
+        step,
+        out.exit_code,
+        out.timed_out,
+        out.stdout,
+        out.stderr,
+        out.duration_ms,
+    ))
 }
 
 /// Runs one grading step in a pod lab's container (`sh -c COMMAND`, no TTY) through the
@@ -321,15 +343,12 @@ async fn grade_in_pod(
         .exec_pod_command(&pod.name, Some(saga::LAB_CONTAINER), command, step.timeout)
         .await
         .map_err(|e| ApiError::AgentUnavailable(format!("the lab pod: {e}")))?;
-    Ok(StepResult {
-        name: step.name.clone(),
-        node: step.node.to_string(),
-        passed: !out.timed_out && out.exit_code == Some(step.expect_exit),
-        exit_code: out.exit_code,
-        expected_exit: step.expect_exit,
-        timed_out: out.timed_out,
-        stdout: out.stdout,
-        stderr: out.stderr,
-        duration_ms: u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
-    })
+    Ok(StepResult::new(
+        step,
+        out.exit_code,
+        out.timed_out,
+        out.stdout,
+        out.stderr,
+        u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
+    ))
 }

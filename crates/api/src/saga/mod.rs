@@ -175,18 +175,29 @@ pub async fn end_session(
     to: FinalStatus,
     reason: Option<&str>,
 ) -> Result<Option<Session>, ApiError> {
-    let Some(row) = with_db(|| async {
+    let Some(row) = begin_finishing(state, session, from, to, reason).await? else {
+        return Ok(None);
+    };
+    Ok(Some(complete(state, row).await?))
+}
+
+/// Moves a session from one of `from` to finishing (heading for `to`); `None` if it was not
+/// in one of `from`.
+async fn begin_finishing(
+    state: &AppState,
+    session: &Session,
+    from: &[SessionStatus],
+    to: FinalStatus,
+    reason: Option<&str>,
+) -> Result<Option<Session>, ApiError> {
+    Ok(with_db(|| async {
         state
             .store()
             .sessions()
             .begin_finishing(session.id, from, to, reason)
             .await
     })
-    .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(complete(state, row).await?))
+    .await?)
 }
 
 /// How long a student's finish of a `starting` session waits for its provisioner to stop
@@ -202,18 +213,13 @@ pub async fn finish_by_student(
     state: &AppState,
     session: &Session,
 ) -> Result<Option<Session>, ApiError> {
-    let Some(row) = with_db(|| async {
-        state
-            .store()
-            .sessions()
-            .begin_finishing(
-                session.id,
-                &[SessionStatus::Starting, SessionStatus::Running],
-                FinalStatus::Finished,
-                None,
-            )
-            .await
-    })
+    let Some(row) = begin_finishing(
+        state,
+        session,
+        &[SessionStatus::Starting, SessionStatus::Running],
+        FinalStatus::Finished,
+        None,
+    )
     .await?
     else {
         return Ok(None);
