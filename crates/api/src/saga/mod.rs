@@ -71,6 +71,23 @@ where
     }
 }
 
+/// Records that provisioning of `session` reached `stage` (retrying while the database is
+/// away).
+pub(crate) async fn record_stage(
+    state: &AppState,
+    session: &Session,
+    stage: ttlab_store::Stage,
+) -> Result<bool, StoreError> {
+    with_db(|| async {
+        state
+            .store()
+            .sessions()
+            .record_stage(session.id, stage)
+            .await
+    })
+    .await
+}
+
 /// Starts provisioning `session` in the background.
 pub fn spawn_provisioning(state: &AppState, session: Session) {
     let st = state.clone();

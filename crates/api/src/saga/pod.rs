@@ -57,13 +57,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         .create_pod(pod)
         .await
         .map_err(|e| super::vm::create_failed("lab pod", &e))?;
-    with_db(|| async {
-        store
-            .sessions()
-            .record_stage(session.id, Stage::VmCreated)
-            .await
-    })
-    .await?;
+    super::record_stage(state, session, Stage::VmCreated).await?;
 
     // Running only once the Pod runs and is ready, within the lesson's readiness timeout.
     let readiness = lesson.readiness_timeout;
@@ -90,13 +84,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         }
     }
     // The pod's "VMI running" stage: its container runs.
-    with_db(|| async {
-        store
-            .sessions()
-            .record_stage(session.id, Stage::VmiRunning)
-            .await
-    })
-    .await?;
+    super::record_stage(state, session, Stage::VmiRunning).await?;
     match with_db(|| async { store.sessions().mark_running(session.id, None).await }).await? {
         Some(_) => Ok(()),
         None => Err(Stop::Superseded),

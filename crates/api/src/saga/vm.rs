@@ -127,13 +127,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
             .await
             .map_err(|e| create_failed("VM", &e))?;
         if representative.is_none() {
-            with_db(|| async {
-                store
-                    .sessions()
-                    .record_stage(session.id, Stage::VmCreated)
-                    .await
-            })
-            .await?;
+            super::record_stage(state, session, Stage::VmCreated).await?;
             observe_stage(state, session, "vm_created").await;
         }
         ensure_starting(state, session).await?;
@@ -179,13 +173,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
             .map_err(|e| vmi_failed(&e, readiness))
     }))
     .await?;
-    with_db(|| async {
-        store
-            .sessions()
-            .record_stage(session.id, Stage::VmiRunning)
-            .await
-    })
-    .await?;
+    super::record_stage(state, session, Stage::VmiRunning).await?;
     observe_stage(state, session, "vmi_running").await;
     ensure_starting(state, session).await?;
 
@@ -337,14 +325,7 @@ async fn wait_agent(
                 if !answered {
                     answered = true;
                     if !agent_up.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        with_db(|| async {
-                            state
-                                .store()
-                                .sessions()
-                                .record_stage(session.id, Stage::AgentUp)
-                                .await
-                        })
-                        .await?;
+                        super::record_stage(state, session, Stage::AgentUp).await?;
                         observe_stage(state, session, "agent_up").await;
                     }
                 }
