@@ -314,6 +314,19 @@ async fn deadlines(
             (None, Some(r)) => Some((r, None)),
             (None, None) => None,
         };
+        // A deadline already due runs now: a timer set in the past may still wait for the
+        // timer's next tick, and a steady stream of notifications would win every time.
+        let due_now = match wake {
+            Some((at, Some(d))) if at <= Instant::now() => Some(d),
+            _ => None,
+        };
+        if let Some(d) = due_now {
+            last_run = Some((d, Instant::now()));
+            if still_leader(lock, stop).await {
+                run_cycle(ctx, metrics, CycleTrigger::Wakeup, &[]).await;
+            }
+            continue;
+        }
         let due = async {
             match wake {
                 Some((at, deadline)) => {
