@@ -7,7 +7,8 @@
 # Installs what is missing (Chromium through apt when run as root, the npm packages with
 # `npm ci`), builds the binaries, starts the demo on a free loopback port, runs the tests and
 # stops the demo. Screenshots go to artifacts/browser/ (override with TTLAB_ARTIFACTS).
-# Exits 0 with a clear SKIPPED line when Chromium cannot be had on this machine.
+# When Chromium or npm cannot be had it prints a SKIPPED line and exits 0, except under
+# CI=true, where it exits 1 with the reason (CI installs every tool the tests need).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 web="$root/web"
@@ -15,26 +16,33 @@ artifacts="${TTLAB_ARTIFACTS:-$root/artifacts/browser}"
 chromium="${TTLAB_CHROMIUM:-/usr/bin/chromium}"
 
 say() { printf 'browser tests: %s\n' "$*"; }
+in_ci() { case "${CI:-}" in true | TRUE | True | 1) return 0 ;; *) return 1 ;; esac; }
+# A missing tool: exit 0 with a SKIPPED line, or exit 1 under CI=true.
+skip_or_fail() {
+  if in_ci; then
+    say "FAILED: CI=true and a tool the browser tests need is missing: $*"
+    exit 1
+  fi
+  say "SKIPPED: $*"
+  exit 0
+}
 
 # Chromium
 if [ ! -x "$chromium" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing Chromium (apt-get install chromium)"
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
-      say "SKIPPED: Chromium could not be installed (apt-get failed)"
-      exit 0
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; then
+      skip_or_fail "Chromium could not be installed (apt-get install chromium failed)"
     fi
   fi
 fi
 if [ ! -x "$chromium" ]; then
-  say "SKIPPED: no Chromium at $chromium (install Debian's 'chromium' package, or set TTLAB_CHROMIUM)"
-  exit 0
+  skip_or_fail "no Chromium at $chromium (install Debian's 'chromium' package, or set TTLAB_CHROMIUM)"
 fi
 
 # Node packages (xterm for the pages, playwright-core for the tests)
-if ! command -v npm >/dev/null 2>&1; then
-  say "SKIPPED: npm is not installed"
-  exit 0
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+  skip_or_fail "npm or node is not on PATH (install Node.js with npm)"
 fi
 if [ ! -d "$web/node_modules/playwright-core" ] || [ ! -d "$web/node_modules/@xterm/xterm" ]; then
   say "npm ci in web/"

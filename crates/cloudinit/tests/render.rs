@@ -345,14 +345,28 @@ fn large_text_files_are_compressed() {
     assert_eq!(p.file("/opt/lab/words.txt").content.len(), 210_000);
 }
 
-/// With the real agent (built by `cargo build -p ttlab-agent-bin --profile agent`), both
-/// sample lessons fit comfortably in a Secret. Prints the measured sizes.
+/// With the real agent (built by `cargo build -p ttlab-agent-bin --profile agent`, as shipped),
+/// both sample lessons fit comfortably in a Secret. Prints the measured sizes. Without that
+/// build: a `SKIPPED:` line, or a failure under `CI=true` (`.ci/run` builds it).
 #[test]
 fn real_agent_secret_sizes() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/agent/ttlab-agent");
-    let Ok(binary) = std::fs::read(&path) else {
-        println!("SKIPPED: {} not built; sizes not measured", path.display());
-        return;
+    // This test runs from `<target>/<profile>/deps/`; the agent profile builds into
+    // `<target>/agent/`.
+    let exe = std::env::current_exe().unwrap();
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test executable is in <target>/<profile>/deps/");
+    let path = target.join("agent/ttlab-agent");
+    let binary = match std::fs::read(&path) {
+        Ok(binary) => binary,
+        Err(e) => {
+            return ttlab_testkit::skip_or_fail(&format!(
+                "{} is unreadable ({e}), so the shipped agent's Secret sizes were not measured; \
+                 build it first: cargo build --profile agent -p ttlab-agent-bin",
+                path.display()
+            ));
+        }
     };
     let agent = AgentPayload::new(&binary).unwrap();
     println!(

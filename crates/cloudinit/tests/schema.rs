@@ -1,6 +1,7 @@
 //! The rendered user-data checked by cloud-init itself (`cloud-init schema`) and read back by
-//! PyYAML, the parser cloud-init uses. Each check is skipped, with a message, where the tool is
-//! not installed (Debian: `apt-get install cloud-init`).
+//! PyYAML, the parser cloud-init uses (Debian: `apt-get install cloud-init python3-yaml`).
+//! Where a tool is missing the check prints a `SKIPPED:` line, or fails under `CI=true`
+//! (`.ci/run` installs both).
 
 mod common;
 
@@ -32,20 +33,13 @@ fn all_user_data() -> Vec<(String, UserData)> {
     out
 }
 
-fn find(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([Path::new("/usr/bin").to_owned()])
-        .map(|dir| dir.join(tool))
-        .find(|p| p.is_file())
-}
-
 #[test]
 fn cloud_init_accepts_the_rendered_user_data() {
-    let Some(cloud_init) = find("cloud-init") else {
-        println!("SKIPPED: `cloud-init` is not installed; the schema check did not run");
-        return;
+    let Some(cloud_init) = ttlab_testkit::which("cloud-init") else {
+        return ttlab_testkit::skip_or_fail(
+            "`cloud-init` is not on PATH (Debian: apt-get install cloud-init); \
+             the schema check did not run",
+        );
     };
     let dir = tempfile::tempdir().unwrap();
     for (name, ud) in all_user_data() {
@@ -77,8 +71,10 @@ fn pyyaml_reads_the_same_files() {
             .status()
             .is_ok_and(|s| s.success());
     if !has_yaml {
-        println!("SKIPPED: /usr/bin/python3 with PyYAML is not installed");
-        return;
+        return ttlab_testkit::skip_or_fail(
+            "/usr/bin/python3 with PyYAML is not installed (Debian: apt-get install \
+             python3-yaml); the rendered user-data was not read back with PyYAML",
+        );
     }
     const READ: &str = r#"
 import base64, gzip, json, sys, yaml

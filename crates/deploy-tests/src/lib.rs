@@ -58,7 +58,8 @@ pub fn deploy_dir(relative: &str) -> PathBuf {
     repo_root().join("deploy").join(relative)
 }
 
-/// `kubectl` if it is on `PATH`; tests that need it print why they skip when it is not.
+/// `kubectl` if it is on `PATH`; tests that need it report its absence with
+/// `ttlab_testkit::skip_or_fail` (a `SKIPPED:` line, or a failure under `CI=true`).
 pub fn kubectl() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)

@@ -7,8 +7,9 @@
 //! kubeconfig (kube-sim's, instead of the in-cluster service account).
 //!
 //! The binaries are those of `target/<profile>/`: `cargo test --workspace` builds them; alone,
-//! run `cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin` first (the
-//! test says so and skips when they are missing).
+//! run `cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin` first. When
+//! they are missing the test says so with [`ttlab_testkit::skip_or_fail`]: a `SKIPPED:` line,
+//! or a failure under `CI=true` (`.ci/run` builds them).
 
 mod common;
 
@@ -33,10 +34,17 @@ const STARTUP: Duration = Duration::from_secs(60);
 
 /// `target/<profile>/`, where cargo puts the workspace's binaries (this test runs from
 /// `target/<profile>/deps/`).
+fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps/")
+        .to_path_buf()
+}
+
+/// The built binary `name` in [`binaries_dir`], if it is there.
 fn binary(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let path = dir.join(name);
+    let path = binaries_dir().join(name);
     path.is_file().then_some(path)
 }
 
@@ -149,10 +157,11 @@ async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_p
         binary("ttlab-reaper"),
         binary("ttlab-agent"),
     ) else {
-        eprintln!(
-            "SKIPPED: build the binaries first: cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin"
-        );
-        return;
+        return ttlab_testkit::skip_or_fail(&format!(
+            "ttlab-server, ttlab-reaper or ttlab-agent is not built in {}; build them first: \
+             cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin",
+            binaries_dir().display()
+        ));
     };
     let Some(rendered) = render_overlay("prod") else {
         return;

@@ -6,9 +6,10 @@
 //! secret and for every agent token the database handed out (raw, and base64-encoded as it
 //! travels inside the user-data).
 //!
-//! The binaries are those of `target/<profile>/`: run
-//! `cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin -p ttlabctl-bin`
-//! first (the test says so and skips when they are missing).
+//! The binaries are those of `target/<profile>/`: `cargo test --workspace` builds them; alone,
+//! run `cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin` first. When
+//! they are missing the test says so with [`ttlab_testkit::skip_or_fail`]: a `SKIPPED:` line,
+//! or a failure under `CI=true` (`.ci/run` builds them).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -32,10 +33,18 @@ const STARTUP: Duration = Duration::from_secs(60);
 const SECRET: &str = "secret-pass-the-server-must-never-print-8f3a91c2";
 const NAMESPACE: &str = "ttlab-vms";
 
+/// `target/<profile>/`: this test runs from `target/<profile>/deps/`.
+fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps/")
+        .to_path_buf()
+}
+
+/// The built binary `name` in [`binaries_dir`], if it is there.
 fn binary(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let path = dir.join(name);
+    let path = binaries_dir().join(name);
     path.is_file().then_some(path)
 }
 
@@ -214,10 +223,11 @@ async fn no_secret_or_agent_token_appears_in_logs_answers_or_metrics_over_a_full
         binary("ttlab-reaper"),
         binary("ttlab-agent"),
     ) else {
-        eprintln!(
-            "SKIPPED: build the binaries first: cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin"
-        );
-        return;
+        return ttlab_testkit::skip_or_fail(&format!(
+            "ttlab-server, ttlab-reaper or ttlab-agent is not built in {}; build them first: \
+             cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin",
+            binaries_dir().display()
+        ));
     };
     let mut config = SimConfig::for_tests();
     config.namespaces.push(NAMESPACE.to_owned());

@@ -13,8 +13,10 @@ use ttlab_vm_manifest::{
     secret_name, service_name, vm_name,
 };
 
+/// The KubeVirt schemas vendored in the repository (`reference/kubevirt/`, provenance in its
+/// README.txt).
 fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/kubevirt")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reference/kubevirt")
 }
 
 fn input(nodes: &[&str], disk: DiskDecision) -> SessionVms {
@@ -67,23 +69,18 @@ fn yaml_stream(m: &SessionManifests) -> String {
         .collect()
 }
 
-fn load_schema() -> Option<Value> {
+/// The strict VirtualMachine schema (see reference/kubevirt/README.txt for how it is derived).
+fn load_schema() -> Value {
     let path = reference_dir().join("virtualmachine.v1.strict.schema.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Some(serde_json::from_str(&text).unwrap()),
-        Err(e) => {
-            println!(
-                "skipping schema validation: {} unreadable: {e}",
-                path.display()
-            );
-            None
-        }
-    }
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the vendored schema {} is unreadable: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("the vendored schema {} is not JSON: {e}", path.display()))
 }
 
 #[test]
 fn every_rendered_vm_passes_the_strict_kubevirt_schema() {
-    let Some(schema) = load_schema() else { return };
+    let schema = load_schema();
     let mut validator = common::Validator::new();
     let mut checked = 0;
     for inp in all_inputs() {
@@ -98,7 +95,7 @@ fn every_rendered_vm_passes_the_strict_kubevirt_schema() {
 
 #[test]
 fn the_validator_rejects_the_invalid_examples_and_accepts_the_valid_ones() {
-    let Some(schema) = load_schema() else { return };
+    let schema = load_schema();
     let mut validator = common::Validator::new();
     let dir = reference_dir().join("examples");
     let mut seen = (0, 0);
@@ -120,7 +117,7 @@ fn the_validator_rejects_the_invalid_examples_and_accepts_the_valid_ones() {
 
 #[test]
 fn the_validator_catches_the_mistakes_the_renderer_must_not_make() {
-    let Some(schema) = load_schema() else { return };
+    let schema = load_schema();
     let mut validator = common::Validator::new();
     let vm = to_value(&render(&input(&["vm"], golden())).unwrap().vms[0]);
     let mutate = |f: &dyn Fn(&mut Value)| {

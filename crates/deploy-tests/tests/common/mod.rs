@@ -1,4 +1,5 @@
-//! Rendering the overlays once per test binary, and skipping (with a message) without kubectl.
+//! Rendering the overlays once per test binary; without kubectl a test reports it with
+//! [`ttlab_testkit::skip_or_fail`] (a `SKIPPED:` line, or a failure under `CI=true`).
 
 #![allow(dead_code)]
 
@@ -16,11 +17,15 @@ fn cache() -> &'static Mutex<BTreeMap<String, Rendered>> {
     CACHE.get_or_init(|| Mutex::new(BTreeMap::new()))
 }
 
-/// `kubectl`, or `None` after printing that the test is skipped.
+/// `kubectl`, or `None` after [`ttlab_testkit::skip_or_fail`] said why (it panics under
+/// `CI=true`).
 pub fn kubectl_or_skip() -> Option<PathBuf> {
     let found = kubectl();
     if found.is_none() {
-        eprintln!("SKIPPED: kubectl is not on PATH; the deploy/ manifests were not rendered");
+        ttlab_testkit::skip_or_fail(
+            "kubectl is not on PATH, so the deploy/ manifests were not rendered \
+             (install kubectl; .ci/run requires it)",
+        );
     }
     found
 }
