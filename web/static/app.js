@@ -15,11 +15,14 @@ const STAGES = [
   ['ready', 'Lab set up — ready'],
 ];
 
-/** Console close codes (see the console relay) after which reconnecting would be wrong. */
+/**
+ * Console close codes (see the console relay) after which reconnecting would be wrong, with
+ * what the student reads when the server gave no reason: a pod lab has a container, not a VM.
+ */
 const CLOSED_FOR_GOOD = {
-  4001: 'Your lab session has expired.',
-  4002: 'This lab session was finished.',
-  4004: 'The VM has stopped.',
+  4001: () => 'Your lab session has expired.',
+  4002: () => 'This lab session was finished.',
+  4004: () => (isPodLab() ? 'The lab\'s container has stopped.' : 'The VM has stopped.'),
 };
 const REPLACED = 4003;
 
@@ -496,6 +499,11 @@ function ensureTerminal() {
   return true;
 }
 
+/** Whether the lab shown runs in a container (a pod lab) rather than a VM. */
+function isPodLab() {
+  return Boolean(state.view && state.view.runtime === 'pod');
+}
+
 function setConn(text, kind = '') {
   const conn = document.getElementById('conn');
   conn.textContent = text;
@@ -565,7 +573,7 @@ class ConsoleLink {
     this.ws = null;
     if (this.stopped) return;
     if (CLOSED_FOR_GOOD[code]) {
-      setConn(reason || CLOSED_FOR_GOOD[code], 'error');
+      setConn(reason || CLOSED_FOR_GOOD[code](), 'error');
       this.stopped = true;
       refresh();
       return;
@@ -599,7 +607,8 @@ class ConsoleLink {
 
 function showReplaced(reconnect) {
   const banner = document.getElementById('lab-banner');
-  showBanner('This console is open in another tab or window. A VM has one console at a time.',
+  const one = isPodLab() ? 'A lab has one console at a time.' : 'A VM has one console at a time.';
+  showBanner(`This console is open in another tab or window. ${one}`,
     'warn', ['Use it here', () => { hideReplaced(); reconnect(); }]);
   banner.dataset.kind = 'replaced';
 }

@@ -54,12 +54,17 @@ struct Args {
     /// Run one cycle and exit (for a CronJob).
     #[arg(long, env = "TTLAB_REAP_ONCE")]
     once: bool,
-    /// Report what would be deleted and marked; change nothing.
+    /// Report what would be deleted and marked; change nothing. With --once, prints every
+    /// session it would reclaim (id, lesson, why, its objects), every orphan object
+    /// (Kind/name, environment, session) and every ghost (id, lesson, what is gone).
     #[arg(long, env = "TTLAB_REAP_DRY_RUN")]
     dry_run: bool,
 }
 
 const EXIT_NOT_LEADER: u8 = 3;
+
+/// How this program names itself to the Kubernetes API server.
+const USER_AGENT: &str = concat!("ttlab-reaper/", env!("CARGO_PKG_VERSION"));
 
 /// Caps the PostgreSQL client's query log (which prints parameters) below debug.
 const QUIET_QUERIES: &str = "tokio_postgres::query=info";
@@ -104,6 +109,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     .await?;
     let cluster_settings = ClusterSettings {
         max_in_flight: args.kube_concurrency.max(1),
+        user_agent: USER_AGENT.to_owned(),
         ..ClusterSettings::in_namespace(&args.namespace)
     };
     let cluster = match &args.kubeconfig {
@@ -118,10 +124,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.once {
         return Ok(match ttlab_reaper::run_once(&ctx, &metrics).await {
             Ok(done) => {
+                // The summary, then every item by name (in a dry run: what would be done).
                 println!("{}", done.report.summary());
-                for e in &done.report.errors {
-                    println!("  {:?} {}: {}", e.direction, e.subject, e.message);
-                }
+                print!("{}", done.report.details());
                 ExitCode::SUCCESS
             }
             Err(OnceError::NotLeader) => {

@@ -82,7 +82,7 @@ async fn kill(mut child: Child) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_ten_times_at_random_points_the_system_still_converges() {
     let h = Harness::start().await;
-    h.sim.faults().set_latency(Duration::from_millis(3));
+    h.sim().faults().set_latency(Duration::from_millis(3));
     let mut seed: u64 = 0xdead_beef_1234_5678;
     let mut rand = move |n: u64| {
         seed ^= seed << 13;
@@ -143,7 +143,7 @@ async fn killed_ten_times_at_random_points_the_system_still_converges() {
         Kind::NetworkPolicy,
         Kind::Pod,
     ] {
-        for object in h.cluster.list_all(kind, &selector).await.unwrap() {
+        for object in h.fixtures.list_all(kind, &selector).await.unwrap() {
             if object.deleting {
                 continue;
             }
@@ -165,7 +165,7 @@ async fn killed_ten_times_at_random_points_the_system_still_converges() {
     assert!(finishing.is_empty(), "rows left finishing: {finishing:?}");
     for id in keep {
         assert_eq!(h.status(id).await, SessionStatus::Running);
-        assert!(h.vm_alive(id, "vm"));
+        assert!(h.vm_alive(id, "vm").await);
     }
 }
 
@@ -247,7 +247,7 @@ async fn once_exit_codes_say_whether_the_cycle_ran() {
         .await;
     h.create_vms("dev", s.id, &["vm"], true).await;
     // A failing delete is an item failure, not a failed run.
-    h.sim.faults().add(ttlab_kube_sim::FaultRule::fail(
+    h.sim().faults().add(ttlab_kube_sim::FaultRule::fail(
         Some(ttlab_kube_sim::Verb::Delete),
         Some("virtualmachines"),
         500,
@@ -255,7 +255,7 @@ async fn once_exit_codes_say_whether_the_cycle_ran() {
     let status = reaper(&h, "dev", &["--once"]).status().await.unwrap();
     assert_eq!(status.code(), Some(0));
     assert_eq!(h.status(s.id).await, SessionStatus::Finishing);
-    h.sim.faults().clear();
+    h.sim().faults().clear();
 
     // Another reaper holds the leader lock.
     let lock = h
@@ -289,4 +289,72 @@ async fn once_exit_codes_say_whether_the_cycle_ran() {
     let status = reaper(&h, "dev", &["--once"]).status().await.unwrap();
     assert_eq!(status.code(), Some(0));
     assert_eq!(h.status(s.id).await, SessionStatus::Expired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_prints_the_name_of_everything_it_would_reclaim() {
+    use ttlab_vm_manifest::{secret_name, vm_name};
+    let h = Harness::start().await;
+    let expired = h
+        .open(
+            "dev",
+            SessionStatus::Running,
+            TimeDelta::seconds(-1),
+            &["vm"],
+        )
+        .await;
+    h.create_vms("dev", expired.id, &["vm"], true).await;
+    let orphan = SessionId::new_random();
+    h.create_vms("dev", orphan, &["vm"], true).await;
+    let ghost = h
+        .open(
+            "dev",
+            SessionStatus::Running,
+            TimeDelta::minutes(30),
+            &["vm"],
+        )
+        .await;
+    let out = reaper(&h, "dev", &["--once", "--dry-run"])
+        .stdout(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line_of = |needle: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in:\n{text}"))
+            .to_owned()
+    };
+    let node = common::node("vm");
+
+    let line = line_of(&expired.id.to_string());
+    for part in [
+        common::LESSON,
+        "expired at",
+        "would delete",
+        &format!("VirtualMachine/{}", vm_name(expired.id, &node)),
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line:?}");
+    }
+    for object in [
+        format!("VirtualMachine/{}", vm_name(orphan, &node)),
+        format!("Secret/{}", secret_name(orphan, &node)),
+    ] {
+        let line = line_of(&object);
+        assert!(
+            line.contains("env dev") && line.contains(&orphan.to_string()),
+            "{line:?}"
+        );
+    }
+    let line = line_of(&ghost.id.to_string());
+    assert!(
+        line.contains(common::LESSON) && line.contains("would mark ghost"),
+        "{line:?}"
+    );
+
+    assert_eq!(h.status(expired.id).await, SessionStatus::Running);
+    assert_eq!(h.status(ghost.id).await, SessionStatus::Running);
+    assert!(h.vm_alive(expired.id, "vm").await && h.vm_alive(orphan, "vm").await);
 }

@@ -63,6 +63,9 @@ struct Args {
     web_dir: Option<PathBuf>,
 }
 
+/// How this program names itself to the Kubernetes API server and to guest agents.
+const USER_AGENT: &str = concat!("ttlab-server/", env!("CARGO_PKG_VERSION"));
+
 /// Caps the PostgreSQL client's query log (which prints parameters) below debug.
 const QUIET_QUERIES: &str = "tokio_postgres::query=info";
 
@@ -115,6 +118,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     store.migrate().await?;
     let mut settings = ClusterSettings::in_namespace(args.namespace);
     settings.max_in_flight = args.kube_concurrency.max(1);
+    settings.user_agent = USER_AGENT.to_owned();
     let cluster = KubeCluster::try_default(settings).await?;
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
@@ -122,6 +126,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.vm_limit = args.vm_limit;
     config.policy = policy;
     config.web_dir = args.web_dir;
+    config.user_agent = USER_AGENT.to_owned();
     let server = Server::bind(config, store, Arc::new(cluster)).await?;
     tracing::info!(addr = %server.local_addr(), "ttlab-server listening");
     server.run(shutdown_signal()).await?;

@@ -7,6 +7,13 @@
 //! through the same observation and decision code the server uses. The agent token is a fixed
 //! placeholder, never a real secret, and the hard deadline is computed from `--now` (fixed by
 //! default), so the output is the same on every run.
+//!
+//! The stream is meant for `kubectl apply --server-side -f -` or `kubectl create -f -`: a
+//! cloud-init Secret carries the whole guest agent, more than the 256 KiB that client-side
+//! `kubectl apply` can keep in its last-applied annotation. Its YAML is written here (see
+//! [`yaml`]) so that kubectl, which reads YAML 1.1, sees the same values this program wrote:
+//! a string such as `on`, `no` or `1:20` is quoted, never left for kubectl to read as a boolean
+//! or a number.
 
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
@@ -38,8 +45,15 @@ const PLACEHOLDER_TOKEN: [u8; AgentToken::BYTES] = [0; AgentToken::BYTES];
 /// Lab files up to this size are shown decoded in the comments of their Secret.
 const SHOW_FILE_MAX: usize = 16 * 1024;
 
+/// How the stream is to be applied, printed on stderr by every run and at the end of
+/// `--help`.
+pub const APPLY_NOTE: &str = "Apply the output with `kubectl apply --server-side -f -` or \
+`kubectl create -f -`, not with plain `kubectl apply`: a cloud-init Secret is larger than the \
+256 KiB last-applied annotation that client-side apply keeps.";
+
 /// Arguments of `ttlabctl render`.
 #[derive(Debug, Args)]
+#[command(after_help = APPLY_NOTE)]
 pub struct RenderArgs {
     /// The lesson to render.
     #[arg(long)]
@@ -93,9 +107,10 @@ pub enum GoldenCase {
     Forbidden,
 }
 
-/// Runs `ttlabctl render`, writing the stream to stdout.
+/// Runs `ttlabctl render`, writing the stream to stdout (and how to apply it to stderr).
 pub fn run(args: &RenderArgs) -> Result<()> {
     let out = render(args)?;
+    eprintln!("ttlabctl render: {APPLY_NOTE}");
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(out.as_bytes())
@@ -439,7 +454,15 @@ fn file_comments(secret: &UserDataSecret) -> Result<Vec<String>> {
         let bytes = decode_file(file)?;
         let shown = std::str::from_utf8(&bytes)
             .ok()
-            .filter(|t| bytes.len() <= SHOW_FILE_MAX && !t.contains('\0'));
+            // A comment holds printable text only: a control character (an escape sequence of
+            // a coloured message, say) would make the whole stream unreadable YAML.
+            .filter(|t| {
+                bytes.len() <= SHOW_FILE_MAX
+                    && !t.chars().any(|c| {
+                        (c.is_control() && c != '\n' && c != '\t')
+                            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{FEFF}')
+                    })
+            });
         match shown {
             Some(t) => {
                 lines.push(format!("  {path} ({mode}, {} bytes):", bytes.len()));
@@ -480,8 +503,276 @@ fn document(out: &mut String, header: &[String], extra: &[String], object: &Valu
     for line in header.iter().chain(extra) {
         let _ = writeln!(out, "# {line}");
     }
-    out.push_str(&serde_norway::to_string(object).context("writing YAML")?);
+    yaml::write_document(out, object);
     Ok(())
+}
+
+/// A YAML writer for JSON values whose every scalar reads back as the same value in YAML 1.2
+/// (this program's tests) and in YAML 1.1 (kubectl): strings are plain only when no YAML
+/// version could read them as anything but that string, multi-line strings are literal blocks
+/// (the user-data stays readable), and everything else is double-quoted.
+mod yaml {
+    use serde_json::Value;
+
+    /// Appends `value` (an object) as one document, keys in the object's order.
+    pub fn write_document(out: &mut String, value: &Value) {
+        match value {
+            Value::Object(map) if !map.is_empty() => write_map(out, map, 0),
+            other => {
+                out.push_str(&inline(other));
+                out.push('\n');
+            }
+        }
+    }
+
+    fn pad(out: &mut String, indent: usize) {
+        out.extend(std::iter::repeat_n(' ', indent));
+    }
+
+    fn write_map(out: &mut String, map: &serde_json::Map<String, Value>, indent: usize) {
+        for (key, value) in map {
+            pad(out, indent);
+            out.push_str(&scalar_str(key));
+            out.push(':');
+            write_value(out, value, indent, indent + 2);
+        }
+    }
+
+    /// Items at `indent`; a mapping or sequence item starts on the line of its `-`.
+    fn write_seq(out: &mut String, items: &[Value], indent: usize) {
+        for item in items {
+            pad(out, indent);
+            out.push('-');
+            let mut inner = String::new();
+            match item {
+                Value::Object(map) if !map.is_empty() => write_map(&mut inner, map, indent + 2),
+                Value::Array(nested) if !nested.is_empty() => {
+                    write_seq(&mut inner, nested, indent + 2);
+                }
+                other => {
+                    write_value(out, other, indent + 2, indent + 2);
+                    continue;
+                }
+            }
+            out.push(' ');
+            out.push_str(&inner[indent + 2..]);
+        }
+    }
+
+    /// Writes `value` after a `key:` or `-` already on the line; `nested` is the indentation of
+    /// a mapping or block below it, `seq_indent` that of a sequence below a key.
+    fn write_value(out: &mut String, value: &Value, seq_indent: usize, nested: usize) {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                out.push('\n');
+                write_map(out, map, nested);
+            }
+            Value::Array(items) if !items.is_empty() => {
+                out.push('\n');
+                write_seq(out, items, seq_indent);
+            }
+            Value::String(s) if literal_block(s) => write_block(out, s, nested),
+            other => {
+                out.push(' ');
+                out.push_str(&inline(other));
+                out.push('\n');
+            }
+        }
+    }
+
+    fn inline(value: &Value) -> String {
+        match value {
+            Value::Null => "null".to_owned(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => scalar_str(s),
+            Value::Array(_) => "[]".to_owned(),
+            Value::Object(_) => "{}".to_owned(),
+        }
+    }
+
+    /// Words YAML 1.1 reads as booleans or null (in any case).
+    const WORDS: [&str; 11] = [
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "nil", "none",
+    ];
+
+    /// Plain if it starts with a letter or `/`, holds only letters, digits, `-`, `.`, `_` and
+    /// `/`, and is not a word YAML 1.1 takes for a boolean or null; double-quoted otherwise.
+    fn scalar_str(s: &str) -> String {
+        let plain = s
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'/')
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'/'))
+            && !WORDS.iter().any(|w| w.eq_ignore_ascii_case(s));
+        if plain { s.to_owned() } else { quoted(s) }
+    }
+
+    /// A YAML double-quoted scalar: `\\`, `"` and every character that is not printable or
+    /// that some YAML version takes for a line break are escaped.
+    fn quoted(s: &str) -> String {
+        let mut q = String::with_capacity(s.len() + 2);
+        q.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => q.push_str("\\\""),
+                '\\' => q.push_str("\\\\"),
+                '\n' => q.push_str("\\n"),
+                '\t' => q.push_str("\\t"),
+                c if needs_escape(c) => q.push_str(&format!("\\u{:04X}", u32::from(c))),
+                c => q.push(c),
+            }
+        }
+        q.push('"');
+        q
+    }
+
+    fn needs_escape(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{FEFF}')
+    }
+
+    /// Whether `s` is written as a literal block: several lines of printable text, at least one
+    /// of them not empty.
+    fn literal_block(s: &str) -> bool {
+        s.contains('\n')
+            && s.lines().any(|l| !l.trim().is_empty())
+            && !s.chars().any(|c| c != '\n' && c != '\t' && needs_escape(c))
+    }
+
+    /// `|`, `|-` or `|+` (with an indentation indicator when the text starts with a space), then
+    /// the lines indented by `indent`.
+    fn write_block(out: &mut String, s: &str, indent: usize) {
+        let body = s.trim_end_matches('\n');
+        let trailing = s.len() - body.len();
+        out.push_str(" |");
+        let first = body.lines().find(|l| !l.is_empty()).unwrap_or_default();
+        if first.starts_with(' ') || first.starts_with('\t') {
+            out.push('2');
+        }
+        out.push_str(match trailing {
+            0 => "-",
+            1 => "",
+            _ => "+",
+        });
+        out.push('\n');
+        for line in body.split('\n') {
+            if !line.is_empty() {
+                pad(out, indent);
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+        for _ in 1..trailing {
+            out.push('\n');
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use serde::Deserialize as _;
+        use serde_json::{Value, json};
+
+        fn written(value: &Value) -> String {
+            let mut out = String::new();
+            super::write_document(&mut out, value);
+            out
+        }
+
+        fn read(text: &str) -> Value {
+            Value::deserialize(serde_norway::Deserializer::from_str(text)).expect("valid YAML")
+        }
+
+        #[test]
+        fn strings_yaml_1_1_would_misread_are_quoted() {
+            let words = [
+                "on",
+                "off",
+                "yes",
+                "no",
+                "y",
+                "n",
+                "Y",
+                "NO",
+                "On",
+                "true",
+                "null",
+                "~",
+                "1:20",
+                "1_000",
+                "0644",
+                "012",
+                "0x1F",
+                "1e3",
+                ".inf",
+                "2026-01-01",
+                "-1",
+                "",
+                " a",
+                "a: b",
+                "#x",
+                "@x",
+                "*x",
+                "!x",
+                "&x",
+                "%x",
+                "[x]",
+                "{x}",
+                "x\"y",
+                "a\\b",
+                "tab\there",
+                "bell\u{7}",
+                "line\u{2028}sep",
+            ];
+            let value = json!({ "labels": words.iter().map(|w| (w.to_string(), Value::from(*w))).collect::<serde_json::Map<_, _>>() });
+            let text = written(&value);
+            assert_eq!(read(&text), value, "{text}");
+            for w in words {
+                assert!(
+                    !text.lines().any(|l| l.trim() == format!("{w}: {w}")),
+                    "{w:?} left plain in {text}"
+                );
+            }
+            // Words that mean only themselves stay plain.
+            let plain = json!({"app.kubernetes.io/managed-by": "ttlab", "ttlab.io/node": "worker-1", "image": "/x/y"});
+            assert_eq!(
+                written(&plain),
+                "app.kubernetes.io/managed-by: ttlab\nttlab.io/node: worker-1\nimage: /x/y\n"
+            );
+        }
+
+        #[test]
+        fn nested_values_and_text_blocks_read_back_unchanged() {
+            let value = json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "tt-a-vm-ci", "labels": {}, "finalizers": []},
+                "stringData": {
+                    "userdata": "#cloud-config\n{\n  \"a\": 1\n}",
+                    "clip": "one\ntwo\n",
+                    "keep": "one\n\n\n",
+                    "indented": "  first\nsecond\n",
+                    "blank lines": "a\n\n   \nb",
+                    "tabs": "a\tb\n\tc"
+                },
+                "containers": [
+                    {"name": "lab", "args": ["  spaced\nlines\n", "-c"], "env": [{"name": "A", "value": "yes"}]},
+                    "plain"
+                ],
+                "spec": {
+                    "list": [1, 2.5, true, null, "on", {"a": [], "b": {"c": "d"}}, [[1], []], "x\ny"],
+                    "empty": "",
+                    "number": -3
+                }
+            });
+            let text = written(&value);
+            assert_eq!(read(&text), value, "{text}");
+            assert!(
+                text.contains("  userdata: |-\n    #cloud-config\n    {\n      \"a\": 1\n    }\n"),
+                "{text}"
+            );
+        }
+    }
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
@@ -503,4 +794,70 @@ fn default_agent_binary() -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Args as _;
+    use serde::Deserialize as _;
+
+    use super::*;
+
+    #[test]
+    fn the_help_says_how_to_apply_the_output() {
+        let help = RenderArgs::augment_args(clap::Command::new("render"))
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("kubectl apply --server-side -f -"), "{help}");
+        assert!(help.contains("kubectl create -f -"), "{help}");
+    }
+
+    #[test]
+    fn names_kubectl_would_misread_are_quoted_in_the_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("yes.yaml"),
+            "id: \"yes\"\ntitle: Tricky names\nruntime: vm\nimage: quay.io/containerdisks/debian:12\n\
+             memory: 256Mi\nnodes: [\"on\", \"n\"]\n",
+        )
+        .unwrap();
+        let agent = dir.path().join("ttlab-agent");
+        std::fs::write(&agent, vec![7u8; 4096]).unwrap();
+        let args = RenderArgs {
+            lesson: "yes".parse().unwrap(),
+            lessons: dir.path().to_owned(),
+            session_id: "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap(),
+            env: "dev".parse().unwrap(),
+            namespace: None,
+            golden: None,
+            agent_binary: Some(agent),
+            now: DEFAULT_NOW.parse().unwrap(),
+            session_ttl: None,
+            session_max: None,
+        };
+        let stream = render(&args).unwrap();
+        assert_eq!(stream, render(&args).unwrap(), "deterministic");
+        for plain in [
+            "ttlab.io/node: on",
+            "ttlab.io/node: n",
+            "ttlab.io/lesson: yes",
+        ] {
+            assert!(
+                !stream.lines().any(|l| l.trim_end().ends_with(plain)),
+                "{plain:?} is read as a boolean by kubectl"
+            );
+        }
+        assert!(stream.contains("ttlab.io/node: \"on\""));
+        let docs: Vec<Value> = serde_norway::Deserializer::from_str(&stream)
+            .map(|d| Value::deserialize(d).expect("valid YAML"))
+            .filter(|v| !v.is_null())
+            .collect();
+        let nodes: Vec<&str> = docs
+            .iter()
+            .filter(|d| d["kind"] == "VirtualMachine")
+            .map(|d| d["metadata"]["labels"]["ttlab.io/node"].as_str().unwrap())
+            .collect();
+        assert_eq!(nodes, ["on", "n"]);
+        assert_eq!(docs[0]["metadata"]["labels"]["ttlab.io/lesson"], "yes");
+    }
 }

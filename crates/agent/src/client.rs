@@ -34,6 +34,7 @@ pub struct AgentClient {
     token: AgentToken,
     connect_timeout: Duration,
     request_timeout: Duration,
+    user_agent: String,
 }
 
 impl AgentClient {
@@ -41,6 +42,8 @@ impl AgentClient {
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
     /// Default time for a whole `ready` exchange.
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The `User-Agent` of a client whose program did not name itself: `ttlab/<version>`.
+    pub const DEFAULT_USER_AGENT: &str = concat!("ttlab/", env!("CARGO_PKG_VERSION"));
 
     /// A client for the agent at `addr` (the VMI's IP and [`crate::protocol::PORT`]).
     pub fn new(addr: SocketAddr, token: AgentToken) -> Self {
@@ -49,7 +52,16 @@ impl AgentClient {
             token,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+            user_agent: Self::DEFAULT_USER_AGENT.to_owned(),
         }
+    }
+
+    /// The same client sending `agent` as its `User-Agent` (`ttlab-server/0.1.0`; default
+    /// [`Self::DEFAULT_USER_AGENT`]). A value that cannot be a header makes every call fail with
+    /// [`Error::InvalidRequest`].
+    pub fn with_user_agent(mut self, agent: impl Into<String>) -> Self {
+        self.user_agent = agent.into();
+        self
     }
 
     /// The same client with other timeouts: `connect` for the TCP connection, `request` for a
@@ -170,6 +182,7 @@ impl AgentClient {
             .method(method)
             .uri(path)
             .header(header::HOST, addr.to_string())
+            .header(header::USER_AGENT, self.user_agent.as_str())
             .header(
                 header::AUTHORIZATION,
                 format!("Bearer {}", self.token.reveal()),
@@ -292,6 +305,53 @@ mod tests {
                 Err(Error::InvalidRequest(_))
             ));
         }
+    }
+
+    /// Accepts one connection, reads one request head, answers `{"ready":true}`, and returns
+    /// the head in lower case.
+    async fn answer_ready(listener: tokio::net::TcpListener) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&chunk[..n]);
+        }
+        let body = br#"{"ready":true}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.unwrap();
+        socket.write_all(body).await.unwrap();
+        String::from_utf8_lossy(&head).to_lowercase()
+    }
+
+    async fn user_agent_sent(client: impl FnOnce(SocketAddr) -> AgentClient) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = client(listener.local_addr().unwrap());
+        let (head, ready) = tokio::join!(answer_ready(listener), client.ready());
+        assert!(ready.unwrap().ready);
+        head.lines()
+            .find_map(|l| l.strip_prefix("user-agent:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no User-Agent in {head}"))
+    }
+
+    #[tokio::test]
+    async fn requests_name_the_program_in_their_user_agent() {
+        let token = || AgentToken::from_random_bytes([1; 32]);
+        let named = user_agent_sent(|addr| {
+            AgentClient::new(addr, token()).with_user_agent("ttlab-server/0.1.0")
+        })
+        .await;
+        assert_eq!(named, "ttlab-server/0.1.0");
+        let unnamed = user_agent_sent(|addr| AgentClient::new(addr, token())).await;
+        assert_eq!(unnamed, AgentClient::DEFAULT_USER_AGENT);
     }
 
     #[tokio::test]

@@ -18,6 +18,8 @@ pub const DEFAULT_VM_LIMIT: usize = 8;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024;
 /// Default time "collect now" waits for the reaper's answer before 504.
 pub const DEFAULT_COLLECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time a create refused by a quota the cluster has not counted yet is retried.
+pub const DEFAULT_QUOTA_SETTLE_WAIT: Duration = Duration::from_secs(30);
 
 /// Everything [`crate::Server::bind`] needs besides the database and the cluster.
 ///
@@ -31,6 +33,8 @@ pub const DEFAULT_COLLECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// | `lessons` | `TTLAB_LESSONS` (file or directory) | required |
 /// | `agent` | `TTLAB_AGENT_BINARY` | `ttlab-agent` beside the server |
 /// | `web_dir` | `TTLAB_WEB_DIR` | none |
+/// | `user_agent` | — (the binary names itself) | `ttlab/<version>` |
+/// | `quota_settle_wait` | — | 30 s |
 #[derive(Clone)]
 pub struct ApiConfig {
     /// Where to listen.
@@ -60,6 +64,12 @@ pub struct ApiConfig {
     pub readiness_margin: Duration,
     /// How long a console ticket can be used (default 30 s, database clock).
     pub console_ticket_ttl: Duration,
+    /// The `User-Agent` the server's requests to guest agents carry (`ttlab-server/0.1.0`).
+    pub user_agent: String,
+    /// How long the provisioning of a session retries a create that a ResourceQuota refused
+    /// only because the cluster has not counted the quota yet (a quota or resource type that
+    /// appeared moments ago), before the session fails. Default [`DEFAULT_QUOTA_SETTLE_WAIT`].
+    pub quota_settle_wait: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -94,6 +104,8 @@ impl ApiConfig {
             web_dir: None,
             readiness_margin: Duration::from_secs(60),
             console_ticket_ttl: crate::console::TICKET_TTL,
+            user_agent: ttlab_agent::AgentClient::DEFAULT_USER_AGENT.to_owned(),
+            quota_settle_wait: DEFAULT_QUOTA_SETTLE_WAIT,
         }
     }
 }

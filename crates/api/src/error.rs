@@ -38,11 +38,16 @@ pub enum ApiError {
         /// The open session's id.
         session: ttlab_model::SessionId,
     },
-    /// The VM limit is reached.
-    #[error("There are currently {limit} VM labs open, so no capacity is available.")]
+    /// The VM limit is reached: the sentence says how many places are taken, by what, and the
+    /// limit.
+    #[error("{}", capacity_sentence(*limit, *needed, usage))]
     Capacity {
         /// The configured limit.
         limit: usize,
+        /// The VMs the refused lab needs.
+        needed: usize,
+        /// What holds the places counted.
+        usage: CapacityUse,
     },
     /// An extension was refused by the lifespan rules.
     #[error("{0}")]
@@ -96,6 +101,60 @@ pub enum ApiError {
     /// A defect or an unexpected answer; logged with details, shown without them.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// What holds the VM places counted against the limit: every VM ttlab manages in the
+/// namespace, and every VM a live session is about to create, once each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapacityUse {
+    /// VMs of live sessions (of every environment), created or about to be.
+    pub labs: usize,
+    /// VMs being deleted: their guests still hold memory while they shut down.
+    pub shutting_down: usize,
+    /// VMs no live session holds (ghosts, leftovers the reaper removes).
+    pub without_lab: usize,
+}
+
+impl CapacityUse {
+    /// Every place taken.
+    pub fn total(&self) -> usize {
+        self.labs + self.shutting_down + self.without_lab
+    }
+}
+
+fn vms(n: usize) -> String {
+    if n == 1 {
+        "1 VM".to_owned()
+    } else {
+        format!("{n} VMs")
+    }
+}
+
+/// "No VM capacity right now: 6 of 8 VMs are in use by open labs, plus 2 VMs still shutting
+/// down. Try again in a few minutes."
+fn capacity_sentence(limit: usize, needed: usize, usage: &CapacityUse) -> String {
+    let mut s = format!(
+        "No VM capacity right now: {} of {limit} VMs {} in use by open labs",
+        usage.labs,
+        if usage.labs == 1 { "is" } else { "are" }
+    );
+    if usage.shutting_down > 0 {
+        s.push_str(&format!(
+            ", plus {} still shutting down",
+            vms(usage.shutting_down)
+        ));
+    }
+    if usage.without_lab > 0 {
+        s.push_str(&format!(
+            ", plus {} left over from ended labs",
+            vms(usage.without_lab)
+        ));
+    }
+    if needed > 1 {
+        s.push_str(&format!("; this lab needs {needed}"));
+    }
+    s.push_str(". Try again in a few minutes.");
+    s
 }
 
 /// The JSON error body.
@@ -230,13 +289,48 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
 
+    fn refused(
+        limit: usize,
+        needed: usize,
+        labs: usize,
+        shutting_down: usize,
+        without_lab: usize,
+    ) -> String {
+        ApiError::Capacity {
+            limit,
+            needed,
+            usage: CapacityUse {
+                labs,
+                shutting_down,
+                without_lab,
+            },
+        }
+        .to_string()
+    }
+
     #[test]
-    fn capacity_sentence_uses_the_limit() {
-        let e = ApiError::Capacity { limit: 8 };
+    fn the_capacity_refusal_states_the_real_count_and_the_limit() {
         assert_eq!(
-            e.to_string(),
-            "There are currently 8 VM labs open, so no capacity is available."
+            refused(8, 1, 8, 0, 0),
+            "No VM capacity right now: 8 of 8 VMs are in use by open labs. Try again in a few \
+             minutes."
         );
+        assert_eq!(
+            refused(8, 1, 6, 2, 0),
+            "No VM capacity right now: 6 of 8 VMs are in use by open labs, plus 2 VMs still \
+             shutting down. Try again in a few minutes."
+        );
+        assert_eq!(
+            refused(3, 2, 1, 1, 1),
+            "No VM capacity right now: 1 of 3 VMs is in use by open labs, plus 1 VM still \
+             shutting down, plus 1 VM left over from ended labs; this lab needs 2. Try again in \
+             a few minutes."
+        );
+        let e = ApiError::Capacity {
+            limit: 8,
+            needed: 1,
+            usage: CapacityUse::default(),
+        };
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code(), "capacity");
     }

@@ -15,7 +15,7 @@
 //! ```
 //! use std::time::Duration;
 //! use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
-//! use ttlab_api::ApiError;
+//! use ttlab_api::{ApiError, CapacityUse};
 //!
 //! // Secrets shorter than 32 bytes are refused at start-up.
 //! assert!(matches!(AuthSecret::new("short"), Err(ApiError::Config(_))));
@@ -27,8 +27,16 @@
 //! assert_eq!(auth.verify(&token).unwrap().user, alice);
 //! assert!(auth.verify("not.a.token").is_err());
 //!
-//! let capacity = ApiError::Capacity { limit: 8 };
-//! assert_eq!(capacity.to_string(), "There are currently 8 VM labs open, so no capacity is available.");
+//! let capacity = ApiError::Capacity {
+//!     limit: 8,
+//!     needed: 1,
+//!     usage: CapacityUse { labs: 6, shutting_down: 2, without_lab: 0 },
+//! };
+//! assert_eq!(
+//!     capacity.to_string(),
+//!     "No VM capacity right now: 6 of 8 VMs are in use by open labs, plus 2 VMs still shutting \
+//!      down. Try again in a few minutes."
+//! );
 //! ```
 //!
 //! Running it (as `ttlabctl demo` does):
@@ -61,8 +69,11 @@ use std::sync::Arc;
 use ttlab_cluster::Cluster;
 use ttlab_store::Store;
 
-pub use config::{ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_VM_LIMIT};
-pub use error::{ApiError, ErrorBody};
+pub use config::{
+    ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUOTA_SETTLE_WAIT,
+    DEFAULT_VM_LIMIT,
+};
+pub use error::{ApiError, CapacityUse, ErrorBody};
 pub use state::{AppState, HubEvent};
 
 /// A bound, not yet serving, server.

@@ -15,7 +15,7 @@ use crate::auth::AuthConfig;
 use crate::metrics::Metrics;
 
 /// A listing of the namespace's VMs and when it was taken.
-pub(crate) type ListedVms = (tokio::time::Instant, Arc<Vec<String>>);
+pub(crate) type ListedVms = (tokio::time::Instant, Arc<Vec<crate::saga::ListedVm>>);
 
 /// What the routes share: configuration, database, cluster, metrics, the notification hub
 /// and the provisioning tasks. Cheap to clone.

@@ -342,6 +342,35 @@ async fn a_console_that_is_not_ready_is_retried_every_second_with_a_message() {
     s.stop().await;
 }
 
+#[tokio::test]
+async fn a_console_answering_404_while_the_vm_runs_is_waited_for_not_called_stopped() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    // The console subresource is not served for a moment (virt-api restarting, the VMI being
+    // replaced): KubeVirt answers 404 while the VM runs.
+    w.sim.faults().add(
+        FaultRule::fail(
+            Some(Verb::Get),
+            Some("virtualmachineinstances/console"),
+            404,
+        )
+        .times(2),
+    );
+    let mut ws = open(&s, &sid, &alice).await;
+    let text = read_until(&mut ws, "Connected to the console").await;
+    assert!(
+        text.contains(
+            "Waiting for the VM's console: the VM is running, but its console is not available \
+             right now; retrying"
+        ),
+        "{text:?}"
+    );
+    assert!(!text.contains("stopped"), "{text:?}");
+    read_until(&mut ws, ":~# ").await;
+    s.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Several server replicas behind a load balancer without sticky sessions
 
@@ -515,5 +544,36 @@ async fn a_pod_lab_console_is_a_shell_in_the_pod() {
     read_until(&mut ws, "Connected to ").await;
     type_line(&mut ws, "hostname").await;
     read_until(&mut ws, &format!("\r\n{pod}\r\n")).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_lab_whose_container_stops_is_told_so_without_a_word_of_a_vm() {
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.lessons = ttlab_lesson::LessonSet::from_sources([
+        ("test.yaml".into(), support::LESSONS.to_owned()),
+        ("pod.yaml".into(), POD_LESSON.to_owned()),
+    ])
+    .unwrap();
+    let s = w.serve(config).await;
+    let (sid, alice) = start_running(&s, "alice", "console-pod").await;
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    let pod = v["nodes"][0]["vm"].as_str().unwrap().to_owned();
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, "Connected to ").await;
+
+    // The pod goes away under the student (evicted, deleted by hand), and the shell ends.
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::delete(format!("{}/api/v1/namespaces/{NS}/pods/{pod}", w.sim.url()))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    assert!(http.request(req).await.unwrap().status().is_success());
+    type_line(&mut ws, "exit").await;
+    let (text, code, reason, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
+    assert_eq!(code, 4004, "{text:?}");
+    assert_eq!(reason, "The lab's container has stopped.");
+    assert!(!text.contains("VM"), "{text:?}");
     s.stop().await;
 }

@@ -66,7 +66,8 @@ async fn twenty_students_with_a_limit_of_eight_never_exceed_eight_vms() {
         assert_eq!(v["error"], "capacity");
         assert_eq!(
             v["message"],
-            "There are currently 8 VM labs open, so no capacity is available."
+            "No VM capacity right now: 8 of 8 VMs are in use by open labs. Try again in a few \
+             minutes."
         );
     }
     for ((_, v), t) in results.iter().zip(&tokens).filter(|((s, _), _)| *s == 202) {
@@ -413,6 +414,192 @@ async fn finishing_a_session_while_it_is_created_leaves_no_object_behind_the_fin
             && c.resource == "secrets"
             && c.at.parse::<chrono::DateTime<chrono::Utc>>().unwrap() < finished_at),
         "{calls:#?}"
+    );
+    s.stop().await;
+}
+
+/// The API server's refusal while kube-controller-manager has not counted a new quota or a new
+/// resource type yet (resourcequota admission), for `resource` of object `name`.
+fn quota_not_counted(resource: &str, group: &str, name: &str) -> String {
+    let qualified = if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    };
+    format!(
+        "{qualified} \"{name}\" is forbidden: status unknown for quota: ttlab-vms, resource: count/{qualified}"
+    )
+}
+
+fn refuse_create(resource: &str, message: String, times: Option<u32>) -> ttlab_kube_sim::FaultRule {
+    ttlab_kube_sim::FaultRule {
+        action: ttlab_kube_sim::FaultAction::Fail {
+            status: 403,
+            message: Some(message),
+        },
+        times,
+        ..ttlab_kube_sim::FaultRule::fail(Some(ttlab_kube_sim::Verb::Create), Some(resource), 403)
+    }
+}
+
+#[tokio::test]
+async fn creates_refused_until_the_quota_is_counted_are_retried_and_the_lab_starts() {
+    let w = World::new().await;
+    // Right after install: the quota controller has not counted the quota yet.
+    w.sim.faults().add(refuse_create(
+        "virtualmachines",
+        quota_not_counted("virtualmachines", "kubevirt.io", "tt-x-vm"),
+        Some(3),
+    ));
+    w.sim.faults().add(refuse_create(
+        "secrets",
+        quota_not_counted("secrets", "", "tt-x-vm-ci"),
+        Some(2),
+    ));
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let v = s
+        .wait_session(&id(&v), &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    let refused = |resource: &str| {
+        w.sim
+            .calls()
+            .iter()
+            .filter(|c| {
+                c.verb == ttlab_kube_sim::Verb::Create && c.resource == resource && c.status == 403
+            })
+            .count()
+    };
+    assert_eq!((refused("virtualmachines"), refused("secrets")), (3, 2));
+    assert_eq!(w.sim.stats().vms, 1, "one VM, however many attempts");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_quota_never_counted_fails_the_lab_with_the_reason_after_the_retries() {
+    let w = World::new().await;
+    w.sim.faults().add(refuse_create(
+        "virtualmachines",
+        quota_not_counted("virtualmachines", "kubevirt.io", "tt-x-vm"),
+        None,
+    ));
+    let mut config = w.config(policy(3600, 7200, 3), 8).await;
+    config.quota_settle_wait = std::time::Duration::from_secs(2);
+    let s = w.serve(config).await;
+    let alice = token("alice", Role::Student);
+    let started = std::time::Instant::now();
+    let (_, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    let v = s
+        .wait_session(&id(&v), &alice, |v| {
+            v["status"] == "failed" || v["status"] == "running"
+        })
+        .await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let reason = v["failure_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("had still not counted the lab namespace's quota")
+            && reason.contains("refused the VM"),
+        "{reason}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        (std::time::Duration::from_millis(900)..std::time::Duration::from_secs(10))
+            .contains(&waited),
+        "retried for about the settle wait, then gave up: {waited:?}"
+    );
+    let attempts = w
+        .sim
+        .calls()
+        .iter()
+        .filter(|c| c.verb == ttlab_kube_sim::Verb::Create && c.resource == "virtualmachines")
+        .count();
+    assert!((2..=12).contains(&attempts), "bounded retries: {attempts}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_exceeded_quota_fails_the_lab_at_once_as_full() {
+    let w = World::new().await;
+    w.sim.faults().add(refuse_create(
+        "virtualmachines",
+        "virtualmachines.kubevirt.io \"tt-x-vm\" is forbidden: exceeded quota: ttlab-vms, \
+         requested: count/virtualmachines.kubevirt.io=1, used: \
+         count/virtualmachines.kubevirt.io=8, limited: count/virtualmachines.kubevirt.io=8"
+            .to_owned(),
+        None,
+    ));
+    fails_with(&w, "quick", "the lab namespace is full").await;
+    let attempts = w
+        .sim
+        .calls()
+        .iter()
+        .filter(|c| c.verb == ttlab_kube_sim::Verb::Create && c.resource == "virtualmachines")
+        .count();
+    assert_eq!(attempts, 1, "a full quota is not retried");
+}
+
+#[tokio::test]
+async fn the_capacity_refusal_counts_vms_still_shutting_down_apart_from_open_labs() {
+    use ttlab_cluster::Cluster as _;
+    let w = World::new().await;
+    let cluster = w.cluster().await;
+    // Two VMs of labs that ended: deleted, but their guests still shutting down (a finalizer
+    // holds them, as KubeVirt's does while the VMI stops).
+    for _ in 0..2 {
+        let session = ttlab_model::SessionId::new_random();
+        let manifests = ttlab_vm_manifest::render(&ttlab_vm_manifest::SessionVms {
+            session,
+            env: "dev".parse().unwrap(),
+            lesson: "quick".parse().unwrap(),
+            namespace: None,
+            image: "quay.io/containerdisks/debian:12".into(),
+            memory: "256Mi".into(),
+            cores: 1,
+            nodes: vec!["vm".parse().unwrap()],
+            disk: ttlab_disk_select::DiskDecision::ContainerDisk {
+                reason: ttlab_disk_select::FallbackReason::NotRequested,
+            },
+            termination_grace_period_seconds: 0,
+        })
+        .unwrap();
+        let mut vm = serde_json::to_value(&manifests.vms[0]).unwrap();
+        vm["metadata"]["finalizers"] = json!(["test.ttlab.io/still-shutting-down"]);
+        let created = cluster.create_vm(vm).await.unwrap();
+        cluster
+            .delete(
+                ttlab_cluster::Kind::VirtualMachine,
+                &created.name,
+                ttlab_cluster::Propagation::Background,
+            )
+            .await
+            .unwrap();
+    }
+    let s = w.server(policy(3600, 7200, 3), 4).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    s.wait_session(&id(&v), &alice, |v| v["status"] == "running")
+        .await;
+    // One open lab's VM and two shutting down take 3 of 4 places: a two-VM lab does not fit.
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "duo"}))
+        .await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"], "capacity");
+    assert_eq!(
+        v["message"],
+        "No VM capacity right now: 1 of 4 VMs is in use by open labs, plus 2 VMs still \
+         shutting down; this lab needs 2. Try again in a few minutes."
     );
     s.stop().await;
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind, Lookup,
-    ObjectSummary, Page, Propagation, PvcFacts, VmiState,
+    ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiState,
 };
 use crate::{ClusterError, Terminal};
 
@@ -163,6 +163,11 @@ pub trait Cluster: Send + Sync {
 
     /// Reads a VMI's state; `Ok(None)` if there is no VMI of that name.
     fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>>;
+
+    /// Reads a VirtualMachine's status (is it meant to run, stopped, restarting?); `Ok(None)` if
+    /// there is no VM of that name. Read with a list pinned to the name (`fieldSelector
+    /// metadata.name=…`), so the `list` the capacity count needs is all the access it takes.
+    fn vm_status<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmStatus>>;
 
     /// Waits, by watching (not polling), until the VMI `name` is `Running`, and returns its
     /// state then. The VMI need not exist yet (KubeVirt creates it shortly after the VM).

@@ -7,8 +7,9 @@ use crate::types::VmiState;
 /// Why a call to the cluster failed, in the terms a caller decides on.
 ///
 /// Mapped from the Kubernetes `Status` (its HTTP code and `reason`), not from message text,
-/// except for quota rejections, which the API server reports as a plain 403 `Forbidden` whose
-/// message says `exceeded quota`.
+/// except for quota rejections, which the API server reports as a plain 403 `Forbidden`: its
+/// message says `exceeded quota` when the quota is used up, and `status unknown for quota`
+/// while the quota controller has not counted the quota (or the resource) yet.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClusterError {
     /// The object does not exist (404).
@@ -33,6 +34,15 @@ pub enum ClusterError {
     #[error("quota exceeded: {message}")]
     QuotaExceeded {
         /// The server's message (names the quota, what was requested, used and limited).
+        message: String,
+    },
+    /// A namespace ResourceQuota refused the object only because the quota controller has not
+    /// counted it yet (403 whose message says `status unknown for quota`): a quota or a
+    /// resource type that appeared moments ago. Nothing was created; the same create succeeds
+    /// once the controller has counted, usually within seconds.
+    #[error("quota not counted yet: {message}")]
+    QuotaPending {
+        /// The server's message (names the quota and the resource).
         message: String,
     },
     /// The request or object is malformed (422 `Invalid`, 400 `BadRequest`), or was refused
@@ -101,11 +111,14 @@ fn describe_last(last: Option<&VmiState>) -> String {
 }
 
 impl ClusterError {
-    /// Whether the same call may succeed if simply tried again later: transient failures and
-    /// a console that is not ready yet. A conflict, quota rejection, missing permission or
-    /// invalid object will fail the same way again.
+    /// Whether the same call may succeed if simply tried again later: transient failures, a
+    /// console that is not ready yet, and a quota not counted yet. A conflict, an exceeded
+    /// quota, a missing permission or an invalid object will fail the same way again.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Transient { .. } | Self::ConsoleNotReady { .. })
+        matches!(
+            self,
+            Self::Transient { .. } | Self::ConsoleNotReady { .. } | Self::QuotaPending { .. }
+        )
     }
 
     /// Whether this is [`ClusterError::NotFound`].
@@ -122,6 +135,9 @@ impl ClusterError {
         };
         match (code, reason) {
             (404, _) | (_, "NotFound") => Self::NotFound { message },
+            (403, _) | (_, "Forbidden") if message.contains("status unknown for quota") => {
+                Self::QuotaPending { message }
+            }
             (403, _) | (_, "Forbidden") if message.contains("exceeded quota") => {
                 Self::QuotaExceeded { message }
             }
@@ -207,6 +223,18 @@ mod tests {
                 "virtualmachines.kubevirt.io \"a\" is forbidden: exceeded quota: vms, requested: count/virtualmachines.kubevirt.io=1",
                 |e| matches!(e, ClusterError::QuotaExceeded { .. }),
             ),
+            (
+                403,
+                "Forbidden",
+                "virtualmachines.kubevirt.io \"tt-1\" is forbidden: status unknown for quota: ttlab-vms, resource: count/virtualmachines.kubevirt.io",
+                |e| matches!(e, ClusterError::QuotaPending { .. }),
+            ),
+            (
+                403,
+                "Forbidden",
+                "secrets \"tt-1-ci\" is forbidden: status unknown for quota: ttlab-vms, resource: count/secrets",
+                |e| matches!(e, ClusterError::QuotaPending { .. }),
+            ),
             (401, "Unauthorized", "Unauthorized", |e| {
                 matches!(e, ClusterError::Forbidden { .. })
             }),
@@ -255,6 +283,48 @@ mod tests {
         assert!(!ClusterError::from_status(409, "AlreadyExists", "").is_retryable());
         assert!(!ClusterError::from_status(403, "Forbidden", "exceeded quota: q").is_retryable());
         assert!(!ClusterError::from_status(422, "Invalid", "").is_retryable());
+    }
+
+    #[test]
+    fn a_quota_not_counted_yet_is_retryable_and_an_exceeded_one_is_not() {
+        // The API server's words (resourcequota admission of kube-apiserver 1.36) while
+        // kube-controller-manager has not counted a new quota or a new resource type.
+        let pending = ClusterError::from_status(
+            403,
+            "Forbidden",
+            "virtualmachines.kubevirt.io \"tt-0d3c-vm\" is forbidden: status unknown for quota: \
+             ttlab-vms, resource: count/virtualmachines.kubevirt.io",
+        );
+        assert!(
+            matches!(pending, ClusterError::QuotaPending { .. }),
+            "{pending:?}"
+        );
+        assert!(pending.is_retryable());
+        assert!(pending.to_string().contains("ttlab-vms"), "{pending}");
+        let exceeded = ClusterError::from_status(
+            403,
+            "Forbidden",
+            "virtualmachines.kubevirt.io \"tt-0d3c-vm\" is forbidden: exceeded quota: ttlab-vms, \
+             requested: count/virtualmachines.kubevirt.io=1, used: \
+             count/virtualmachines.kubevirt.io=8, limited: count/virtualmachines.kubevirt.io=8",
+        );
+        assert!(
+            matches!(exceeded, ClusterError::QuotaExceeded { .. }),
+            "{exceeded:?}"
+        );
+        assert!(!exceeded.is_retryable());
+        // Any other refusal stays a missing permission.
+        let forbidden = ClusterError::from_status(
+            403,
+            "Forbidden",
+            "virtualmachines.kubevirt.io is forbidden: User \"system:serviceaccount:ttlab:server\" \
+             cannot create resource \"virtualmachines\"",
+        );
+        assert!(
+            matches!(forbidden, ClusterError::Forbidden { .. }),
+            "{forbidden:?}"
+        );
+        assert!(!forbidden.is_retryable());
     }
 
     #[test]

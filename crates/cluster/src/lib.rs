@@ -50,7 +50,7 @@ pub use client::KubeCluster;
 pub use cluster::{Cluster, ClusterFuture};
 pub use error::ClusterError;
 pub use pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaSummary};
-pub use settings::ClusterSettings;
+pub use settings::{ClusterSettings, DEFAULT_USER_AGENT};
 pub use teardown::{
     LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,
     teardown_session,
@@ -58,5 +58,5 @@ pub use teardown::{
 pub use terminal::{ByteSink, ByteStream, Terminal};
 pub use types::{
     Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind,
-    Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmiPhase, VmiState,
+    Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiPhase, VmiState,
 };

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// The `User-Agent` of a client whose program did not name itself: `ttlab/<version>`.
+pub const DEFAULT_USER_AGENT: &str = concat!("ttlab/", env!("CARGO_PKG_VERSION"));
+
 /// How a [`KubeCluster`](crate::KubeCluster) talks to the API server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterSettings {
@@ -31,6 +34,13 @@ pub struct ClusterSettings {
     /// dead: its output ends with [`ClusterError::Transient`](crate::ClusterError::Transient).
     /// Default 25 s.
     pub console_ping_interval: Option<Duration>,
+    /// The `User-Agent` header of every request (the API server's audit log and its
+    /// per-client metrics name callers by it), `program/version` as Kubernetes clients write
+    /// it. The binaries name themselves (`ttlab-server/0.1.0`, `ttlab-reaper/0.1.0`); default
+    /// [`DEFAULT_USER_AGENT`]. Applies to clients this crate builds (not to
+    /// [`KubeCluster::new`](crate::KubeCluster::new)); a value that cannot be a header is a
+    /// [`ClusterError::Config`](crate::ClusterError::Config).
+    pub user_agent: String,
 }
 
 impl Default for ClusterSettings {
@@ -43,6 +53,7 @@ impl Default for ClusterSettings {
             field_manager: "ttlab".to_owned(),
             retry_throttled: true,
             console_ping_interval: Some(Duration::from_secs(25)),
+            user_agent: DEFAULT_USER_AGENT.to_owned(),
         }
     }
 }

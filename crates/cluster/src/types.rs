@@ -254,6 +254,32 @@ pub struct Condition {
     pub message: Option<String>,
 }
 
+/// What a VirtualMachine's own status says (KubeVirt's VM controller writes it): whether
+/// KubeVirt means it to run, whatever its VMI is doing at the moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmStatus {
+    /// The VM's name.
+    pub name: String,
+    /// `status.printableStatus`: `Running`, `Stopped`, `Starting`, `Stopping`,
+    /// `CrashLoopBackOff`, `Terminating`, … (as `kubectl get vm` shows it); `None` until the
+    /// controller wrote one.
+    pub printable_status: Option<String>,
+    /// Whether its deletion has been requested.
+    pub deleting: bool,
+}
+
+impl VmStatus {
+    /// Whether the VM is not going to run again by itself: being deleted, or `Stopped` (no
+    /// VMI, and the run strategy does not start one: the guest powered itself off).
+    pub fn stopped_for_good(&self) -> bool {
+        self.deleting
+            || matches!(
+                self.printable_status.as_deref(),
+                Some("Stopped" | "Terminating")
+            )
+    }
+}
+
 /// What the status of a VirtualMachineInstance says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmiState {

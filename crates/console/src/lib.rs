@@ -75,5 +75,5 @@ pub mod relay;
 pub use control::{Controller, Controls, controls};
 pub use error::ConsoleError;
 pub use frame::{CloseFrame, Frame, MAX_CLOSE_REASON};
-pub use reason::CloseReason;
+pub use reason::{CloseReason, LabKind};
 pub use relay::{Connected, RelayConfig, RelayEnd, Upstream, notice, relay};

@@ -3,10 +3,48 @@
 
 use std::fmt;
 
+/// What the lab runs in, which decides the words the student reads: a VM lab has a VM and its
+/// console, a pod lab a container and a shell in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LabKind {
+    /// A KubeVirt VM, reached through its serial console.
+    #[default]
+    Vm,
+    /// A container (a pod lab), reached through a shell exec'd in it.
+    Container,
+}
+
+impl LabKind {
+    /// What the student's terminal is connected to: "the VM's console", "the lab's shell".
+    pub fn console(self) -> &'static str {
+        match self {
+            Self::Vm => "the VM's console",
+            Self::Container => "the lab's shell",
+        }
+    }
+
+    /// What the lab runs in: "the VM", "the lab's container".
+    pub fn machine(self) -> &'static str {
+        match self {
+            Self::Vm => "the VM",
+            Self::Container => "the lab's container",
+        }
+    }
+}
+
+/// "the VM's console" → "The VM's console".
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 /// Why a console connection ended.
 ///
 /// Each reason has a close code ([`CloseReason::code`]) and a sentence for the student
-/// ([`CloseReason::message`]), written into the terminal as its last line and sent as the
+/// ([`CloseReason::message_for`] the kind of lab), written into the terminal as its last line and sent as the
 /// Close frame's reason. The page reconnects by itself only when
 /// [`CloseReason::may_reconnect`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,7 +55,8 @@ pub enum CloseReason {
     Finished,
     /// The console was opened elsewhere (another tab or window): a VM has one console.
     Replaced,
-    /// The VM is not running any more (powered off, crashed or deleted).
+    /// The VM (or a pod lab's container) is not running any more (powered off, crashed for
+    /// good or deleted).
     VmStopped,
     /// The console could not be opened (not running in time, refused, unreachable).
     Unavailable(String),
@@ -70,18 +109,30 @@ impl CloseReason {
         )
     }
 
-    /// The sentence shown to the student.
+    /// The sentence shown to the student of a VM lab (see [`CloseReason::message_for`]).
     pub fn message(&self) -> String {
+        self.message_for(LabKind::Vm)
+    }
+
+    /// The sentence shown to the student, in the words of `lab`: a pod lab has no VM.
+    pub fn message_for(&self, lab: LabKind) -> String {
         match self {
-            Self::Expired => "Your lab session has expired. The VM is being reclaimed.".to_owned(),
+            Self::Expired => format!(
+                "Your lab session has expired. {} is being reclaimed.",
+                capitalized(lab.machine())
+            ),
             Self::Finished => "This lab session was finished.".to_owned(),
             Self::Replaced => {
                 "The console was opened in another tab or window, so this one was closed."
                     .to_owned()
             }
-            Self::VmStopped => "The VM has stopped.".to_owned(),
-            Self::Unavailable(why) => format!("The VM's console could not be opened: {why}"),
-            Self::ConsoleLost(why) => format!("The connection to the VM's console was lost: {why}"),
+            Self::VmStopped => format!("{} has stopped.", capitalized(lab.machine())),
+            Self::Unavailable(why) => {
+                format!("{} could not be opened: {why}", capitalized(lab.console()))
+            }
+            Self::ConsoleLost(why) => {
+                format!("The connection to {} was lost: {why}", lab.console())
+            }
             Self::BrowserUnresponsive => "The browser stopped responding.".to_owned(),
             Self::BrowserClosed => "The browser closed the console.".to_owned(),
             Self::ServerShutdown => "The server is restarting; reconnect in a moment.".to_owned(),
@@ -111,6 +162,29 @@ mod tests {
             CloseReason::BrowserClosed,
             CloseReason::ServerShutdown,
         ]
+    }
+
+    #[test]
+    fn a_pod_lab_is_never_told_about_a_vm() {
+        for reason in all() {
+            let vm = reason.message_for(LabKind::Vm);
+            let pod = reason.message_for(LabKind::Container);
+            assert_eq!(vm, reason.message(), "{reason:?}");
+            assert!(!pod.contains("VM"), "{reason:?}: {pod}");
+        }
+        assert_eq!(CloseReason::VmStopped.message(), "The VM has stopped.");
+        assert_eq!(
+            CloseReason::VmStopped.message_for(LabKind::Container),
+            "The lab's container has stopped."
+        );
+        assert_eq!(
+            CloseReason::Expired.message_for(LabKind::Container),
+            "Your lab session has expired. The lab's container is being reclaimed."
+        );
+        assert_eq!(
+            CloseReason::ConsoleLost("x".into()).message_for(LabKind::Container),
+            "The connection to the lab's shell was lost: x"
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt as _, Sink, SinkExt as _, Stream, StreamExt as _};
 use tokio::time::Instant;
 
-use crate::{CloseFrame, CloseReason, ConsoleError, Controls, Frame};
+use crate::{CloseFrame, CloseReason, ConsoleError, Controls, Frame, LabKind};
 
 /// What [`Upstream::connect`] returns: the console's input and output halves.
 pub type Connected<'a, U> =
@@ -92,6 +92,9 @@ pub struct RelayConfig {
     pub close_timeout: Duration,
     /// Written to the terminal once the console is open (`None`: nothing).
     pub connected_message: Option<String>,
+    /// What the lab runs in: the words of the waiting line and of the closing reason (a pod
+    /// lab's student reads of a container and a shell, never of a VM). Default a VM.
+    pub lab: LabKind,
     /// How long a console connection that ended for no known reason waits for a close order
     /// (a takeover announced by another server replica) before it is reported as lost.
     pub takeover_grace: Duration,
@@ -108,6 +111,7 @@ impl Default for RelayConfig {
             boot_wait: Duration::from_secs(300),
             close_timeout: Duration::from_secs(2),
             connected_message: None,
+            lab: LabKind::Vm,
             takeover_grace: Duration::from_secs(1),
         }
     }
@@ -274,7 +278,8 @@ where
         } else {
             let lead = if shown.is_some() { "\r\n" } else { "" };
             Bytes::from(format!(
-                "{lead}\x1b[2m[ttlab] Waiting for the VM's console: {message}\x1b[0m "
+                "{lead}\x1b[2m[ttlab] Waiting for {}: {message}\x1b[0m ",
+                config.lab.console()
             ))
         };
         shown = Some(message);
@@ -503,7 +508,7 @@ where
         let _ = tokio::time::timeout(config.close_timeout, to_browser.close()).await;
         return;
     }
-    let message = reason.message();
+    let message = reason.message_for(config.lab);
     let goodbye = async {
         to_browser.feed(Frame::Binary(notice(&message))).await?;
         to_browser

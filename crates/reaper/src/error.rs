@@ -34,6 +34,7 @@ pub fn cluster_error_kind(e: &ClusterError) -> &'static str {
         ClusterError::Forbidden { .. } => "forbidden",
         ClusterError::Conflict { .. } => "conflict",
         ClusterError::QuotaExceeded { .. } => "quota_exceeded",
+        ClusterError::QuotaPending { .. } => "quota_pending",
         ClusterError::Invalid { .. } => "invalid",
         ClusterError::ConsoleNotReady { .. } => "console_not_ready",
         ClusterError::Transient { .. } => "transient",

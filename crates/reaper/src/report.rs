@@ -1,4 +1,5 @@
-//! The report of one cycle: counts and failures per direction, what a dry run would do.
+//! The report of one cycle: counts and failures per direction, what was done (or, in a dry
+//! run, would be done) item by item.
 
 use std::time::Duration;
 
@@ -149,6 +150,74 @@ impl CycleReport {
         }
     }
 
+    /// Every item of the cycle by name, direction by direction: each session reclaimed (id,
+    /// lesson, why, its objects), each orphan object (`Kind/name`, environment, session), each
+    /// ghost (id, lesson, what is gone), then each failure. In a dry run, what would be done.
+    /// Several lines, each ending with a newline; a direction with nothing says `none`.
+    pub fn details(&self) -> String {
+        let mut out = String::new();
+        let verb = if self.dry_run {
+            "would reclaim"
+        } else {
+            "reclaimed"
+        };
+        let sections = [
+            (Direction::Expired, format!("expired sessions ({verb})")),
+            (
+                Direction::Stuck,
+                format!("stuck starting and finishing sessions ({verb})"),
+            ),
+            (
+                Direction::Orphans,
+                format!(
+                    "orphan objects ({})",
+                    if self.dry_run {
+                        "would delete"
+                    } else {
+                        "deleted"
+                    }
+                ),
+            ),
+            (
+                Direction::Ghosts,
+                format!(
+                    "ghost sessions ({})",
+                    if self.dry_run { "would mark" } else { "marked" }
+                ),
+            ),
+        ];
+        for (direction, title) in sections {
+            let items: Vec<&Action> = self
+                .actions
+                .iter()
+                .filter(|a| a.direction == direction)
+                .collect();
+            if items.is_empty() {
+                out.push_str(&format!("{title}: none\n"));
+                continue;
+            }
+            out.push_str(&format!("{title}: {}\n", items.len()));
+            for a in items {
+                out.push_str(&format!("  {}  {}\n", a.subject, a.what));
+            }
+        }
+        if self.errors.is_empty() {
+            out.push_str("failures: none\n");
+        } else {
+            out.push_str(&format!("failures: {}\n", self.errors.len()));
+            for e in &self.errors {
+                out.push_str(&format!(
+                    "  {:?} {}: {}\n",
+                    e.direction, e.subject, e.message
+                ));
+            }
+        }
+        if let Some(why) = &self.fatal {
+            out.push_str(&format!("the cycle could not run: {why}\n"));
+        }
+        out
+    }
+
     /// One line for logs.
     pub fn summary(&self) -> String {
         format!(
@@ -171,5 +240,44 @@ impl CycleReport {
                 " (cluster not listed)"
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn details_name_every_item_of_every_direction() {
+        let env: EnvName = "dev".parse().unwrap();
+        let mut report = CycleReport::new(env, chrono::Utc::now(), true);
+        report.done(
+            Direction::Expired,
+            "0d3c0000-0000-4000-8000-000000000001".into(),
+            "lesson quick, expired at 2026-01-01T10:00:00Z: would delete VirtualMachine/tt-a-vm"
+                .into(),
+        );
+        report.done(
+            Direction::Orphans,
+            "Secret/tt-b-vm-ci".into(),
+            "env dev, session b not live: would delete orphan".into(),
+        );
+        report.failed(
+            Direction::Ghosts,
+            "0d3c0000-0000-4000-8000-000000000002".into(),
+            "get VirtualMachine/tt-c-vm: transient".into(),
+        );
+        let text = report.details();
+        assert!(text.contains("expired sessions (would reclaim): 1\n  0d3c0000-0000-4000-8000-000000000001  lesson quick, expired at 2026-01-01T10:00:00Z: would delete VirtualMachine/tt-a-vm\n"), "{text}");
+        assert!(
+            text.contains("stuck starting and finishing sessions (would reclaim): none\n"),
+            "{text}"
+        );
+        assert!(text.contains("orphan objects (would delete): 1\n  Secret/tt-b-vm-ci  env dev, session b not live: would delete orphan\n"), "{text}");
+        assert!(
+            text.contains("ghost sessions (would mark): none\n"),
+            "{text}"
+        );
+        assert!(text.contains("failures: 1\n  Ghosts 0d3c0000-0000-4000-8000-000000000002: get VirtualMachine/tt-c-vm: transient\n"), "{text}");
     }
 }

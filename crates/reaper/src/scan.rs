@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use ttlab_cluster::{Kind, ObjectSummary, Propagation};
 use ttlab_model::labels::{ObjectLabels, env_selector};
-use ttlab_model::{Runtime, SessionId, SessionStatus};
+use ttlab_model::{LessonId, Runtime, SessionId, SessionStatus};
 use ttlab_store::Direction;
 
 use crate::error::{cluster_error_kind, store_error_kind};
@@ -33,7 +33,17 @@ pub(crate) struct LiveSet {
     /// Every live session id.
     pub(crate) ids: BTreeSet<SessionId>,
     /// The running ones, with what they run on and their object names.
-    pub(crate) running: Vec<(SessionId, Runtime, Vec<String>)>,
+    pub(crate) running: Vec<RunningSession>,
+}
+
+/// A running session as the ghost direction needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct RunningSession {
+    pub(crate) id: SessionId,
+    pub(crate) lesson: LessonId,
+    pub(crate) runtime: Runtime,
+    /// The names of its VMs (or its pod).
+    pub(crate) names: Vec<String>,
 }
 
 pub(crate) async fn read_live(ctx: &ReaperContext) -> Result<LiveSet, ttlab_store::StoreError> {
@@ -50,8 +60,12 @@ pub(crate) async fn read_live(ctx: &ReaperContext) -> Result<LiveSet, ttlab_stor
         for s in page {
             live.ids.insert(s.id);
             if s.status == SessionStatus::Running {
-                let names = s.vms.into_iter().map(|v| v.name).collect();
-                live.running.push((s.id, s.runtime, names));
+                live.running.push(RunningSession {
+                    id: s.id,
+                    lesson: s.lesson,
+                    runtime: s.runtime,
+                    names: s.vms.into_iter().map(|v| v.name).collect(),
+                });
             }
         }
         if !full {
@@ -98,40 +112,50 @@ pub(crate) async fn ghosts(
     };
     let vms = present(Kind::VirtualMachine);
     let pods = present(Kind::Pod);
-    let suspects: Vec<(SessionId, Kind, Vec<String>)> = live
+    let suspects: Vec<(RunningSession, Kind)> = live
         .running
         .iter()
-        .filter_map(|(id, runtime, names)| {
-            let (kind, seen) = match runtime {
+        .filter_map(|s| {
+            let (kind, seen) = match s.runtime {
                 Runtime::Vm => (Kind::VirtualMachine, &vms),
                 Runtime::Pod => (Kind::Pod, &pods),
             };
             // Without recorded names there is nothing to confirm against.
-            let all_missing = !names.is_empty() && names.iter().all(|n| !seen.contains(n.as_str()));
-            all_missing.then(|| (*id, kind, names.clone()))
+            let all_missing =
+                !s.names.is_empty() && s.names.iter().all(|n| !seen.contains(n.as_str()));
+            all_missing.then(|| (s.clone(), kind))
         })
         .collect();
     let shutdown = ctx.shutdown.clone();
     let mut results = futures::stream::iter(suspects)
         .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
-        .map(|(id, kind, names)| async move { (id, confirm_ghost(ctx, id, kind, &names).await) })
+        .map(|(s, kind)| async move {
+            let result = confirm_ghost(ctx, s.id, kind, &s.names).await;
+            (s, kind, result)
+        })
         .buffer_unordered(ctx.settings.concurrency.max(1));
     let mut marked = BTreeSet::new();
-    while let Some((id, result)) = results.next().await {
+    while let Some((s, kind, result)) = results.next().await {
         match result {
             Ok(true) => {
-                marked.insert(id);
-                let what = if ctx.settings.dry_run {
-                    "would mark ghost"
-                } else {
-                    "marked ghost"
-                };
-                report.done(Direction::Ghosts, id.to_string(), what.to_owned());
+                marked.insert(s.id);
+                let gone: Vec<String> = s.names.iter().map(|n| format!("{kind}/{n}")).collect();
+                let what = format!(
+                    "lesson {}, running but {} gone: {}",
+                    s.lesson,
+                    gone.join(", "),
+                    if ctx.settings.dry_run {
+                        "would mark ghost"
+                    } else {
+                        "marked ghost"
+                    }
+                );
+                report.done(Direction::Ghosts, s.id.to_string(), what);
             }
             Ok(false) => {}
             Err(message) => {
-                tracing::warn!(session = %id, error = %message, "ghost check failed");
-                report.failed(Direction::Ghosts, id.to_string(), message);
+                tracing::warn!(session = %s.id, error = %message, "ghost check failed");
+                report.failed(Direction::Ghosts, s.id.to_string(), message);
             }
         }
     }
@@ -285,7 +309,10 @@ async fn delete_group(
         if ctx.settings.dry_run {
             out.push((
                 subject,
-                Ok(format!("would delete orphan of session {session}")),
+                Ok(format!(
+                    "env {}, session {session} not live: would delete orphan",
+                    ctx.env
+                )),
             ));
             continue;
         }
@@ -294,7 +321,13 @@ async fn delete_group(
             .delete(object.kind, &object.name, Propagation::Background)
             .await
         {
-            Ok(_) => out.push((subject, Ok(format!("deleted orphan of session {session}")))),
+            Ok(_) => out.push((
+                subject,
+                Ok(format!(
+                    "env {}, session {session} not live: deleted orphan",
+                    ctx.env
+                )),
+            )),
             Err(e) => {
                 tracing::warn!(session = %session, object = %subject, kind = cluster_error_kind(&e), error = %e, "orphan deletion failed");
                 out.push((subject, Err(format!("{}: {e}", cluster_error_kind(&e)))));

@@ -59,6 +59,7 @@ pub async fn run_cycle(
         return RecordedCycle { report, row: None };
     }
     tracing::info!(trigger = trigger.as_str(), "{}", report.summary());
+    log_dry_run(&report);
     let row = match ctx
         .store
         .reaper_cycles()
@@ -362,5 +363,15 @@ async fn deadlines(
         if run && still_leader(lock, stop).await {
             run_cycle(ctx, metrics, CycleTrigger::Wakeup, &[]).await;
         }
+    }
+}
+
+/// A dry run changes nothing, so what it would do is its whole output: every item by name.
+fn log_dry_run(report: &CycleReport) {
+    if !report.dry_run {
+        return;
+    }
+    for a in &report.actions {
+        tracing::info!(direction = ?a.direction, subject = %a.subject, "dry run: {}", a.what);
     }
 }

@@ -57,10 +57,33 @@ fn describe_objects(session: &Session) -> String {
     }
 }
 
+/// Why a session is reclaimed, in words: "expired at 2026-01-01T10:00:00Z".
+fn why(session: &Session, begin: Begin) -> String {
+    let at = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    match begin {
+        Begin::Expire { seen_expires_at } => format!("expired at {}", at(seen_expires_at)),
+        Begin::FailStuck { .. } => format!(
+            "still starting after its readiness deadline {}",
+            at(session.readiness_deadline)
+        ),
+        Begin::Retry => format!(
+            "finishing as {}, objects left to delete",
+            session
+                .finishing_to
+                .map_or("finished", ttlab_model::FinalStatus::as_str)
+        ),
+    }
+}
+
 async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
     let id = session.id;
     if ctx.settings.dry_run {
-        return Item::Reclaimed(format!("would delete {}", describe_objects(session)));
+        return Item::Reclaimed(format!(
+            "lesson {}, {}: would delete {}",
+            session.lesson,
+            why(session, begin),
+            describe_objects(session)
+        ));
     }
     let sessions = ctx.store.sessions();
     let entered = match begin {
@@ -113,7 +136,9 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
     }
     match sessions.complete_finishing(id).await {
         Ok(Some(done)) => Item::Reclaimed(format!(
-            "{} ({} objects deleted)",
+            "lesson {}, {}: {} ({} objects deleted)",
+            session.lesson,
+            why(&session, begin),
             done.status,
             report.deleted()
         )),

@@ -43,7 +43,7 @@ use futures::{SinkExt as _, StreamExt as _, future};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
-use ttlab_console::{CloseReason, Controller, Frame, RelayConfig, relay};
+use ttlab_console::{CloseReason, Controller, Frame, LabKind, RelayConfig, relay};
 use ttlab_model::{FinalStatus, NodeName, Runtime, SessionId, SessionStatus};
 use ttlab_store::{Channel, ConsoleTaken, Session};
 use uuid::Uuid;
@@ -212,7 +212,7 @@ fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Respons
 fn expired() -> ApiError {
     ApiError::WrongState {
         code: "expired",
-        message: "the session has expired; its VM is being reclaimed".to_owned(),
+        message: "the session has expired; its lab is being reclaimed".to_owned(),
     }
 }
 
@@ -464,6 +464,10 @@ fn start(
             ),
             Runtime::Pod => format!("Connected to {}.", target.node),
         }),
+        lab: match target.runtime {
+            Runtime::Vm => LabKind::Vm,
+            Runtime::Pod => LabKind::Container,
+        },
         ..RelayConfig::default()
     };
     let cluster = Arc::clone(state.cluster());

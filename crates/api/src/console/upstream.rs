@@ -55,6 +55,36 @@ impl PodShell {
     }
 }
 
+/// What the cluster says of a VM whose console refused to open or ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VmSeen {
+    /// Its VMI exists and has not ended: the VM runs.
+    Runs,
+    /// Its VMI crashed, is being replaced or is absent, and the VM is meant to run (the run
+    /// strategy restarts a crashed guest).
+    Restarting,
+    /// The guest powered itself off (the run strategy leaves it off), or the VM is stopped,
+    /// gone or being deleted.
+    Stopped,
+    /// The cluster could not be asked.
+    Unknown,
+}
+
+async fn look_at_vm(cluster: &dyn Cluster, vm: &str) -> VmSeen {
+    match cluster.vmi_state(vm).await {
+        // A guest that powered itself off is not restarted (`RerunOnFailure`).
+        Ok(Some(s)) if s.phase == VmiPhase::Succeeded => return VmSeen::Stopped,
+        Ok(Some(s)) if !s.deleting && s.phase != VmiPhase::Failed => return VmSeen::Runs,
+        Ok(_) => {}
+        Err(_) => return VmSeen::Unknown,
+    }
+    match cluster.vm_status(vm).await {
+        Ok(Some(status)) if !status.stopped_for_good() => VmSeen::Restarting,
+        Ok(_) => VmSeen::Stopped,
+        Err(_) => VmSeen::Unknown,
+    }
+}
+
 /// Why the session's console ended, if the session itself says so (finished, expired…):
 /// finishing a session deletes its VM, which closes the console before the change is heard of.
 async fn session_says(state: &AppState, session: SessionId) -> Option<CloseReason> {
@@ -74,6 +104,12 @@ impl Upstream for VmConsole {
         Box::pin(async move {
             match self.cluster.open_console(&self.vm).await {
                 Ok(terminal) => Ok((terminal.input, terminal.output)),
+                // KubeVirt's console answers 404 (or 409) not only for a VM that is gone: also
+                // while the console subresource is not served, or the VMI is being replaced.
+                // The VM itself says which.
+                Err(e @ (ClusterError::NotFound { .. } | ClusterError::Conflict { .. })) => Err(
+                    refused_console(look_at_vm(self.cluster.as_ref(), &self.vm).await, e),
+                ),
                 Err(e) => Err(console_error(e)),
             }
         })
@@ -84,14 +120,10 @@ impl Upstream for VmConsole {
             if let Some(reason) = session_says(&self.state, self.session).await {
                 return reason;
             }
-            match self.cluster.vmi_state(&self.vm).await {
-                Ok(None) => CloseReason::VmStopped,
-                Ok(Some(s))
-                    if s.deleting || matches!(s.phase, VmiPhase::Succeeded | VmiPhase::Failed) =>
-                {
-                    CloseReason::VmStopped
-                }
-                _ => CloseReason::ConsoleLost(detail),
+            match look_at_vm(self.cluster.as_ref(), &self.vm).await {
+                VmSeen::Stopped => CloseReason::VmStopped,
+                VmSeen::Restarting => CloseReason::ConsoleLost("the VM is restarting".to_owned()),
+                VmSeen::Runs | VmSeen::Unknown => CloseReason::ConsoleLost(detail),
             }
         })
     }
@@ -120,9 +152,28 @@ impl Upstream for PodShell {
             }
             match self.cluster.get(Kind::Pod, &self.pod).await {
                 Ok(None) => CloseReason::VmStopped,
+                Ok(Some(pod)) if pod.deleting => CloseReason::VmStopped,
                 _ => CloseReason::ConsoleLost(format!("the shell ended ({detail})")),
             }
         })
+    }
+}
+
+/// What the relay should do about a console that answered 404 or 409, given what the VM
+/// says: wait while it runs or restarts, stop only when it has stopped.
+fn refused_console(seen: VmSeen, e: ClusterError) -> ConsoleError {
+    match seen {
+        VmSeen::Runs => ConsoleError::NotReady {
+            message: "the VM is running, but its console is not available right now; retrying"
+                .to_owned(),
+        },
+        VmSeen::Restarting => ConsoleError::NotReady {
+            message: "the VM is restarting".to_owned(),
+        },
+        VmSeen::Unknown => ConsoleError::NotReady {
+            message: "the console is not available right now; retrying".to_owned(),
+        },
+        VmSeen::Stopped => console_error(e),
     }
 }
 
@@ -182,6 +233,23 @@ mod tests {
                 message: "no".into()
             }),
             ConsoleError::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn a_console_refused_with_404_is_waited_for_unless_the_vm_has_stopped() {
+        let gone = || ClusterError::NotFound {
+            message: "virtualmachineinstances.kubevirt.io \"tt-1\" not found".into(),
+        };
+        for seen in [VmSeen::Runs, VmSeen::Restarting, VmSeen::Unknown] {
+            assert!(
+                matches!(refused_console(seen, gone()), ConsoleError::NotReady { .. }),
+                "{seen:?}"
+            );
+        }
+        assert!(matches!(
+            refused_console(VmSeen::Stopped, gone()),
+            ConsoleError::Stopped { .. }
         ));
     }
 }

@@ -43,6 +43,19 @@ pub fn document() -> Value {
         v["403"] = err("not an admin");
         v
     };
+    let mut start_lab = auth_errors(json!({
+        "202": ok("accepted", session()),
+        "400": err("malformed body, wrong types or unknown fields"),
+        "404": err("lesson_not_found"),
+        "409": err("session_exists: the lab already open is named"),
+        "413": err("body too large"),
+        "415": err("not application/json"),
+    }));
+    start_lab["503"] = err(
+        "capacity: no VM place is free (the message counts the VMs of open labs, those still \
+         shutting down and leftovers, against the limit); or the database or cluster is \
+         unavailable",
+    );
     json!({
         "openapi": "3.1.0",
         "info": {"title": "ttlab", "version": env!("CARGO_PKG_VERSION"),
@@ -57,14 +70,7 @@ pub fn document() -> Value {
                 "summary": "Start a lab: 202 with the session in `starting`; provisioning continues in the background",
                 "security": [{"bearer": []}],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}}}}}},
-                "responses": auth_errors(json!({
-                    "202": ok("accepted", session()),
-                    "400": err("malformed body, wrong types or unknown fields"),
-                    "404": err("lesson_not_found"),
-                    "409": err("session_exists: the lab already open is named"),
-                    "413": err("body too large"),
-                    "415": err("not application/json"),
-                }))
+                "responses": start_lab
             }},
             "/api/sessions/current": {"get": op("The caller's live session", auth_errors(json!({"200": ok("session", session()), "404": err("no live session")})))},
             "/api/sessions/{id}": {
@@ -98,7 +104,7 @@ pub fn document() -> Value {
             },
             "/api/sessions/{id}/console": {
                 "parameters": id_param(),
-                "get": {"summary": "The terminal: a WebSocket relayed to the VM's serial console (or a shell in the lab pod), raw bytes in binary frames both ways; authenticated by its ticket, not a bearer token. Close codes: 4001 session expired, 4002 finished, 4003 opened in another tab, 4004 VM stopped, 4005 console unavailable, 4006 connection lost, 4007 browser not responding, 1012 server restarting (the page reconnects after 4005-4007 and 1012 only)",
+                "get": {"summary": "The terminal: a WebSocket relayed to the VM's serial console (or a shell in the lab pod), raw bytes in binary frames both ways; authenticated by its ticket, not a bearer token. Close codes: 4001 session expired, 4002 finished, 4003 opened in another tab, 4004 VM (or the pod lab's container) stopped, 4005 console unavailable, 4006 connection lost, 4007 browser not responding, 1012 server restarting (the page reconnects after 4005-4007 and 1012 only)",
                         "parameters": [
                             {"name": "ticket", "in": "query", "required": true, "schema": {"type": "string"}},
                             {"name": "node", "in": "query", "required": false, "schema": {"type": "string"}}

@@ -311,7 +311,8 @@ async fn grade_in_vm(
         .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
     let token = saga::agent_token(state, s.id, &step.node).await?;
     let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
-        .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
+        .with_timeouts(Duration::from_secs(3), Duration::from_secs(5))
+        .with_user_agent(state.config().user_agent.as_str());
     let out = client
         .exec(&step.command, step.timeout)
         .await

@@ -17,12 +17,13 @@ mod vm;
 use std::future::Future;
 use std::time::Duration;
 
-use ttlab_cluster::{LabelSweep, SessionTarget, teardown_session};
+use ttlab_cluster::{ClusterError, LabelSweep, SessionTarget, teardown_session};
 use ttlab_model::{FinalStatus, NodeName, Runtime, SessionStatus};
 use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
+pub(crate) use open::ListedVm;
 pub use open::open_session;
 pub(crate) use pod::LAB_CONTAINER;
 pub(crate) use tokens::stored as agent_token;
@@ -68,6 +69,84 @@ where
             }
             other => return other,
         }
+    }
+}
+
+/// First and longest pause between creates refused by a quota the cluster has not counted yet
+/// (each pause is drawn between half and all of the current one, so servers retrying at once
+/// spread out).
+const QUOTA_RETRY_FIRST: Duration = Duration::from_millis(250);
+const QUOTA_RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// Creates one object of `session` with `create`. A create refused only because a
+/// ResourceQuota has not been counted yet ([`ClusterError::QuotaPending`]: a quota or resource
+/// type that appeared moments ago; nothing was created) is tried again with backoff and
+/// jitter for at most [`crate::ApiConfig::quota_settle_wait`], stopping if the session left
+/// `starting` meanwhile. Any other failure ends provisioning at once: a create that may have
+/// happened (a timeout, a lost connection) is never repeated.
+pub(crate) async fn create_object<T, F, Fut>(
+    state: &AppState,
+    session: &Session,
+    what: &str,
+    mut create: F,
+) -> Result<T, Stop>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ClusterError>>,
+{
+    let budget = state.config().quota_settle_wait;
+    let start = tokio::time::Instant::now();
+    let mut pause = QUOTA_RETRY_FIRST;
+    let mut refusals = 0u32;
+    loop {
+        let e = match create().await {
+            Ok(created) => return Ok(created),
+            Err(e @ ClusterError::QuotaPending { .. }) => e,
+            Err(e) => return Err(create_failed(what, &e)),
+        };
+        refusals += 1;
+        let wait = jittered(pause);
+        if start.elapsed() + wait > budget {
+            tracing::warn!(what, refusals, error = %e, "the quota was still not counted; giving up");
+            return Err(Stop::Failed(format!(
+                "the cluster had still not counted the lab namespace's quota after {} s (it \
+                 refused the {what} {refusals} times); try again in a minute",
+                start.elapsed().as_secs().max(1)
+            )));
+        }
+        tracing::info!(what, refusals, error = %e, "quota not counted yet; retrying the create");
+        tokio::time::sleep(wait).await;
+        pause = (pause * 2).min(QUOTA_RETRY_MAX);
+        ensure_starting(state, session).await?;
+    }
+}
+
+/// Between half and all of `pause`, at random.
+fn jittered(pause: Duration) -> Duration {
+    let mut bytes = [0u8; 4];
+    let draw = match getrandom::fill(&mut bytes) {
+        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX),
+        Err(_) => 0.5,
+    };
+    pause.mul_f64(0.5 + draw / 2.0)
+}
+
+/// Why creating `what` failed, for the student.
+pub(crate) fn create_failed(what: &str, e: &ClusterError) -> Stop {
+    match e {
+        ClusterError::QuotaExceeded { .. } => Stop::Failed(format!(
+            "the lab namespace is full (its quota refused the {what}); try again later"
+        )),
+        other => Stop::Failed(format!("could not create the {what}: {other}")),
+    }
+}
+
+/// Stops if the row left `starting` (finished by the student, failed by the reaper).
+pub(crate) async fn ensure_starting(state: &AppState, session: &Session) -> Result<(), Stop> {
+    let row = with_db(|| async { state.store().sessions().get(session.id).await }).await?;
+    match row {
+        Some(r) if r.status == SessionStatus::Starting => Ok(()),
+        _ => Err(Stop::Superseded),
     }
 }
 
@@ -353,4 +432,21 @@ pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
         handled += 1;
     }
     Ok(handled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_retry_pauses_are_jittered_within_half_and_all_of_the_pause() {
+        let pause = Duration::from_secs(4);
+        let draws: Vec<Duration> = (0..64).map(|_| jittered(pause)).collect();
+        assert!(
+            draws.iter().all(|d| *d >= pause / 2 && *d <= pause),
+            "{draws:?}"
+        );
+        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 1, "no jitter: {draws:?}");
+    }
 }

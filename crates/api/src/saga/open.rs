@@ -10,7 +10,7 @@ use ttlab_lifespan::Lifespan;
 use ttlab_model::{Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, Session, SessionTimes, StoreError};
 
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, CapacityUse};
 
 /// Opens a `starting` session of `lesson` for `user`: 409 `session_exists` if they have a
 /// live one, 503 `capacity` if a VM lesson would pass the VM limit. Provisioning is not
@@ -76,11 +76,22 @@ async fn open_vm_session(
             Err(e) => Err(e),
         };
         match count {
-            Ok(count) if count + needed > limit => {
+            Ok(usage) if usage.total() + needed > limit => {
                 guard.rollback().await?;
                 state.metrics().capacity_rejections.inc();
-                tracing::info!(count, limit, "VM limit reached");
-                return Err(ApiError::Capacity { limit });
+                tracing::info!(
+                    labs = usage.labs,
+                    shutting_down = usage.shutting_down,
+                    without_lab = usage.without_lab,
+                    needed,
+                    limit,
+                    "VM limit reached"
+                );
+                return Err(ApiError::Capacity {
+                    limit,
+                    needed,
+                    usage,
+                });
             }
             Ok(_) => {}
             // If the count cannot be read, do not block: the namespace quota still holds.
@@ -101,9 +112,9 @@ async fn open_vm_session(
 /// How old a listing of the namespace's VMs the capacity check may use.
 const LISTING_MAX_AGE: Duration = Duration::from_secs(1);
 
-/// The names of the VMs ttlab manages in the namespace (whatever their environment), from a
-/// listing at most [`LISTING_MAX_AGE`] old, taken again when older.
-async fn listed_vms(state: &AppState) -> Result<Arc<Vec<String>>, ApiError> {
+/// The VMs ttlab manages in the namespace (whatever their environment), from a listing at
+/// most [`LISTING_MAX_AGE`] old, taken again when older.
+async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
     let mut cached = state.listed_vms().lock().await;
     if let Some((at, names)) = cached.as_ref()
         && at.elapsed() <= LISTING_MAX_AGE
@@ -119,39 +130,118 @@ async fn listed_vms(state: &AppState) -> Result<Arc<Vec<String>>, ApiError> {
     )
     .await
     .map_err(|_| ApiError::ClusterUnavailable("listing VMs took longer than 5 s".into()))??;
-    let names = Arc::new(listed.into_iter().map(|o| o.name).collect::<Vec<_>>());
+    let names = Arc::new(
+        listed
+            .into_iter()
+            .map(|o| ListedVm {
+                name: o.name,
+                deleting: o.deleting,
+            })
+            .collect::<Vec<_>>(),
+    );
     *cached = Some((tokio::time::Instant::now(), names.clone()));
     Ok(names)
+}
+
+/// One VM of a listing: its name, and whether its deletion was requested (its guest is
+/// shutting down, still holding memory until it is gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ListedVm {
+    pub(crate) name: String,
+    pub(crate) deleting: bool,
 }
 
 /// Live VMs: the VMs that live sessions of every environment sharing this database hold or
 /// are about to create (recorded names, else the lesson's nodes), plus every VM ttlab manages
 /// in the namespace without such a session (ghosts, leftovers, the other environment's
-/// objects hold memory too). A VM counted twice counts once.
+/// objects hold memory too). A VM counted twice counts once; a VM being deleted counts as
+/// shutting down, whoever held it.
 ///
 /// A session's row is live from before its first VM is created until after its last is
 /// deleted, so the database alone accounts for every session's VMs, whatever the age of the
 /// listing; the listing (`listing`, taken before the database is read, at most a second
 /// old) only adds VMs no live session accounts for, where a second's delay is harmless.
-async fn count_vms(state: &AppState, listing: &[String]) -> Result<usize, ApiError> {
-    let mut names: BTreeSet<String> = listing.iter().cloned().collect();
+async fn count_vms(state: &AppState, listing: &[ListedVm]) -> Result<CapacityUse, ApiError> {
+    let mut held: BTreeSet<String> = BTreeSet::new();
     let live = state.store().sessions().live_vm_sessions_all_envs().await?;
     for (id, lesson, vms) in live {
         if !vms.is_empty() {
-            names.extend(vms);
+            held.extend(vms);
             continue;
         }
         match state.config().lessons.get(&lesson) {
             Some(l) if !l.nodes.is_empty() => {
                 for node in l.nodes.as_slice() {
-                    names.insert(ttlab_vm_manifest::vm_name(id, node));
+                    held.insert(ttlab_vm_manifest::vm_name(id, node));
                 }
             }
             // A lesson this server does not know (another environment's): one VM at least.
             _ => {
-                names.insert(format!("unknown-lesson-{id}"));
+                held.insert(format!("unknown-lesson-{id}"));
             }
         }
     }
-    Ok(names.len())
+    Ok(tally(&held, listing))
+}
+
+/// Splits the VMs of `held` (names live sessions account for) and `listing` into the places
+/// they take: each name once.
+fn tally(held: &BTreeSet<String>, listing: &[ListedVm]) -> CapacityUse {
+    let mut usage = CapacityUse::default();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for vm in listing {
+        if !seen.insert(vm.name.as_str()) {
+            continue;
+        }
+        if vm.deleting {
+            usage.shutting_down += 1;
+        } else if held.contains(&vm.name) {
+            usage.labs += 1;
+        } else {
+            usage.without_lab += 1;
+        }
+    }
+    usage.labs += held.iter().filter(|n| !seen.contains(n.as_str())).count();
+    usage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(name: &str, deleting: bool) -> ListedVm {
+        ListedVm {
+            name: name.to_owned(),
+            deleting,
+        }
+    }
+
+    #[test]
+    fn every_vm_takes_one_place_and_is_told_apart_by_what_holds_it() {
+        let held: BTreeSet<String> = ["a", "b", "c", "gone-soon"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let listing = [
+            listed("a", false),
+            listed("a", false),
+            listed("b", false),
+            // A live session's VM being deleted (its session finishing) is shutting down.
+            listed("gone-soon", true),
+            listed("x", true),
+            listed("y", true),
+            listed("ghost", false),
+        ];
+        let usage = tally(&held, &listing);
+        assert_eq!(
+            usage,
+            CapacityUse {
+                // a and b listed, c not listed yet (about to be created).
+                labs: 3,
+                shutting_down: 3,
+                without_lab: 1,
+            }
+        );
+        assert_eq!(usage.total(), 7);
+    }
 }

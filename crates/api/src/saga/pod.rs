@@ -52,11 +52,10 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     }];
     with_db(|| async { store.sessions().record_vms(session.id, &vms).await }).await?;
     let pod = lab_pod(state, session, &lesson, &name);
-    state
-        .cluster()
-        .create_pod(pod)
-        .await
-        .map_err(|e| super::vm::create_failed("lab pod", &e))?;
+    super::create_object(state, session, "lab pod", || {
+        state.cluster().create_pod(pod.clone())
+    })
+    .await?;
     super::record_stage(state, session, Stage::VmCreated).await?;
 
     // Running only once the Pod runs and is ready, within the lesson's readiness timeout.

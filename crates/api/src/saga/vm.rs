@@ -12,12 +12,12 @@ use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
 use ttlab_cluster::{ClusterError, Created};
 use ttlab_lesson::Lesson;
 use ttlab_lifespan::Lifespan;
+use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
-use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
 use ttlab_vm_manifest::{SessionVms, render, secret_name, vm_name};
 
-use super::{Stop, with_db};
+use super::{Stop, create_object, ensure_starting, with_db};
 use crate::AppState;
 
 /// Polls of the VMI's address: first pause, longest pause.
@@ -121,22 +121,21 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         }
         let json = serde_json::to_value(&vm)
             .map_err(|e| Stop::Failed(format!("cannot encode the VM: {e}")))?;
-        let created = state
-            .cluster()
-            .create_vm(json)
-            .await
-            .map_err(|e| create_failed("VM", &e))?;
+        let created = create_object(state, session, "VM", || {
+            state.cluster().create_vm(json.clone())
+        })
+        .await?;
         if representative.is_none() {
             super::record_stage(state, session, Stage::VmCreated).await?;
             observe_stage(state, session, "vm_created").await;
         }
         ensure_starting(state, session).await?;
-        let secret = user_data_secret(state, session, &lesson, node, token, power_off_at)?;
-        state
-            .cluster()
-            .create_secret(secret.to_secret(Some(created.owner_reference())))
-            .await
-            .map_err(|e| create_failed("cloud-init Secret", &e))?;
+        let secret = user_data_secret(state, session, &lesson, node, token, power_off_at)?
+            .to_secret(Some(created.owner_reference()));
+        create_object(state, session, "cloud-init Secret", || {
+            state.cluster().create_secret(secret.clone())
+        })
+        .await?;
         if representative.is_none() {
             representative = Some(created);
         }
@@ -147,19 +146,17 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         .ok_or_else(|| Stop::Failed("the lesson has no node".into()))?;
     if let Some(mut service) = manifests.service {
         service.metadata.owner_references = Some(vec![owner.clone()]);
-        state
-            .cluster()
-            .create_service(service)
-            .await
-            .map_err(|e| create_failed("session Service", &e))?;
+        create_object(state, session, "session Service", || {
+            state.cluster().create_service(service.clone())
+        })
+        .await?;
     }
     if let Some(mut policy) = manifests.network_policy {
         policy.metadata.owner_references = Some(vec![owner]);
-        state
-            .cluster()
-            .create_network_policy(policy)
-            .await
-            .map_err(|e| create_failed("session NetworkPolicy", &e))?;
+        create_object(state, session, "session NetworkPolicy", || {
+            state.cluster().create_network_policy(policy.clone())
+        })
+        .await?;
     }
     ensure_starting(state, session).await?;
 
@@ -195,7 +192,8 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
                         SocketAddr::new(ip, state.config().agent_port),
                         token.clone(),
                     )
-                    .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+                    .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
+                    .with_user_agent(state.config().user_agent.as_str());
                     wait_agent(state, session, &client, setup, agent_up).await
                 }
             }),
@@ -242,24 +240,6 @@ async fn observe_stage(state: &AppState, session: &Session, stage: &str) {
     if let Ok(now) = state.store().db_now().await {
         let secs = (now - session.created_at).num_milliseconds() as f64 / 1000.0;
         state.metrics().observe_stage(stage, secs);
-    }
-}
-
-/// Stops if the row left `starting` (finished by the student, failed by the reaper).
-async fn ensure_starting(state: &AppState, session: &Session) -> Result<(), Stop> {
-    let row = with_db(|| async { state.store().sessions().get(session.id).await }).await?;
-    match row {
-        Some(r) if r.status == SessionStatus::Starting => Ok(()),
-        _ => Err(Stop::Superseded),
-    }
-}
-
-pub(super) fn create_failed(what: &str, e: &ClusterError) -> Stop {
-    match e {
-        ClusterError::QuotaExceeded { .. } => Stop::Failed(format!(
-            "the lab namespace is full (its quota refused the {what}); try again later"
-        )),
-        other => Stop::Failed(format!("could not create the {what}: {other}")),
     }
 }
 

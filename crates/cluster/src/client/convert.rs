@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::ClusterError;
 use crate::types::{
-    Condition, Created, DataSourceFacts, DataVolumeFacts, Kind, ObjectSummary, PvcFacts, VmiPhase,
-    VmiState,
+    Condition, Created, DataSourceFacts, DataVolumeFacts, Kind, ObjectSummary, PvcFacts, VmStatus,
+    VmiPhase, VmiState,
 };
 
 /// Turns a JSON manifest into a dynamic object, refusing any other kind.
@@ -159,6 +159,16 @@ pub(super) fn data_source_facts(ds: &DynamicObject) -> DataSourceFacts {
     }
 }
 
+pub(super) fn vm_status(vm: &DynamicObject) -> VmStatus {
+    VmStatus {
+        name: vm.metadata.name.clone().unwrap_or_default(),
+        printable_status: str_at(&vm.data, &["status", "printableStatus"])
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+        deleting: vm.metadata.deletion_timestamp.is_some(),
+    }
+}
+
 pub(super) fn vmi_state(vmi: &DynamicObject) -> VmiState {
     let status = vmi.data.get("status");
     let ip = status
@@ -193,6 +203,38 @@ mod tests {
 
     fn vmi(value: serde_json::Value) -> DynamicObject {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_vm_status_says_whether_kubevirt_means_it_to_run() {
+        let read = |value: serde_json::Value| vm_status(&vmi(value));
+        let stopped = read(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "tt-1-vm"},
+            "status": {"printableStatus": "Stopped"}
+        }));
+        assert_eq!(stopped.printable_status.as_deref(), Some("Stopped"));
+        assert!(stopped.stopped_for_good());
+        for restarting in ["Starting", "Stopping", "CrashLoopBackOff", "Running"] {
+            let s = read(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "tt-1-vm"},
+                "status": {"printableStatus": restarting}
+            }));
+            assert!(!s.stopped_for_good(), "{restarting}");
+        }
+        let deleting = read(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "tt-1-vm", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"printableStatus": "Running"}
+        }));
+        assert!(deleting.stopped_for_good());
+        let fresh = read(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "tt-1-vm"}
+        }));
+        assert_eq!(fresh.printable_status, None);
+        assert!(!fresh.stopped_for_good());
     }
 
     #[test]

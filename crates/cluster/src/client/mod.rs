@@ -29,7 +29,7 @@ use crate::cluster::{Cluster, ClusterFuture};
 use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Kind, Lookup, ObjectSummary, Page,
-    Propagation, PvcFacts, VmiState,
+    Propagation, PvcFacts, VmStatus, VmiState,
 };
 use crate::{ClusterError, ClusterSettings, Terminal};
 
@@ -90,12 +90,18 @@ impl KubeCluster {
     }
 
     /// Builds the client from a kube-rs [`Config`]. Must run inside a Tokio runtime (the
-    /// client spawns its request buffer).
+    /// client spawns its request buffer). Every request, the console and exec connections
+    /// included, carries [`ClusterSettings::user_agent`].
     pub fn from_config(
         mut config: Config,
         settings: ClusterSettings,
     ) -> Result<Self, ClusterError> {
         config.default_retry = settings.retry_throttled;
+        let agent = user_agent_header(&settings.user_agent)?;
+        config
+            .headers
+            .retain(|(name, _)| *name != http::header::USER_AGENT);
+        config.headers.push((http::header::USER_AGENT, agent));
         let client = Client::try_from(config).map_err(|e| ClusterError::Config {
             message: e.to_string(),
         })?;
@@ -237,6 +243,19 @@ impl KubeCluster {
             Err(other) => Err(other),
         }
     }
+}
+
+/// The `User-Agent` header value of `agent`, refused when it could not be sent as a header.
+fn user_agent_header(agent: &str) -> Result<http::HeaderValue, ClusterError> {
+    let agent = agent.trim();
+    if agent.is_empty() {
+        return Err(ClusterError::Config {
+            message: "the User-Agent is empty".to_owned(),
+        });
+    }
+    http::HeaderValue::from_str(agent).map_err(|_| ClusterError::Config {
+        message: format!("{agent:?} cannot be sent as a User-Agent header"),
+    })
 }
 
 /// The kube-rs API resource of a kind.
@@ -451,6 +470,22 @@ impl Cluster for KubeCluster {
         })
     }
 
+    fn vm_status<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmStatus>> {
+        Box::pin(async move {
+            check_name("VirtualMachine", name)?;
+            let api = self.dynamic(Kind::VirtualMachine);
+            let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+            let list = self
+                .call(&format!("list VirtualMachine {name}"), api.list(&lp))
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .find(|o| o.metadata.name.as_deref() == Some(name))
+                .map(convert::vm_status))
+        })
+    }
+
     fn wait_vmi_running<'a>(
         &'a self,
         name: &'a str,
@@ -573,6 +608,68 @@ mod tests {
         for good in ["a", "vm-1", "golden.ubuntu-22", "0abc"] {
             assert!(check_name("Pod", good).is_ok(), "{good:?}");
         }
+    }
+
+    /// Accepts one connection, reads one request head, answers 404 with a Kubernetes
+    /// `Status`, and returns the head in lower case.
+    async fn answer_one(listener: &tokio::net::TcpListener) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut socket, _) = listener.accept().await.expect("a connection");
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut chunk).await.expect("the request");
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&chunk[..n]);
+        }
+        let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"not found"}"#;
+        let answer = format!(
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.expect("answered");
+        String::from_utf8_lossy(&head).to_lowercase()
+    }
+
+    async fn user_agent_sent(settings: ClusterSettings) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let cluster = KubeCluster::from_config(Config::new(url), settings).unwrap();
+        let (head, got) = tokio::join!(answer_one(&listener), cluster.get(Kind::Secret, "s"));
+        assert_eq!(got.unwrap(), None);
+        head.lines()
+            .find_map(|l| l.strip_prefix("user-agent:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no User-Agent in {head}"))
+    }
+
+    #[tokio::test]
+    async fn every_request_names_the_program_in_its_user_agent() {
+        let server = ClusterSettings {
+            user_agent: "ttlab-server/0.1.0".to_owned(),
+            ..ClusterSettings::in_namespace("ns")
+        };
+        assert_eq!(user_agent_sent(server).await, "ttlab-server/0.1.0");
+        let unnamed = ClusterSettings::in_namespace("ns");
+        assert_eq!(
+            user_agent_sent(unnamed).await,
+            concat!("ttlab/", env!("CARGO_PKG_VERSION"))
+        );
+    }
+
+    #[test]
+    fn a_user_agent_that_cannot_be_a_header_is_a_configuration_error() {
+        for bad in ["", "  ", "ttlab\nx: y"] {
+            assert!(
+                matches!(user_agent_header(bad), Err(ClusterError::Config { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(user_agent_header("ttlab-reaper/0.1.0").is_ok());
     }
 
     #[test]
