@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 /// What applying a cloud-config produced.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Applied {
+pub struct Applied {
     /// `hostname` (or `fqdn`'s first label) from the cloud-config.
     pub hostname: Option<String>,
     /// Number of files written.
@@ -29,7 +29,7 @@ pub(crate) struct Applied {
 }
 
 /// Maps an absolute guest path under `root`, refusing `..` escapes.
-pub(crate) fn guest_path(root: &Path, path: &str) -> Result<PathBuf, String> {
+pub fn guest_path(root: &Path, path: &str) -> Result<PathBuf, String> {
     let mut out = root.to_path_buf();
     for c in Path::new(path).components() {
         match c {
@@ -47,7 +47,7 @@ pub(crate) fn guest_path(root: &Path, path: &str) -> Result<PathBuf, String> {
 }
 
 /// Parses `#cloud-config` user-data and writes its `write_files` under `root`.
-pub(crate) fn apply_cloud_config(root: &Path, userdata: &[u8]) -> Result<Applied, String> {
+pub fn apply_cloud_config(root: &Path, userdata: &[u8]) -> Result<Applied, String> {
     let text = std::str::from_utf8(userdata).map_err(|_| "user-data is not UTF-8".to_owned())?;
     let Some(body) = text.strip_prefix("#cloud-config") else {
         return Err("user-data does not start with #cloud-config".into());
@@ -138,23 +138,25 @@ fn decode_content(content: &str, encoding: &str) -> Result<Vec<u8>, String> {
 
 /// Where the simulated guest writes its agent's standard error and output: the guest's
 /// `/var/log/ttlab-agent.log`.
-pub(crate) fn agent_log(root: &Path) -> PathBuf {
+pub fn agent_log(root: &Path) -> PathBuf {
     root.join("var/log/ttlab-agent.log")
 }
 
 /// How long the guest waits for the agent's listening line before it goes on without it.
-pub(crate) const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
+pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started agent: the process, and the line it prints once listening (the bound address),
 /// or the end of its output if it dies first.
-pub(crate) struct StartedAgent {
+pub struct StartedAgent {
+    /// The agent process (killed when dropped).
     pub child: tokio::process::Child,
+    /// Receives the address from the agent's listening line; closed if it exits first.
     pub listening: oneshot::Receiver<String>,
 }
 
 /// Starts the agent binary found in the guest payload, if there is one and it is executable.
 /// Its standard error and output go to [`agent_log`].
-pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<StartedAgent> {
+pub fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<StartedAgent> {
     let bin = guest_path(root, ttlab_agent::protocol::BINARY_PATH).ok()?;
     let meta = std::fs::metadata(&bin).ok()?;
     {
@@ -231,7 +233,7 @@ pub(crate) fn start_agent(root: &Path, ip: Ipv4Addr, port: u16) -> Option<Starte
 }
 
 /// Writes the readiness marker (or the failure marker with `reason`).
-pub(crate) fn write_marker(root: &Path, failed: Option<&str>) -> Result<(), String> {
+pub fn write_marker(root: &Path, failed: Option<&str>) -> Result<(), String> {
     let (path, content) = match failed {
         None => (
             ttlab_agent::protocol::READY_MARKER_PATH,

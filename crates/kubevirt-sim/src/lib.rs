@@ -1,0 +1,596 @@
+//! kubevirt-sim: KubeVirt and a kubelet, simulated as a controller that talks to any
+//! Kubernetes API server through kube-rs — for tests against a real kube-apiserver (which has
+//! no KubeVirt, no scheduler and no kubelet), the way kwok plays nodes.
+//!
+//! It owns, for the namespaces it is given:
+//! - the **VirtualMachine controller**: run strategies (Always, RerunOnFailure, Once, Manual,
+//!   Halted) create and delete the VirtualMachineInstance named like the VM and controlled by
+//!   it; the VM's finalizer `kubevirt.io/virtualMachineControllerFinalize` holds a deleted VM
+//!   until its VMI is gone; the VM's status (`printableStatus`, `ready`, `created`, `Ready`
+//!   condition, `runStrategy`, `stateChangeRequests`) follows KubeVirt's rules;
+//! - the **VirtualMachineInstance controller** (virt-controller and virt-handler): Pending →
+//!   Scheduling (a `virt-launcher-<vmi>-xxxxx` pod controlled by the VMI) → Scheduled (the pod
+//!   runs on the node) → Running, `status.interfaces[0].ipAddress` being the launcher pod's
+//!   loopback address; the finalizer `kubevirt.io/foregroundDeleteVirtualMachine` released
+//!   once the guest is off and the pod gone;
+//! - the **guests**: at boot the cloud-init user-data (from the Secret the VMI's
+//!   `cloudInitNoCloud` / `cloudInitConfigDrive` volume names, or inline) is applied in a
+//!   directory per guest, and *after* the VMI turns Running the real `ttlab-agent` it carries
+//!   is started on the guest's address; the setup's readiness marker follows. A guest shuts
+//!   down within [`SimSettings::shutdown_grace`] when its VMI or pod is deleted, and can power
+//!   itself off or crash ([`KubevirtSim::power_off`], [`KubevirtSim::crash`]);
+//! - **one node**: its registration, the scheduler's binding of every pod to it, and its
+//!   kubelet (pods Running and Ready with a loopback IP, `activeDeadlineSeconds`, graceful
+//!   deletion confirmed with a delete of grace period 0);
+//! - on request, the **serial console** as KubeVirt's aggregated API
+//!   (`subresources.kubevirt.io/v1`, [`KubevirtSim::serve_console`]): kube-apiserver proxies
+//!   to it after its own authentication and RBAC, given the front-proxy flags
+//!   (`--requestheader-client-ca-file`, `--requestheader-allowed-names`,
+//!   `--requestheader-{username,group}-headers`, `--requestheader-extra-headers-prefix`,
+//!   `--proxy-client-cert-file`, `--proxy-client-key-file`).
+//!
+//! Every write goes through the API with `fieldValidation=Strict`, statuses through the
+//! `/status` subresources, updates as merge patches guarded by the resourceVersion they were
+//! computed from (a 409 is re-read and recomputed); the watchers of `kube::runtime` restart
+//! after `410 Gone`. Owned objects (a Secret owned by its VM, a pod owned by its VMI) are
+//! left to the API server's garbage collector.
+//!
+//! It refuses to own anything production runs: it is a test double, and nothing outside
+//! tests depends on it.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), ttlab_kubevirt_sim::Error> {
+//! use ttlab_kubevirt_sim::{KubevirtSim, SimSettings};
+//!
+//! let guests = tempfile::tempdir().unwrap();
+//! let sim = KubevirtSim::start(client, SimSettings::for_tests(["ttlab"], guests.path())).await?;
+//! // … create VirtualMachines in namespace "ttlab" …
+//! if let Some(g) = sim.guest("ttlab", "lab-vm") {
+//!     println!("agent of lab-vm on {}", g.ip);
+//! }
+//! sim.stop().await;
+//! # Ok(()) }
+//! ```
+
+mod console;
+mod guests;
+mod kubelet;
+mod object;
+mod rest;
+mod vm;
+mod vmi;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use console::{ConsoleServer, ConsoleSettings};
+pub use guests::{GuestEnd, GuestInfo, GuestState};
+pub use ttlab_kube_sim::SetupOutcome;
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server answered a call with an error status.
+    #[error("{verb} {path}: {code} {reason}: {message}")]
+    Api {
+        /// The HTTP method.
+        verb: String,
+        /// The request path.
+        path: String,
+        /// The HTTP status code.
+        code: u16,
+        /// The API's machine-readable reason (`Conflict`, `Invalid`, …).
+        reason: String,
+        /// The API's message (long ones shortened in the middle).
+        message: String,
+    },
+    /// The API server could not be reached or its answer not read.
+    #[error("{verb} {path}: {source}")]
+    Transport {
+        /// The HTTP method.
+        verb: String,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// A request could not be built.
+    #[error("cannot encode a request: {0}")]
+    Encode(String),
+    /// A file of a guest could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A guest path was refused.
+    #[error("guest: {0}")]
+    Guest(String),
+    /// A reconcile could not reach the state it wanted; it is retried.
+    #[error("{0}")]
+    Sync(String),
+    /// The settings cannot work.
+    #[error("invalid settings: {0}")]
+    Settings(String),
+    /// No guest is known for this VirtualMachineInstance.
+    #[error("no simulated guest for VirtualMachineInstance {namespace}/{name}")]
+    NoSuchGuest {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The guest is not running (a power-off needs a running guest).
+    #[error("the guest of VirtualMachineInstance {namespace}/{name} is not running")]
+    NotRunning {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn from_kube(verb: &str, path: &str, source: kube::Error) -> Self {
+        match source {
+            kube::Error::Api(s) => Error::Api {
+                verb: verb.to_owned(),
+                path: path.to_owned(),
+                code: s.code,
+                reason: s.reason.clone(),
+                message: object::clip(&s.message),
+            },
+            source => Error::Transport {
+                verb: verb.to_owned(),
+                path: path.to_owned(),
+                source,
+            },
+        }
+    }
+
+    /// The HTTP status of an API error.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_not_found(&self) -> bool {
+        self.code() == Some(404)
+    }
+
+    pub(crate) fn is_conflict(&self) -> bool {
+        self.code() == Some(409) && !self.is_already_exists()
+    }
+
+    /// The API server refused the request itself (invalid, unknown field, forbidden),
+    /// rather than its timing (not found, conflict, a quota not yet counted, throttling).
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Error::Api { code, message, .. } => match code {
+                404 | 409 | 429 => false,
+                403 => !message.contains("status unknown for quota"),
+                c => (400..500).contains(c),
+            },
+            _ => false,
+        }
+    }
+
+    pub(crate) fn is_already_exists(&self) -> bool {
+        matches!(self, Error::Api { code: 409, reason, .. } if reason == "AlreadyExists")
+    }
+}
+
+/// Settings of a simulator.
+#[derive(Debug, Clone)]
+pub struct SimSettings {
+    /// The namespaces whose VirtualMachines, VMIs and pods it runs (each must exist).
+    pub namespaces: Vec<String>,
+    /// The simulated node's name (pods are bound to it; VMIs report it).
+    pub node_name: String,
+    /// Create the Node object at start and report it Ready (needs rights on nodes).
+    pub register_node: bool,
+    /// Pod bound → Running (the kubelet starting its containers); also a launcher pod's.
+    pub pod_start: Duration,
+    /// VMI Scheduled → Running (the guest boots; cloud-init is applied at its end).
+    pub boot: Duration,
+    /// VMI Running → the agent process started (the rest of cloud-init).
+    pub agent_start: Duration,
+    /// VMI Running → the readiness (or failure) marker written.
+    pub setup: Duration,
+    /// How long a guest takes to shut down after its VMI or pod is deleted (bounded by the
+    /// VMI's `terminationGracePeriodSeconds`), and a plain pod's containers to stop (bounded
+    /// by its grace period). Real KubeVirt's default grace is 30 s.
+    pub shutdown_grace: Duration,
+    /// Setup outcome by the value of the VMI's `ttlab.io/lesson` label; others are
+    /// [`SetupOutcome::Ready`].
+    pub setup_outcomes: BTreeMap<String, SetupOutcome>,
+    /// An agent binary installed at the guest's agent path when its cloud-init wrote none
+    /// there (`None`: such a guest has no agent).
+    pub agent_binary: Option<PathBuf>,
+    /// The port the guest agent listens on.
+    pub agent_port: u16,
+    /// Where the per-guest directories go (`<root>/<namespace>/<vmi>-<uid prefix>`).
+    pub guest_root: PathBuf,
+    /// Pod addresses are `127.<this>.x.y`.
+    pub ip_second_octet: u8,
+    /// The image of the launcher pod's `compute` container.
+    pub launcher_image: String,
+}
+
+impl SimSettings {
+    /// Delays close to a small real cluster (seconds), guests under `guest_root`.
+    pub fn new<I, S>(namespaces: I, guest_root: impl AsRef<Path>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            namespaces: namespaces.into_iter().map(Into::into).collect(),
+            node_name: "kubevirt-sim-node".to_owned(),
+            register_node: true,
+            pod_start: Duration::from_secs(2),
+            boot: Duration::from_secs(15),
+            agent_start: Duration::from_secs(5),
+            setup: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(3),
+            setup_outcomes: BTreeMap::new(),
+            agent_binary: None,
+            agent_port: ttlab_agent::protocol::PORT,
+            guest_root: guest_root.as_ref().to_path_buf(),
+            ip_second_octet: 101,
+            launcher_image: "quay.io/kubevirt/virt-launcher:v1.9.0".to_owned(),
+        }
+    }
+
+    /// Short delays for tests (tens to hundreds of milliseconds; a 1 s shutdown grace).
+    pub fn for_tests<I, S>(namespaces: I, guest_root: impl AsRef<Path>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            pod_start: Duration::from_millis(100),
+            boot: Duration::from_millis(200),
+            agent_start: Duration::from_millis(100),
+            setup: Duration::from_millis(300),
+            shutdown_grace: Duration::from_secs(1),
+            ..Self::new(namespaces, guest_root)
+        }
+    }
+}
+
+/// Wakes every controller (a guest changed outside the API).
+#[derive(Default)]
+struct Triggers {
+    senders: Mutex<Vec<mpsc::UnboundedSender<()>>>,
+}
+
+impl Triggers {
+    fn stream(&self) -> tokio_stream::wrappers::UnboundedReceiverStream<()> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.senders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tx);
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+    }
+
+    fn fire(&self) {
+        for tx in self
+            .senders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub(crate) struct Ctx {
+    pub(crate) rest: rest::Rest,
+    pub(crate) settings: SimSettings,
+    pub(crate) guests: Arc<guests::Guests>,
+    pub(crate) kubelet: kubelet::Kubelet,
+    triggers: Triggers,
+    /// Writes the API server refused (see [`KubevirtSim::refused`]).
+    refused: Mutex<Vec<String>>,
+    /// Failed reconciles in a row, by object.
+    retries: Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// A running simulator. It stops (and kills every guest agent) on drop or [`KubevirtSim::stop`];
+/// the objects it wrote stay in the API server.
+pub struct KubevirtSim {
+    ctx: Arc<Ctx>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn vm_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+        "virtualmachines",
+    )
+}
+
+fn vmi_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+        "virtualmachineinstances",
+    )
+}
+
+/// The key of an object's retry count: its uid (unique across kinds).
+fn retry_key(obj: &DynamicObject) -> String {
+    match &obj.metadata.uid {
+        Some(u) => u.clone(),
+        None => format!(
+            "{}/{}",
+            obj.metadata.namespace.as_deref().unwrap_or(""),
+            obj.metadata.name.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// A reconcile that succeeded resets its object's retry count.
+fn settled(ctx: &Ctx, obj: &DynamicObject, r: Result<Action, Error>) -> Result<Action, Error> {
+    if r.is_ok() {
+        ctx.retries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&retry_key(obj));
+    }
+    r
+}
+
+async fn reconcile_vm(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let r = vm::reconcile(obj.clone(), ctx.clone()).await;
+    settled(&ctx, &obj, r)
+}
+
+async fn reconcile_vmi(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let r = vmi::reconcile(obj.clone(), ctx.clone()).await;
+    settled(&ctx, &obj, r)
+}
+
+async fn reconcile_pod(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let r = kubelet::reconcile(obj.clone(), ctx.clone()).await;
+    settled(&ctx, &obj, r)
+}
+
+/// First and longest pause before a failed reconcile is retried.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Retries a failed reconcile: soon after a conflict, with a doubling pause otherwise; records
+/// refusals.
+fn error_policy(obj: Arc<DynamicObject>, e: &Error, ctx: Arc<Ctx>) -> Action {
+    let name = obj.metadata.name.as_deref().unwrap_or("");
+    let ns = obj.metadata.namespace.as_deref().unwrap_or("");
+    let kind = obj.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("");
+    if e.is_refusal() {
+        let mut refused = ctx
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = e.to_string();
+        if !refused.contains(&m) {
+            refused.push(m);
+        }
+    }
+    if e.code() == Some(409) {
+        tracing::debug!(kind, ns, name, error = %e, "reconcile conflict; retrying");
+        return Action::requeue(RETRY_FIRST);
+    }
+    let n = {
+        let mut retries = ctx
+            .retries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = retries.entry(retry_key(&obj)).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let pause = RETRY_FIRST
+        .saturating_mul(1 << n.min(16).saturating_sub(1))
+        .min(RETRY_MAX);
+    tracing::warn!(kind, ns, name, error = %e, attempt = n, ?pause, "reconcile failed; retrying");
+    Action::requeue(pause)
+}
+
+impl KubevirtSim {
+    /// Registers the node (if asked to) and starts the controllers for every namespace of
+    /// `settings`. Returns once they run; their first lists happen in the background.
+    pub async fn start(client: kube::Client, mut settings: SimSettings) -> Result<Self, Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        settings.namespaces.retain(|n| seen.insert(n.clone()));
+        if settings.namespaces.is_empty() {
+            return Err(Error::Settings("no namespace to simulate".into()));
+        }
+        std::fs::create_dir_all(&settings.guest_root).map_err(|source| Error::Io {
+            path: settings.guest_root.clone(),
+            source,
+        })?;
+        if let Some(bin) = &settings.agent_binary
+            && !bin.is_file()
+        {
+            return Err(Error::Settings(format!(
+                "agent binary {} is not a file",
+                bin.display()
+            )));
+        }
+        let ctx = Arc::new(Ctx {
+            rest: rest::Rest::new(client.clone()),
+            kubelet: kubelet::Kubelet::new(settings.ip_second_octet),
+            guests: Arc::new(guests::Guests::default()),
+            settings,
+            triggers: Triggers::default(),
+            refused: Mutex::new(Vec::new()),
+            retries: Mutex::new(std::collections::HashMap::new()),
+        });
+        if ctx.settings.register_node {
+            kubelet::register_node(&ctx).await?;
+        }
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let wc = watcher::Config::default();
+        let (vm_ar, vmi_ar) = (vm_resource(), vmi_resource());
+        let pod_ar = ApiResource::erase::<Pod>(&());
+        for ns in &ctx.settings.namespaces {
+            let vms = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &vm_ar);
+            let vmis = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &vmi_ar);
+            let pods = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_ar);
+
+            let s = stop.clone();
+            let vm_ctl = Controller::new_with(vms, wc.clone(), vm_ar.clone())
+                .owns_with(vmis.clone(), vmi_ar.clone(), wc.clone())
+                .reconcile_all_on(ctx.triggers.stream())
+                .graceful_shutdown_on(async move { s.cancelled().await })
+                .run(reconcile_vm, error_policy, ctx.clone());
+            tasks.push(tokio::spawn(drain(vm_ctl, "VirtualMachine", ns.clone())));
+
+            let s = stop.clone();
+            let vmi_ctl = Controller::new_with(vmis, wc.clone(), vmi_ar.clone())
+                .owns_with(pods.clone(), pod_ar.clone(), wc.clone())
+                .reconcile_all_on(ctx.triggers.stream())
+                .graceful_shutdown_on(async move { s.cancelled().await })
+                .run(reconcile_vmi, error_policy, ctx.clone());
+            tasks.push(tokio::spawn(drain(
+                vmi_ctl,
+                "VirtualMachineInstance",
+                ns.clone(),
+            )));
+
+            let s = stop.clone();
+            let pod_ctl = Controller::new_with(pods, wc.clone(), pod_ar.clone())
+                .reconcile_all_on(ctx.triggers.stream())
+                .graceful_shutdown_on(async move { s.cancelled().await })
+                .run(reconcile_pod, error_policy, ctx.clone());
+            tasks.push(tokio::spawn(drain(pod_ctl, "Pod", ns.clone())));
+        }
+        tracing::info!(namespaces = ?ctx.settings.namespaces, node = ctx.settings.node_name, "kubevirt-sim started");
+        Ok(Self { ctx, stop, tasks })
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &SimSettings {
+        &self.ctx.settings
+    }
+
+    /// Every write the API server refused as invalid or forbidden so far (each retried;
+    /// recorded once per distinct message). Tests assert it stays empty: the simulator must
+    /// write only what a real API server accepts.
+    pub fn refused(&self) -> Vec<String> {
+        self.ctx
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The guest of VMI `namespace/name`, once it began booting (the newest incarnation).
+    pub fn guest(&self, namespace: &str, name: &str) -> Option<GuestInfo> {
+        self.ctx.guests.info(namespace, name)
+    }
+
+    /// The guest agent's log (its standard error and output), in the guest directory.
+    pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        self.guest(namespace, name)
+            .map(|g| ttlab_kube_sim::guest::agent_log(&g.dir))
+    }
+
+    /// The guest powers itself off: its VMI ends `Succeeded`, its launcher pod completes, and
+    /// the VM's run strategy decides what follows (RerunOnFailure leaves it off).
+    pub fn power_off(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        self.end(namespace, name, GuestEnd::PowerOff)
+    }
+
+    /// The guest crashes: its VMI ends `Failed` and the run strategy decides.
+    pub fn crash(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        self.end(namespace, name, GuestEnd::Crash)
+    }
+
+    fn end(&self, namespace: &str, name: &str, how: GuestEnd) -> Result<(), Error> {
+        let uid = self.ctx.guests.end(namespace, name, how)?;
+        tracing::info!(
+            namespace,
+            name,
+            vmi_uid = uid,
+            ?how,
+            "guest ended by itself"
+        );
+        self.ctx.triggers.fire();
+        Ok(())
+    }
+
+    /// Serves the guests' serial consoles as KubeVirt's `subresources.kubevirt.io/v1`
+    /// aggregated API (see [`ConsoleServer::register`] to make kube-apiserver proxy to it).
+    pub async fn serve_console(&self, settings: ConsoleSettings) -> Result<ConsoleServer, Error> {
+        ConsoleServer::start(self.ctx.clone(), settings).await
+    }
+
+    /// Stops the controllers, kills every guest agent and waits for them.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        for t in std::mem::take(&mut self.tasks) {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        self.ctx.guests.kill_all().await;
+    }
+}
+
+impl Drop for KubevirtSim {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.ctx.guests.kill_all_now();
+    }
+}
+
+type ControllerResult = Result<
+    (kube::runtime::reflector::ObjectRef<DynamicObject>, Action),
+    kube::runtime::controller::Error<Error, watcher::Error>,
+>;
+
+/// Runs a controller's stream to its end, logging what its watchers report.
+async fn drain(
+    stream: impl futures::Stream<Item = ControllerResult>,
+    kind: &'static str,
+    ns: String,
+) {
+    use kube::runtime::controller::Error as CtlError;
+    futures::pin_mut!(stream);
+    while let Some(r) = stream.next().await {
+        match r {
+            Ok(_) | Err(CtlError::ReconcilerFailed(..)) | Err(CtlError::ObjectNotFound(_)) => {}
+            Err(e) => tracing::warn!(kind, ns, error = %e, "controller"),
+        }
+    }
+    tracing::debug!(kind, ns, "controller stopped");
+}
