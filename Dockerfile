@@ -38,8 +38,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,sharing=locked \
     set -eux; \
-    cargo build --locked --release \
-        -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-ttlabctl-bin; \
+    cargo build --locked --release -p ttlab-server-bin -p ttlab-reaper-bin; \
+    # ttlabctl without its dev-tools (sim, demo, bench, soak and kube-sim): only what
+    # production runs (migrate, render, token).
+    cargo build --locked --release -p ttlab-ttlabctl-bin --no-default-features; \
     bins/agent/measure-size.sh; \
     mkdir -p /out/bin; \
     cp target/release/ttlab-server target/release/ttlab-reaper target/release/ttlabctl /out/bin/; \

@@ -5,14 +5,20 @@
 //! (`--database-url`, or `DATABASE_URL`).
 //!
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
-//! lesson would create).
+//! lesson would create), `token` (mint an API token); with the `dev-tools` feature (the
+//! default) also `sim`, `demo`, `bench` and `soak`, which bring kube-sim along. The production
+//! image builds without it.
 
+#[cfg(feature = "dev-tools")]
 mod bench;
 mod database;
+#[cfg(feature = "dev-tools")]
 mod demo;
 mod migrate;
 mod render;
+#[cfg(feature = "dev-tools")]
 mod sim;
+#[cfg(feature = "dev-tools")]
 mod soak;
 mod token;
 
@@ -35,15 +41,19 @@ enum Command {
     /// Print, as a YAML stream, every object the server would create for one session.
     Render(render::RenderArgs),
     /// Run kube-sim (a local Kubernetes API with a simulated KubeVirt) and write a kubeconfig.
+    #[cfg(feature = "dev-tools")]
     Sim(sim::SimArgs),
     /// Benchmarks that print measured figures against their targets (`bench reaper`).
+    #[cfg(feature = "dev-tools")]
     Bench(bench::BenchArgs),
     /// Mint a bearer token for the ttlab API (`--user U --role student|admin --ttl 8h`).
     Token(token::TokenArgs),
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
+    #[cfg(feature = "dev-tools")]
     Demo(demo::DemoArgs),
     /// Prove reclamation holds: two environments under simulated students, injected faults
     /// and chaos, checked against the invariants (`--profile short` for about a minute).
+    #[cfg(feature = "dev-tools")]
     Soak(soak::SoakArgs),
 }
 
@@ -60,10 +70,14 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Render(args) => render::run(&args),
+        #[cfg(feature = "dev-tools")]
         Command::Sim(args) => sim::run(args).await,
+        #[cfg(feature = "dev-tools")]
         Command::Bench(args) => bench::run(args).await,
         Command::Token(args) => token::run(args),
+        #[cfg(feature = "dev-tools")]
         Command::Demo(args) => demo::run(args).await,
+        #[cfg(feature = "dev-tools")]
         Command::Soak(args) => soak::run(args).await,
     };
     match result {

@@ -129,13 +129,15 @@ fn objects_live_in_the_backend_or_the_vm_namespace() {
         // The backend namespace is the one the agent-ingress policy admits.
         let ns = rendered.get("Namespace", &backend);
         assert_eq!(ns["metadata"]["labels"]["ttlab.io/backend"], "true");
-        // Its service account is the one bound in the VM namespace.
-        let binding = rendered.get("RoleBinding", &format!("ttlab-{env}"));
-        assert_eq!(binding["roleRef"]["name"], "ttlab");
-        assert_eq!(
-            binding["subjects"],
-            serde_json::json!([{"kind": "ServiceAccount", "name": "ttlab", "namespace": backend}])
-        );
+        // Each binary's service account is bound to its own Role in the VM namespace.
+        for binary in ["server", "reaper"] {
+            let binding = rendered.get("RoleBinding", &format!("ttlab-{env}-{binary}"));
+            assert_eq!(binding["roleRef"]["name"], format!("ttlab-{binary}"));
+            assert_eq!(
+                binding["subjects"],
+                serde_json::json!([{"kind": "ServiceAccount", "name": format!("ttlab-{binary}"), "namespace": backend}])
+            );
+        }
     }
 }
 
@@ -149,9 +151,15 @@ fn assert_locked_down(what: &str, spec: &Value) {
         Some("RuntimeDefault".into()),
         "{what}"
     );
+    // The server runs as ttlab-server; the reaper (Deployment or CronJob) as ttlab-reaper.
+    let identity = if what.contains("server") {
+        "ttlab-server"
+    } else {
+        "ttlab-reaper"
+    };
     assert_eq!(
         spec.service_account_name.as_deref(),
-        Some("ttlab"),
+        Some(identity),
         "{what}"
     );
     let containers = spec

@@ -1,25 +1,47 @@
-//! `reap_once` against a real PostgreSQL and kube-sim over HTTP: the three directions, the
-//! two incidents of the operators' write-up, the orphan re-read, dry runs.
+//! `reap_once` against a real PostgreSQL and, over HTTP, kube-sim and the real control plane
+//! (the reaper running as the shipped `ttlab-reaper` ServiceAccount): the three directions, the
+//! two incidents of the operators' write-up, the orphan re-read, dry runs. Tests that inject
+//! faults (a failing delete, an unlistable cluster) or backdate objects need kube-sim.
 
 mod common;
 
 use std::collections::BTreeSet;
 
 use chrono::TimeDelta;
-use common::{Harness, NS, node};
+use common::{Harness, node};
+use ttlab_cluster::{Cluster, Kind};
 use ttlab_kube_sim::{FaultRule, Verb};
 use ttlab_model::{SessionId, SessionStatus};
 use ttlab_reaper::{ReaperSettings, delete_orphans, find_orphans, reap_once};
 use ttlab_store::Direction;
 use ttlab_vm_manifest::{secret_name, vm_name};
 
+/// Runs the test body `$name(h)` twice: on kube-sim (`$name::on_kube_sim`) and on the real
+/// control plane with the shipped Roles (`$name::on_the_real_control_plane`).
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn on_kube_sim() {
+                super::$name(super::Harness::start().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn on_the_real_control_plane() {
+                if let Some(h) = super::Harness::start_real().await {
+                    super::$name(h).await;
+                }
+            }
+        }
+    };
+}
+
 fn minutes(n: i64) -> TimeDelta {
     TimeDelta::minutes(n)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_expired_session_is_reclaimed_and_its_unowned_secret_deleted_by_name() {
-    let h = Harness::start().await;
+on_both_backends!(an_expired_session_is_reclaimed_and_its_unowned_secret_deleted_by_name);
+async fn an_expired_session_is_reclaimed_and_its_unowned_secret_deleted_by_name(h: Harness) {
     let expired = h
         .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
         .await;
@@ -39,16 +61,19 @@ async fn an_expired_session_is_reclaimed_and_its_unowned_secret_deleted_by_name(
     let row = h.store.sessions().get(expired.id).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Expired);
     assert!(row.reclaimed_at.is_some(), "reclaimed_at is recorded");
-    assert!(!h.vm_alive(expired.id, "vm"));
+    assert!(!h.vm_alive(expired.id, "vm").await);
     // No owner link: only the explicit deletion by name removes it.
+    let secret = secret_name(expired.id, &node("vm"));
     assert!(
-        h.sim
-            .get("secrets", NS, &secret_name(expired.id, &node("vm")))
+        h.fixtures
+            .get(Kind::Secret, &secret)
+            .await
+            .unwrap()
             .is_none()
     );
     // The live session is untouched.
     assert_eq!(h.status(live.id).await, SessionStatus::Running);
-    assert!(h.vm_alive(live.id, "vm") && h.secret_alive(live.id, "vm"));
+    assert!(h.vm_alive(live.id, "vm").await && h.secret_alive(live.id, "vm").await);
     assert_eq!(report.orphans.done, 0);
 }
 
@@ -64,7 +89,7 @@ async fn incident_2_one_failing_delete_holds_back_nothing_else() {
         sessions.push(s.id);
     }
     let bad = sessions[2];
-    let fault = h.sim.faults().add(
+    let fault = h.sim().faults().add(
         FaultRule::fail(Some(Verb::Delete), Some("virtualmachines"), 500)
             .named(&vm_name(bad, &node("vm"))),
     );
@@ -94,14 +119,14 @@ async fn incident_2_one_failing_delete_holds_back_nothing_else() {
                     SessionStatus::Finishing,
                     "the failing row stays live"
                 );
-                assert!(h.vm_alive(id, "vm"));
+                assert!(h.vm_alive(id, "vm").await);
             } else {
                 assert_eq!(status, SessionStatus::Expired);
-                assert!(!h.vm_alive(id, "vm"));
+                assert!(!h.vm_alive(id, "vm").await);
             }
         }
     }
-    assert!(h.sim.faults().remove(fault));
+    assert!(h.sim().faults().remove(fault));
     let report = reap_once(&ctx).await;
     assert_eq!(
         (report.stuck.done, report.stuck.failed),
@@ -109,23 +134,28 @@ async fn incident_2_one_failing_delete_holds_back_nothing_else() {
         "{report:?}"
     );
     assert_eq!(h.status(bad).await, SessionStatus::Expired);
-    assert!(!h.vm_alive(bad, "vm"));
+    assert!(!h.vm_alive(bad, "vm").await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
-    let h = Harness::start().await;
+on_both_backends!(incident_1_dev_and_prod_reapers_never_delete_each_others_objects);
+async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects(h: Harness) {
+    // Far more VMs than the shipped quota allows live at once here: this is about who deletes
+    // what, not about capacity.
+    h.raise_vm_quota(200).await;
     let dev = h.ctx("dev");
     let prod = h.ctx("prod");
     // Names of every object each environment created, by environment.
     let mut names: [BTreeSet<String>; 2] = [BTreeSet::new(), BTreeSet::new()];
     // An unlabelled VM-like Secret nobody may touch.
-    h.sim
-        .create(serde_json::json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "handmade", "namespace": NS},
-            "stringData": {"userdata": "#cloud-config\n{}\n"}
-        }))
+    h.fixtures
+        .create_secret(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "handmade"},
+                "stringData": {"userdata": "#cloud-config\n{}\n"}
+            }))
+            .unwrap(),
+        )
+        .await
         .unwrap();
     let mut seed: u64 = 0x5eed_1234;
     let mut next = || {
@@ -171,14 +201,13 @@ async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
             }
         }
         for (i, ctx) in [&dev, &prod].into_iter().enumerate() {
-            h.sim.faults().clear_calls();
+            let mark = h.mark();
             let report = reap_once(ctx).await;
             assert!(report.ran() && report.cluster_listed, "{report:?}");
             let deletes: Vec<String> = h
-                .sim
-                .calls()
+                .reaper_calls_since(mark)
                 .into_iter()
-                .filter(|c| c.verb == Verb::Delete)
+                .filter(|c| c.verb == "delete")
                 .filter_map(|c| c.name)
                 .collect();
             for name in &deletes {
@@ -191,7 +220,7 @@ async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
             }
         }
     }
-    assert!(h.sim.get("secrets", NS, "handmade").is_some());
+    assert!(h.alive(Kind::Secret, "handmade").await);
     // Every live session of either environment still has its VMs.
     for env_name in ["dev", "prod"] {
         let live = h
@@ -203,7 +232,7 @@ async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
         for s in live {
             for vm in &s.vms {
                 assert!(
-                    h.alive("virtualmachines", &vm.name),
+                    h.alive(Kind::VirtualMachine, &vm.name).await,
                     "{} lost {}",
                     env_name,
                     vm.name
@@ -213,9 +242,8 @@ async fn incident_1_dev_and_prod_reapers_never_delete_each_others_objects() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_session_opened_after_the_listing_is_not_an_orphan() {
-    let h = Harness::start().await;
+on_both_backends!(a_session_opened_after_the_listing_is_not_an_orphan);
+async fn a_session_opened_after_the_listing_is_not_an_orphan(h: Harness) {
     let ctx = h.ctx("dev");
     let late = SessionId::new_random();
     let stray = SessionId::new_random();
@@ -251,8 +279,8 @@ async fn a_session_opened_after_the_listing_is_not_an_orphan() {
         report.orphans.done, 2,
         "the stray VM and Secret: {report:?}"
     );
-    assert!(h.vm_alive(late, "vm") && h.secret_alive(late, "vm"));
-    assert!(!h.vm_alive(stray, "vm") && !h.secret_alive(stray, "vm"));
+    assert!(h.vm_alive(late, "vm").await && h.secret_alive(late, "vm").await);
+    assert!(!h.vm_alive(stray, "vm").await && !h.secret_alive(stray, "vm").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -289,21 +317,20 @@ async fn stray_cloud_init_secrets_of_this_environment_go_and_others_stay() {
         (2, 0),
         "{report:?}"
     );
-    assert!(!h.secret_alive(old.id, "vm"));
-    assert!(!h.secret_alive(rowless, "vm"));
+    assert!(!h.secret_alive(old.id, "vm").await);
+    assert!(!h.secret_alive(rowless, "vm").await);
     assert!(
-        h.secret_alive(foreign, "vm"),
+        h.secret_alive(foreign, "vm").await,
         "another environment's Secret stays"
     );
-    assert!(h.secret_alive(fresh, "vm"), "a fresh Secret stays");
+    assert!(h.secret_alive(fresh, "vm").await, "a fresh Secret stays");
     let report = reap_once(&deployed).await;
     assert_eq!(report.orphans.done, 0, "{report:?}");
-    assert!(h.secret_alive(foreign, "vm") && h.secret_alive(fresh, "vm"));
+    assert!(h.secret_alive(foreign, "vm").await && h.secret_alive(fresh, "vm").await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ghosts_stuck_starts_and_unlisted_clusters() {
-    let h = Harness::start().await;
+on_both_backends!(ghosts_and_stuck_starts);
+async fn ghosts_and_stuck_starts(h: Harness) {
     let ctx = h.ctx("dev");
     // Running, but its VM was deleted behind the backend's back.
     let ghost = h
@@ -324,14 +351,19 @@ async fn ghosts_stuck_starts_and_unlisted_clusters() {
     assert_eq!(row.status, SessionStatus::Ghost);
     assert!(row.finished_at.is_some());
     assert_eq!(h.status(stuck.id).await, SessionStatus::Failed);
-    assert!(!h.vm_alive(stuck.id, "vm"));
+    assert!(!h.vm_alive(stuck.id, "vm").await);
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unlisted_cluster_still_gets_what_the_database_alone_allows() {
+    let h = Harness::start().await;
+    let ctx = h.ctx("dev");
     // The cluster cannot be listed: what the database alone allows still happens.
     let expired = h
         .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
         .await;
     h.create_vms("dev", expired.id, &["vm"], true).await;
-    h.sim
+    h.sim()
         .faults()
         .add(FaultRule::fail(Some(Verb::List), None, 503));
     let report = reap_once(&ctx).await;
@@ -346,9 +378,8 @@ async fn ghosts_stuck_starts_and_unlisted_clusters() {
     assert_eq!(h.status(expired.id).await, SessionStatus::Expired);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_go() {
-    let h = Harness::start().await;
+on_both_backends!(a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_go);
+async fn a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_go(h: Harness) {
     let ctx = h.ctx("dev");
     let stuck = h
         .open("dev", SessionStatus::Starting, minutes(-1), &["vm"])
@@ -369,7 +400,7 @@ async fn a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_
     );
     // It is told to stop (the row left `starting`), and nothing was deleted under it.
     assert_eq!(h.status(stuck.id).await, SessionStatus::Finishing);
-    assert!(h.vm_alive(stuck.id, "vm"));
+    assert!(h.vm_alive(stuck.id, "vm").await);
     // The provisioner dies without completing it: the next cycle does.
     drop(provisioner);
     let mut report = reap_once(&ctx).await;
@@ -382,12 +413,11 @@ async fn a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_
     }
     assert_eq!(report.stuck.done, 1, "{report:?}");
     assert_eq!(h.status(stuck.id).await, SessionStatus::Failed);
-    assert!(!h.vm_alive(stuck.id, "vm"));
+    assert!(!h.vm_alive(stuck.id, "vm").await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_dry_run_reports_and_deletes_nothing() {
-    let h = Harness::start().await;
+on_both_backends!(a_dry_run_reports_and_deletes_nothing);
+async fn a_dry_run_reports_and_deletes_nothing(h: Harness) {
     let expired = h
         .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
         .await;
@@ -399,7 +429,7 @@ async fn a_dry_run_reports_and_deletes_nothing() {
         .await;
     let mut ctx = h.ctx("dev");
     ctx.settings.dry_run = true;
-    h.sim.faults().clear_calls();
+    let mark = h.mark();
     let report = reap_once(&ctx).await;
     assert!(report.dry_run);
     assert_eq!(
@@ -414,13 +444,12 @@ async fn a_dry_run_reports_and_deletes_nothing() {
             .any(|a| a.what.contains("would delete"))
     );
     let writes: Vec<_> = h
-        .sim
-        .calls()
+        .reaper_calls_since(mark)
         .into_iter()
-        .filter(|c| !matches!(c.verb, Verb::Get | Verb::List | Verb::Watch))
+        .filter(|c| !c.is_read())
         .collect();
     assert!(writes.is_empty(), "{writes:?}");
     assert_eq!(h.status(expired.id).await, SessionStatus::Running);
     assert_eq!(h.status(ghost.id).await, SessionStatus::Running);
-    assert!(h.vm_alive(expired.id, "vm") && h.vm_alive(orphan, "vm"));
+    assert!(h.vm_alive(expired.id, "vm").await && h.vm_alive(orphan, "vm").await);
 }

@@ -33,7 +33,7 @@ async fn an_expiry_is_reclaimed_on_time_while_a_slow_sweep_is_still_listing() {
     let opened = Instant::now();
     // Listing VMs takes 8 s: the first sweep (at start) is still listing when the session
     // expires.
-    h.sim.faults().add(FaultRule {
+    h.sim().faults().add(FaultRule {
         action: FaultAction::Delay { millis: 8000 },
         ..FaultRule::fail(Some(Verb::List), Some("virtualmachines"), 500)
     });
@@ -54,7 +54,7 @@ async fn an_expiry_is_reclaimed_on_time_while_a_slow_sweep_is_still_listing() {
         opened.elapsed() >= Duration::from_millis(2400),
         "reclaimed before its expiry"
     );
-    assert!(!h.vm_alive(session.id, "vm"));
+    assert!(!h.vm_alive(session.id, "vm").await);
     // The cycle that did it ran the database-driven directions only (its report is written
     // just after the row went final: wait for it, briefly).
     let recorded = Instant::now();

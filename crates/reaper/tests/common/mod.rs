@@ -1,6 +1,11 @@
-//! A throwaway PostgreSQL database and a kube-sim per test, with the real `KubeCluster`
-//! pointed at it over HTTP, and helpers to open sessions and create their objects the way the
-//! server does (VMs rendered by ttlab-vm-manifest, then each cloud-init Secret).
+//! A throwaway PostgreSQL database and a cluster per test — kube-sim, or the real control
+//! plane of `ttlab-envtest` with the shipped `deploy/` objects installed — with the real
+//! `KubeCluster` pointed at it over HTTP, and helpers to open sessions and create their objects
+//! the way the server does (VMs rendered by ttlab-vm-manifest, then each cloud-init Secret).
+//!
+//! On the real control plane each environment's reaper runs as that environment's
+//! `ttlab-reaper` ServiceAccount with the shipped Role, and fixtures are created by the
+//! administrator, so a call the Role does not grant fails the test.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -10,9 +15,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use ttlab_cluster::{Cluster, ClusterSettings, KubeCluster};
+use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Kind, KubeCluster};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
-use ttlab_kube_sim::{KubeSim, SimConfig};
+use ttlab_kube_sim::{KubeSim, SimConfig, Verb};
 use ttlab_model::labels::{COMPONENT, ObjectLabels};
 use ttlab_model::{EnvName, NodeName, Runtime, SessionId, SessionStatus, UserId};
 use ttlab_reaper::{ReaperContext, ReaperSettings};
@@ -20,16 +25,48 @@ use ttlab_store::testing::TestDb;
 use ttlab_store::{NewSession, Session, SessionTimes, SessionVm, Store};
 use ttlab_vm_manifest::{SessionVms, render, secret_name, vm_name};
 
-/// The namespace every test works in (`SimConfig::for_tests` creates it).
+/// The namespace tests on kube-sim work in (`SimConfig::for_tests` creates it).
 pub const NS: &str = "ttlab";
 pub const LESSON: &str = "systemd-basics";
+
+/// Where the objects live.
+pub enum Backend {
+    /// kube-sim, in process.
+    Sim(KubeSim),
+    /// The real control plane shared by this test process, with `deploy/` installed.
+    Real {
+        plane: &'static ttlab_envtest::ControlPlane,
+        installed: ttlab_envtest::Installed,
+    },
+}
 
 pub struct Harness {
     pub db: TestDb,
     pub store: Store,
-    pub sim: KubeSim,
-    pub cluster: Arc<KubeCluster>,
+    pub backend: Backend,
+    /// The namespace of the session objects.
+    pub ns: String,
+    /// Each environment's reaper client (on kube-sim, one client for all).
+    reapers: BTreeMap<String, Arc<KubeCluster>>,
+    /// The client that creates and inspects fixtures (the administrator on the real plane).
+    pub fixtures: Arc<KubeCluster>,
     pub dir: tempfile::TempDir,
+}
+
+/// A call a reaper made, as either backend records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenCall {
+    /// The RBAC verb (`get`, `list`, `watch`, `delete`, ...).
+    pub verb: String,
+    /// The object's name, for calls on one object.
+    pub name: Option<String>,
+}
+
+impl SeenCall {
+    /// Whether the call only reads.
+    pub fn is_read(&self) -> bool {
+        matches!(self.verb.as_str(), "get" | "list" | "watch")
+    }
 }
 
 pub fn env(name: &str) -> EnvName {
@@ -38,6 +75,14 @@ pub fn env(name: &str) -> EnvName {
 
 pub fn node(name: &str) -> NodeName {
     name.parse().expect("node name")
+}
+
+async fn client(path: &std::path::Path, ns: &str) -> Arc<KubeCluster> {
+    Arc::new(
+        KubeCluster::from_kubeconfig(path, ClusterSettings::in_namespace(ns))
+            .await
+            .expect("cluster client"),
+    )
 }
 
 impl Harness {
@@ -52,18 +97,151 @@ impl Harness {
         let dir = tempfile::tempdir().expect("temporary directory");
         sim.write_kubeconfig(&dir.path().join("kubeconfig"), NS)
             .expect("kubeconfig");
-        let cluster = KubeCluster::from_kubeconfig(
-            &dir.path().join("kubeconfig"),
-            ClusterSettings::in_namespace(NS),
-        )
-        .await
-        .expect("cluster client");
+        let cluster = client(&dir.path().join("kubeconfig"), NS).await;
+        let reapers = ["dev", "prod"]
+            .into_iter()
+            .map(|e| (e.to_owned(), cluster.clone()))
+            .collect();
         Self {
             db,
             store,
-            sim,
-            cluster: Arc::new(cluster),
+            backend: Backend::Sim(sim),
+            ns: NS.to_owned(),
+            reapers,
+            fixtures: cluster,
             dir,
+        }
+    }
+
+    /// The same, on the real control plane with the shipped `dev` and `prod` overlays
+    /// installed into namespaces of this test's own. `None` (after `skip_or_fail`: a failure
+    /// under CI=true) when the control plane's binaries or kubectl are missing.
+    pub async fn start_real() -> Option<Self> {
+        let plane = ttlab_envtest::shared_or_skip()?;
+        if ttlab_testkit::which("kubectl").is_none() {
+            ttlab_testkit::skip_or_fail("kubectl is not on PATH (deploy/ is rendered with it)");
+            return None;
+        }
+        let installed = plane
+            .install_shipped(&["dev", "prod"])
+            .await
+            .expect("deploy/ installs");
+        let db = TestDb::new().await.expect("test database");
+        let store = db.store().await.expect("store");
+        let ns = installed.vm_namespace.clone();
+        let mut reapers = BTreeMap::new();
+        for e in &installed.envs {
+            reapers.insert(e.env.clone(), client(&e.reaper_kubeconfig, &ns).await);
+        }
+        let fixtures = client(&installed.admin_kubeconfig, &ns).await;
+        Some(Self {
+            db,
+            store,
+            backend: Backend::Real { plane, installed },
+            ns,
+            reapers,
+            fixtures,
+            dir: tempfile::tempdir().expect("temporary directory"),
+        })
+    }
+
+    /// On the real control plane, raises the shipped VM namespace quota's VM count to `vms`
+    /// and waits until admission enforces the new figure (kube-sim has no quota here).
+    pub async fn raise_vm_quota(&self, vms: u32) {
+        let Backend::Real { installed, .. } = &self.backend else {
+            return;
+        };
+        use k8s_openapi::api::core::v1::ResourceQuota;
+        let kubeconfig = kube::config::Kubeconfig::read_from(&installed.admin_kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let quotas: kube::Api<ResourceQuota> =
+            kube::Api::namespaced(kube::Client::try_from(config).unwrap(), &self.ns);
+        let name = quotas.list(&Default::default()).await.unwrap().items[0]
+            .metadata
+            .name
+            .clone()
+            .unwrap();
+        let key = "count/virtualmachines.kubevirt.io";
+        let patch = serde_json::json!({"spec": {"hard": {key: vms.to_string()}}});
+        quotas
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let q = quotas.get(&name).await.unwrap();
+            let hard = q.status.and_then(|s| s.hard).unwrap_or_default();
+            if hard.get(key).map(|q| q.0.as_str()) == Some(vms.to_string().as_str()) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "quota {name} not updated"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The simulator; panics on the real control plane (for tests of kube-sim's faults).
+    pub fn sim(&self) -> &KubeSim {
+        match &self.backend {
+            Backend::Sim(sim) => sim,
+            Backend::Real { .. } => panic!("this test needs kube-sim"),
+        }
+    }
+
+    /// A marker in the record of calls: [`Harness::reaper_calls_since`] returns what came after.
+    pub fn mark(&self) -> usize {
+        match &self.backend {
+            Backend::Sim(sim) => {
+                sim.faults().clear_calls();
+                0
+            }
+            Backend::Real { plane, .. } => plane.audit_events().expect("audit log").len(),
+        }
+    }
+
+    /// The calls the reapers made since `mark` (on kube-sim: every call, since the tests make
+    /// no others meanwhile; on the real plane: those of the reapers' ServiceAccounts).
+    pub fn reaper_calls_since(&self, mark: usize) -> Vec<SeenCall> {
+        match &self.backend {
+            Backend::Sim(sim) => sim
+                .calls()
+                .into_iter()
+                .map(|c| SeenCall {
+                    verb: match c.verb {
+                        Verb::Get => "get",
+                        Verb::List => "list",
+                        Verb::Watch => "watch",
+                        Verb::Create => "create",
+                        Verb::Delete => "delete",
+                        _ => "other",
+                    }
+                    .to_owned(),
+                    name: c.name,
+                })
+                .collect(),
+            Backend::Real { plane, installed } => {
+                let users: Vec<String> = installed.envs.iter().map(|e| e.reaper_user()).collect();
+                plane
+                    .audit_events()
+                    .expect("audit log")
+                    .into_iter()
+                    .skip(mark)
+                    .filter(|e| users.contains(&e.user.username))
+                    .filter(|e| e.stage == "ResponseComplete")
+                    .map(|e| SeenCall {
+                        verb: e.verb.clone(),
+                        name: e.object_ref.and_then(|o| o.name),
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -71,9 +249,17 @@ impl Harness {
         self.dir.path().join("kubeconfig")
     }
 
+    /// The reaper client of `env_name`.
+    pub fn reaper(&self, env_name: &str) -> Arc<KubeCluster> {
+        self.reapers
+            .get(env_name)
+            .unwrap_or_else(|| panic!("no reaper of {env_name}"))
+            .clone()
+    }
+
     /// A reaper of `env_name` with no minimum orphan age (objects in tests are seconds old).
     pub fn ctx(&self, env_name: &str) -> ReaperContext {
-        ReaperContext::new(self.store.clone(), self.cluster.clone(), env(env_name)).with_settings(
+        ReaperContext::new(self.store.clone(), self.reaper(env_name), env(env_name)).with_settings(
             ReaperSettings {
                 orphan_min_age: Duration::ZERO,
                 ..ReaperSettings::default()
@@ -175,19 +361,18 @@ impl Harness {
         };
         let manifests = render(&input).expect("render");
         for (vm, n) in manifests.vms.iter().zip(nodes) {
-            let created = self
-                .cluster
-                .create_vm(serde_json::to_value(vm).expect("vm json"))
+            let vm = serde_json::to_value(vm).expect("vm json");
+            let created = retry_quota(|| self.fixtures.create_vm(vm.clone()))
                 .await
                 .expect("create vm");
             let owner = owner_link.then(|| created.owner_reference());
             self.create_secret(env_name, session, n, owner).await;
         }
         if let Some(svc) = manifests.service {
-            self.cluster.create_service(svc).await.expect("service");
+            self.fixtures.create_service(svc).await.expect("service");
         }
         if let Some(np) = manifests.network_policy {
-            self.cluster
+            self.fixtures
                 .create_network_policy(np)
                 .await
                 .expect("network policy");
@@ -223,7 +408,7 @@ impl Harness {
             )])),
             ..Secret::default()
         };
-        self.cluster
+        self.fixtures
             .create_secret(secret)
             .await
             .expect("create secret");
@@ -258,7 +443,7 @@ impl Harness {
             "stringData": {"userdata": "#cloud-config\n{}\n"},
         });
         let stored = self
-            .sim
+            .sim()
             .create_backdated(secret, created_at)
             .expect("create backdated secret");
         let written = stored["metadata"]["creationTimestamp"]
@@ -269,18 +454,22 @@ impl Harness {
     }
 
     /// Whether the object exists and is not being deleted.
-    pub fn alive(&self, resource: &str, name: &str) -> bool {
-        self.sim
-            .get(resource, NS, name)
-            .is_some_and(|o| o["metadata"].get("deletionTimestamp").is_none())
+    pub async fn alive(&self, kind: Kind, name: &str) -> bool {
+        self.fixtures
+            .get(kind, name)
+            .await
+            .expect("get")
+            .is_some_and(|o| !o.deleting)
     }
 
-    pub fn vm_alive(&self, session: SessionId, n: &str) -> bool {
-        self.alive("virtualmachines", &vm_name(session, &node(n)))
+    pub async fn vm_alive(&self, session: SessionId, n: &str) -> bool {
+        self.alive(Kind::VirtualMachine, &vm_name(session, &node(n)))
+            .await
     }
 
-    pub fn secret_alive(&self, session: SessionId, n: &str) -> bool {
-        self.alive("secrets", &secret_name(session, &node(n)))
+    pub async fn secret_alive(&self, session: SessionId, n: &str) -> bool {
+        self.alive(Kind::Secret, &secret_name(session, &node(n)))
+            .await
     }
 
     pub async fn status(&self, id: SessionId) -> SessionStatus {
@@ -291,5 +480,23 @@ impl Harness {
             .expect("get")
             .expect("exists")
             .status
+    }
+}
+
+/// `create` retried while the namespace quota is not yet counted (a real API server refuses
+/// with 403 "status unknown for quota" for a moment after a quota appears).
+pub async fn retry_quota<T, F, Fut>(mut create: F) -> Result<T, ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClusterError>>,
+{
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match create().await {
+            Err(ClusterError::QuotaPending { .. }) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
     }
 }

@@ -1,0 +1,704 @@
+//! The real binaries on the real control plane, with the shipped `deploy/` objects and each
+//! binary as its own ServiceAccount: `ttlab-server` (as `ttlab-server`) takes a VM lesson, the
+//! three-VM lesson and the pod lesson to running, shows the quota on the admin page and tears a
+//! finished session down; `ttlab-reaper --once` (as `ttlab-reaper`) lists what it would do with
+//! `--dry-run`, then reclaims expired sessions, orphans of its own environment only and ghosts.
+//! KubeVirt and the kubelet are played by `ttlab-kubevirt-sim`, a controller talking to the
+//! same API server.
+//!
+//! Then **least privilege, proven by calls**: every (verb, group, resource) each identity
+//! called, from the API server's audit log, must equal what its Role grants — nothing missing
+//! (no call was refused), nothing unused — apart from the grants this control plane cannot
+//! exercise (pod exec, served by a kubelet), which are named in [`NOT_EXERCISABLE`] with the
+//! suites that exercise them on kube-sim. The VM console goes the way it goes on a cluster: the
+//! server asks kube-apiserver for `virtualmachineinstances/console`, which checks the server's
+//! Role and proxies to the aggregated API server that serves `subresources.kubevirt.io`
+//! (played by `ttlab-kubevirt-sim`). Neither binary may log a 403.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::rbac::v1::Role;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use ttlab_deploy_tests::repo_root;
+use ttlab_envtest::{Call, Installed};
+use ttlab_store::ephemeral::PgCluster;
+
+const AUTH_SECRET: &str = "a-test-secret-of-at-least-thirty-two-bytes";
+
+/// Grants of the shipped Roles that no call on this control plane can exercise, with why and
+/// where they are exercised instead. (identity, group, resource, verb.)
+const NOT_EXERCISABLE: &[(&str, &str, &str, &str)] = &[
+    // Pod exec is served by the kubelet, which this control plane does not have; the pod-lab
+    // terminal and grading (crates/api/tests/pods.rs) exec on kube-sim.
+    ("server", "", "pods/exec", "get"),
+    ("server", "", "pods/exec", "create"),
+    // The pod-lab console reads its pod before it execs (crates/api/src/console/upstream.rs).
+    ("server", "", "pods", "get"),
+];
+
+fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps/")
+        .to_path_buf()
+}
+
+fn binary(name: &str) -> Option<PathBuf> {
+    let path = binaries_dir().join(name);
+    path.is_file().then_some(path)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A process whose output lines are kept (for markers and for the 403 check).
+struct Process {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    fn spawn(program: &Path, args: &[&str], env: &BTreeMap<String, String>) -> Self {
+        let mut child = Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        for reader in [
+            Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+            Box::new(stderr),
+        ] {
+            let lines = lines.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(reader).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self { child, lines }
+    }
+
+    fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, marker: &str, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        while !self.output().iter().any(|l| l.contains(marker)) {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{marker:?} not printed within {within:?}:\n{}",
+                self.output().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Runs to its end (for `--once`) and returns its exit code and output.
+    async fn finish(mut self) -> (i32, Vec<String>) {
+        let status = tokio::time::timeout(Duration::from_secs(120), self.child.wait())
+            .await
+            .expect("exits within 2 minutes")
+            .unwrap();
+        // Let the readers drain.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (status.code().unwrap_or(-1), self.output())
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns the status and the JSON body (or
+/// `Value::Null`).
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let (head, payload) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let payload = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(payload)
+    } else {
+        payload.to_owned()
+    };
+    (
+        status,
+        serde_json::from_str(&payload).unwrap_or(Value::Null),
+    )
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn token(user: &str, role: ttlab_api::auth::Role) -> String {
+    let secret = ttlab_api::auth::AuthSecret::new(AUTH_SECRET.as_bytes().to_vec()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    ttlab_api::auth::AuthConfig::new(secret)
+        .mint(&user.parse().unwrap(), role, now, Duration::from_secs(3600))
+        .unwrap()
+}
+
+/// Starts `lesson` for `user` and waits until the session runs; returns it.
+async fn start_and_wait_running(addr: SocketAddr, user: &str, lesson: &str) -> Value {
+    let t = token(user, ttlab_api::auth::Role::Student);
+    let (status, session) = http(
+        addr,
+        "POST",
+        "/api/sessions",
+        Some(&t),
+        Some(json!({"lesson": lesson})),
+    )
+    .await;
+    assert_eq!(status, 202, "start {lesson}: {session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    let until = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, session) =
+            http(addr, "GET", &format!("/api/sessions/{id}"), Some(&t), None).await;
+        assert_eq!(status, 200, "{session}");
+        match session["status"].as_str() {
+            Some("running") => return session,
+            Some("starting") => {}
+            other => panic!("{lesson} did not reach running: {other:?}: {session}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{lesson} still starting after 2 minutes: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What `role` grants, as (group, resource, verb).
+fn grants(installed: &Installed, role: &str) -> BTreeSet<(String, String, String)> {
+    let object = installed
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == role)
+        .unwrap_or_else(|| panic!("no Role {role} installed"));
+    let role: Role = serde_json::from_value(object.clone()).unwrap();
+    let mut out = BTreeSet::new();
+    for rule in role.rules.into_iter().flatten() {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    out.insert((group.clone(), resource.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The distinct (group, resource, verb) of `calls`.
+fn used(calls: &BTreeSet<Call>) -> BTreeSet<(String, String, String)> {
+    calls
+        .iter()
+        .map(|c| (c.group.clone(), c.resource.clone(), c.verb.clone()))
+        .collect()
+}
+
+/// Compares what an identity called with what its Role grants; returns the differences as
+/// readable lines (empty: they agree).
+fn compare(
+    identity: &str,
+    granted: &BTreeSet<(String, String, String)>,
+    calls: &BTreeSet<Call>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for call in calls.iter().filter(|c| c.code == 403) {
+        problems.push(format!("{identity}: refused (403): {call:?}"));
+    }
+    let used = used(calls);
+    for (g, r, v) in used.difference(granted) {
+        problems.push(format!("{identity}: called but not granted: {v} {g}/{r}"));
+    }
+    for (g, r, v) in granted.difference(&used) {
+        let excused = NOT_EXERCISABLE.iter().any(|(who, eg, er, ev)| {
+            *who == identity && (*eg, *er, *ev) == (g.as_str(), r.as_str(), v.as_str())
+        });
+        if !excused {
+            problems.push(format!("{identity}: granted but never called: {v} {g}/{r}"));
+        }
+    }
+    problems
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_the_real_control_plane_every_lesson_runs_and_each_identity_uses_exactly_its_role() {
+    let (Some(server_bin), Some(reaper_bin), Some(agent_bin), Some(ttlabctl)) = (
+        binary("ttlab-server"),
+        binary("ttlab-reaper"),
+        binary("ttlab-agent"),
+        binary("ttlabctl"),
+    ) else {
+        return ttlab_testkit::skip_or_fail(&format!(
+            "the binaries are not built in {}: cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin -p ttlab-ttlabctl-bin",
+            binaries_dir().display()
+        ));
+    };
+    let Some(_) = common::kubectl_or_skip() else {
+        return;
+    };
+    let Some(plane) = ttlab_envtest::shared_or_skip() else {
+        return;
+    };
+    // An operator installs deploy/overlays/dev (all but the Deployments, whose pods this
+    // control plane cannot run: the binaries run here instead).
+    let installed = plane.install_shipped(&["dev"]).await.unwrap();
+    let dev = installed.env("dev").clone();
+    let ns = installed.vm_namespace.clone();
+
+    // KubeVirt and the kubelet, as a controller of their own identity (the administrator).
+    let guests = tempfile::tempdir().unwrap();
+    let admin = plane.admin_client().await.unwrap();
+    let mut settings = ttlab_kubevirt_sim::SimSettings::for_tests([ns.clone()], guests.path());
+    settings.agent_binary = Some(agent_bin.clone());
+    let kubevirt = ttlab_kubevirt_sim::KubevirtSim::start(admin.clone(), settings)
+        .await
+        .unwrap();
+    // Its console, an aggregated API server registered with an APIService, as virt-api is.
+    let console_ns = plane.create_namespace("kubevirt").await.unwrap();
+    let (cert, key) = plane
+        .serving_certificate(&format!("virt-api.{console_ns}.svc"))
+        .unwrap();
+    let mut console_settings =
+        ttlab_kubevirt_sim::ConsoleSettings::new(cert, key, plane.front_proxy_ca_file());
+    console_settings.allowed_names = vec!["front-proxy-client".into()];
+    let console = kubevirt.serve_console(console_settings).await.unwrap();
+    console
+        .register(
+            &admin,
+            &console_ns,
+            "virt-api",
+            plane.ca_pem(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+
+    // PostgreSQL, migrated as the initContainer does.
+    let pg = tokio::task::spawn_blocking(PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let database_url = pg.create_database("ttlab").await.unwrap();
+    let out = Command::new(&ttlabctl)
+        .arg("migrate")
+        .env_clear()
+        .env("DATABASE_URL", &database_url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The environment the Deployments give the containers, with what cannot hold outside a pod
+    // replaced: addresses, the image's paths, and the ServiceAccount's token (a kubeconfig).
+    let rendered = common::render_overlay("dev").unwrap();
+    let (mut env, _) = rendered.container_env(rendered.get("Deployment", "ttlab-server"));
+    let root = repo_root();
+    let path = |p: &Path| p.display().to_string();
+    let server_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    for (k, v) in [
+        ("DATABASE_URL", database_url.clone()),
+        ("TTLAB_AUTH_SECRET", AUTH_SECRET.to_owned()),
+        ("TTLAB_NAMESPACE", ns.clone()),
+        ("TTLAB_LISTEN", server_addr.to_string()),
+        ("TTLAB_METRICS_LISTEN", format!("127.0.0.1:{}", free_port())),
+        ("TTLAB_LESSONS", path(&root.join("lessons"))),
+        ("TTLAB_AGENT_BINARY", path(&agent_bin)),
+        ("TTLAB_WEB_DIR", path(&root.join("web"))),
+        ("RUST_LOG", "info".to_owned()),
+    ] {
+        env.insert(k.to_owned(), v);
+    }
+    let mut server_env = env.clone();
+    server_env.insert("KUBECONFIG".into(), path(&dev.server_kubeconfig));
+    let mut reaper_env = env.clone();
+    reaper_env.insert("KUBECONFIG".into(), path(&dev.reaper_kubeconfig));
+    reaper_env.insert("TTLAB_ORPHAN_MIN_AGE".into(), "0s".into());
+
+    // Right after install: the quota controller may not have counted the new quota yet.
+    let server = Process::spawn(&server_bin, &[], &server_env);
+    server
+        .wait_for("ttlab-server listening", Duration::from_secs(60))
+        .await;
+
+    // Every kind of lesson reaches running through the server's own identity.
+    let vm = start_and_wait_running(server_addr, "student-vm", "systemd-basics").await;
+    let cluster = start_and_wait_running(server_addr, "student-cluster", "kubeadm-cluster").await;
+    let pod = start_and_wait_running(server_addr, "student-pod", "shell-basics").await;
+    assert_eq!(
+        cluster["nodes"].as_array().map(Vec::len),
+        Some(3),
+        "{cluster}"
+    );
+    assert_eq!(vm["disk"]["kind"], "container", "no golden disk here: {vm}");
+
+    // The admin page's capacity view shows the namespace quota.
+    let admin_token = token("admin", ttlab_api::auth::Role::Admin);
+    let (status, capacity) = http(
+        server_addr,
+        "GET",
+        "/api/admin/capacity",
+        Some(&admin_token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{capacity}");
+    assert!(
+        capacity["quota"].as_array().is_some_and(|q| !q.is_empty())
+            && capacity["quota_error"].is_null(),
+        "the quota is shown: {capacity}"
+    );
+    assert_eq!(capacity["live_vms"], 4, "{capacity}");
+
+    // The student's terminal: the server's WebSocket, relayed to the VM's serial console
+    // through kube-apiserver.
+    let student = token("student-vm", ttlab_api::auth::Role::Student);
+    let vm_id = vm["id"].as_str().unwrap();
+    let (status, ticket) = http(
+        server_addr,
+        "POST",
+        &format!("/api/sessions/{vm_id}/console-ticket"),
+        Some(&student),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{ticket}");
+    let url = format!("ws://{server_addr}{}", ticket["url"].as_str().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    use futures::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    // Reads frames until their text contains `needle`; everything read so far.
+    async fn read_until<S>(ws: &mut S, needle: &str) -> String
+    where
+        S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+    {
+        let mut seen = String::new();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !seen.contains(needle) {
+                match ws.next().await {
+                    Some(Ok(Message::Binary(b))) => seen.push_str(&String::from_utf8_lossy(&b)),
+                    Some(Ok(Message::Text(t))) => seen.push_str(&t),
+                    Some(Ok(_)) => {}
+                    other => panic!("the console ended before {needle:?}: {other:?}: {seen:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} on the console: {seen:?}"));
+        seen
+    }
+    read_until(&mut ws, "# ").await;
+    // Enter on a serial terminal is a carriage return.
+    ws.send(Message::Binary(b"echo typed-$((6 * 7))\r".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "typed-42").await;
+    drop(ws);
+
+    // Grading asks the VM's agent; then every student finishes, and the server deletes what
+    // it created: a VM and its Secret, three of each with the Service and NetworkPolicy, a pod.
+    let (status, graded) = http(
+        server_addr,
+        "POST",
+        &format!("/api/sessions/{vm_id}/grade"),
+        Some(&student),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{graded}");
+    for (user, session) in [
+        ("student-vm", &vm),
+        ("student-cluster", &cluster),
+        ("student-pod", &pod),
+    ] {
+        let id = session["id"].as_str().unwrap();
+        let (status, finished) = http(
+            server_addr,
+            "DELETE",
+            &format!("/api/sessions/{id}"),
+            Some(&token(user, ttlab_api::auth::Role::Student)),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{finished}");
+        assert_eq!(finished["status"], "finished", "{finished}");
+    }
+
+    // Two more sessions whose time runs out, two ghosts (their VM or pod deleted behind the
+    // backend's back) and orphans.
+    let cluster = start_and_wait_running(server_addr, "student-cluster-2", "kubeadm-cluster").await;
+    let pod = start_and_wait_running(server_addr, "student-pod-2", "shell-basics").await;
+    let store = ttlab_store::Store::connect(&database_url, ttlab_store::StoreOptions::default())
+        .await
+        .unwrap();
+    let (pg_client, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for session in [&cluster, &pod] {
+        let id: uuid::Uuid = session["id"].as_str().unwrap().parse().unwrap();
+        pg_client
+            .execute(
+                "UPDATE sessions SET started_at = now() - interval '61 minutes', \
+                 expires_at = now() - interval '1 minute' WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+    }
+    let ghost = start_and_wait_running(server_addr, "student-ghost", "systemd-basics").await;
+    let pod_ghost = start_and_wait_running(server_addr, "student-pod-ghost", "shell-basics").await;
+    let fixtures = ttlab_cluster::KubeCluster::from_kubeconfig(
+        &installed.admin_kubeconfig,
+        ttlab_cluster::ClusterSettings::in_namespace(&ns),
+    )
+    .await
+    .unwrap();
+    use ttlab_cluster::Cluster as _;
+    let behind_the_back = [
+        (
+            ttlab_cluster::Kind::VirtualMachine,
+            ghost["nodes"][0]["vm"].as_str().unwrap().to_owned(),
+        ),
+        (
+            ttlab_cluster::Kind::Pod,
+            pod_ghost["nodes"][0]["vm"].as_str().unwrap().to_owned(),
+        ),
+    ];
+    for (kind, name) in &behind_the_back {
+        fixtures
+            .delete(*kind, name, ttlab_cluster::Propagation::Background)
+            .await
+            .unwrap();
+    }
+    let orphan_session = ttlab_model::SessionId::new_random();
+    let labels = ttlab_model::labels::ObjectLabels::new(
+        orphan_session,
+        "dev".parse().unwrap(),
+        "systemd-basics".parse().unwrap(),
+        None,
+    );
+    let orphan_secret = format!("orphan-{}", orphan_session.simple());
+    fixtures
+        .create_secret(
+            serde_json::from_value(json!({
+                "metadata": {"name": orphan_secret, "labels": labels.to_map()},
+                "stringData": {"userdata": "#cloud-config\n{}\n"}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Another environment's object: never this reaper's.
+    let foreign = ttlab_model::labels::ObjectLabels::new(
+        ttlab_model::SessionId::new_random(),
+        "prod".parse().unwrap(),
+        "systemd-basics".parse().unwrap(),
+        None,
+    );
+    fixtures
+        .create_secret(
+            serde_json::from_value(json!({
+                "metadata": {"name": "prod-secret", "labels": foreign.to_map()},
+                "stringData": {"userdata": "#cloud-config\n{}\n"}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Wait until the deleted VM and pod are really gone (KubeVirt releases its finalizer, the
+    // kubelet confirms the pod's end).
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (kind, name) in &behind_the_back {
+        while fixtures.get(*kind, name).await.unwrap().is_some() {
+            assert!(tokio::time::Instant::now() < until, "{name} not gone");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    // The reaper: a dry run names what it would do and changes nothing ...
+    let (code, dry) = Process::spawn(&reaper_bin, &["--once", "--dry-run"], &reaper_env)
+        .finish()
+        .await;
+    assert_eq!(code, 0, "{}", dry.join("\n"));
+    let dry_text = dry.join("\n");
+    for name in [
+        cluster["id"].as_str().unwrap(),
+        pod["id"].as_str().unwrap(),
+        ghost["id"].as_str().unwrap(),
+        pod_ghost["id"].as_str().unwrap(),
+        orphan_secret.as_str(),
+    ] {
+        assert!(
+            dry_text.contains(name),
+            "the dry run names {name}:\n{dry_text}"
+        );
+    }
+    assert!(!dry_text.contains("prod-secret"), "{dry_text}");
+    assert!(
+        fixtures
+            .get(ttlab_cluster::Kind::Secret, &orphan_secret)
+            .await
+            .unwrap()
+            .is_some(),
+        "the dry run deleted nothing"
+    );
+    // ... and a real cycle does it.
+    let (code, once) = Process::spawn(&reaper_bin, &["--once"], &reaper_env)
+        .finish()
+        .await;
+    assert_eq!(code, 0, "{}", once.join("\n"));
+    let status_of = |s: &Value| {
+        let id: ttlab_model::SessionId = s["id"].as_str().unwrap().parse().unwrap();
+        let store = store.clone();
+        async move { store.sessions().get(id).await.unwrap().unwrap().status }
+    };
+    use ttlab_model::SessionStatus as S;
+    assert_eq!(status_of(&cluster).await, S::Expired);
+    assert_eq!(status_of(&pod).await, S::Expired);
+    assert_eq!(status_of(&ghost).await, S::Ghost);
+    assert_eq!(status_of(&pod_ghost).await, S::Ghost);
+    assert_eq!(status_of(&vm).await, S::Finished);
+    assert!(
+        fixtures
+            .get(ttlab_cluster::Kind::Secret, &orphan_secret)
+            .await
+            .unwrap()
+            .is_none(),
+        "the orphan is deleted"
+    );
+    assert!(
+        fixtures
+            .get(ttlab_cluster::Kind::Secret, "prod-secret")
+            .await
+            .unwrap()
+            .is_some(),
+        "another environment's object stays"
+    );
+
+    // Neither binary logged a refusal.
+    let server_log = server.output();
+    for (who, log) in [
+        ("server", &server_log),
+        ("reaper --once", &once),
+        ("reaper --dry-run", &dry),
+    ] {
+        let refused: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains(" 403") || l.to_ascii_lowercase().contains("forbidden"))
+            .collect();
+        assert!(refused.is_empty(), "{who} logged refusals: {refused:#?}");
+    }
+
+    // Least privilege, proven by calls.
+    let mut problems = Vec::new();
+    for (identity, user, role) in [
+        ("server", dev.server_user(), "ttlab-server"),
+        ("reaper", dev.reaper_user(), "ttlab-reaper"),
+    ] {
+        let calls = plane.calls_of(&user, &ns).unwrap();
+        problems.extend(compare(identity, &grants(&installed, role), &calls));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    store.close();
+    drop(server);
+    console.stop().await;
+    kubevirt.stop().await;
+    tokio::task::spawn_blocking(move || pg.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn the_comparison_names_a_missing_and_an_unused_grant() {
+    let granted: BTreeSet<_> = [("", "secrets", "create"), ("", "secrets", "list")]
+        .iter()
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect();
+    let call = |verb: &str, code: u16| Call {
+        group: String::new(),
+        resource: "secrets".into(),
+        verb: verb.into(),
+        namespace: Some("n".into()),
+        code,
+    };
+    let calls = BTreeSet::from([call("create", 201), call("delete", 403)]);
+    let problems = compare("server", &granted, &calls);
+    assert_eq!(
+        problems,
+        [
+            "server: refused (403): Call { group: \"\", resource: \"secrets\", verb: \"delete\", namespace: Some(\"n\"), code: 403 }",
+            "server: called but not granted: delete /secrets",
+            "server: granted but never called: list /secrets",
+        ]
+    );
+}
