@@ -14,8 +14,8 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -27,34 +27,10 @@ use ttlab_kube_sim::resources::TYPES;
 use ttlab_kube_sim::{KubeSim, SimConfig};
 use ttlab_store::ephemeral::PgCluster;
 
-use common::render_overlay;
+use common::{binaries_dir, binary, free_port, render_overlay};
 
 /// How long a process may take to come up (debug builds, a cold database).
 const STARTUP: Duration = Duration::from_secs(60);
-
-/// `target/<profile>/`, where cargo puts the workspace's binaries (this test runs from
-/// `target/<profile>/deps/`).
-fn binaries_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable is in target/<profile>/deps/")
-        .to_path_buf()
-}
-
-/// The built binary `name` in [`binaries_dir`], if it is there.
-fn binary(name: &str) -> Option<PathBuf> {
-    let path = binaries_dir().join(name);
-    path.is_file().then_some(path)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One HTTP/1.1 GET; returns the status code.
 async fn get_status(addr: SocketAddr, path: &str) -> u16 {

@@ -18,8 +18,8 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +33,8 @@ use ttlab_deploy_tests::repo_root;
 use ttlab_envtest::{Call, Installed};
 use ttlab_store::ephemeral::PgCluster;
 
+use common::{binaries_dir, binary, free_port};
+
 const AUTH_SECRET: &str = "a-test-secret-of-at-least-thirty-two-bytes";
 
 /// Grants of the shipped Roles that no call on this control plane can exercise, with why and
@@ -45,27 +47,6 @@ const NOT_EXERCISABLE: &[(&str, &str, &str, &str)] = &[
     // The pod-lab console reads its pod before it execs (crates/api/src/console/upstream.rs).
     ("server", "", "pods", "get"),
 ];
-
-fn binaries_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable is in target/<profile>/deps/")
-        .to_path_buf()
-}
-
-fn binary(name: &str) -> Option<PathBuf> {
-    let path = binaries_dir().join(name);
-    path.is_file().then_some(path)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A process whose output lines are kept (for markers and for the 403 check).
 struct Process {

@@ -11,9 +11,11 @@
 //! they are missing the test says so with [`ttlab_testkit::skip_or_fail`]: a `SKIPPED:` line,
 //! or a failure under `CI=true` (`.ci/run` builds them).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,32 +31,11 @@ use ttlab_kube_sim::{KubeSim, SimConfig};
 use ttlab_model::{NodeName, SessionId};
 use ttlab_store::ephemeral::PgCluster;
 
+use common::{binaries_dir, binary, free_port};
+
 const STARTUP: Duration = Duration::from_secs(60);
 const SECRET: &str = "secret-pass-the-server-must-never-print-8f3a91c2";
 const NAMESPACE: &str = "ttlab-vms";
-
-/// `target/<profile>/`: this test runs from `target/<profile>/deps/`.
-fn binaries_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable is in target/<profile>/deps/")
-        .to_path_buf()
-}
-
-/// The built binary `name` in [`binaries_dir`], if it is there.
-fn binary(name: &str) -> Option<PathBuf> {
-    let path = binaries_dir().join(name);
-    path.is_file().then_some(path)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Everything the processes printed and the API answered.
 #[derive(Clone, Default)]

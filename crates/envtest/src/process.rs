@@ -95,90 +95,80 @@ fn run(command: &mut Command) -> Result<(), EnvtestError> {
     }
 }
 
-/// A CA, the API server's serving certificate and the ServiceAccount signing keys, made with
-/// the `openssl` command as any operator would.
-fn make_pki(pki: &Path) -> Result<(), EnvtestError> {
-    let p = |f: &str| pki.join(f);
-    let openssl = || Command::new("openssl");
-    run(openssl()
+/// `openssl req -x509`: a self-signed CA `name` (`<name>.crt`, `<name>.key`) in `pki`.
+fn make_ca(pki: &Path, name: &str, cn: &str) -> Result<(), EnvtestError> {
+    run(Command::new("openssl")
         .args([
             "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
         ])
-        .args(["-subj", "/CN=ttlab-envtest-ca", "-keyout"])
-        .arg(p("ca.key"))
-        .arg("-out")
-        .arg(p("ca.crt")))?;
-    run(openssl()
-        .args([
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=kube-apiserver",
-        ])
+        .arg("-subj")
+        .arg(format!("/CN={cn}"))
         .arg("-keyout")
-        .arg(p("api.key"))
+        .arg(pki.join(format!("{name}.key")))
         .arg("-out")
-        .arg(p("api.csr")))?;
-    std::fs::write(
-        p("san.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n",
-    )
-    .map_err(EnvtestError::io("san.cnf"))?;
-    run(openssl()
+        .arg(pki.join(format!("{name}.crt"))))
+}
+
+/// A key and a certificate `name` (`<name>.crt`, `<name>.key`) in `pki` for `cn`, signed by the
+/// CA `ca` of `pki`, as X.509 v3 with the `extensions` lines (TLS stacks refuse v1
+/// certificates).
+fn make_signed(
+    pki: &Path,
+    name: &str,
+    cn: &str,
+    ca: &str,
+    extensions: &str,
+) -> Result<(PathBuf, PathBuf), EnvtestError> {
+    let p = |ext: &str| pki.join(format!("{name}.{ext}"));
+    run(Command::new("openssl")
+        .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj"])
+        .arg(format!("/CN={cn}"))
+        .arg("-keyout")
+        .arg(p("key"))
+        .arg("-out")
+        .arg(p("csr")))?;
+    std::fs::write(p("cnf"), extensions).map_err(EnvtestError::io(format!("{name}.cnf")))?;
+    run(Command::new("openssl")
         .args(["x509", "-req", "-days", "2", "-CAcreateserial", "-in"])
-        .arg(p("api.csr"))
+        .arg(p("csr"))
         .arg("-CA")
-        .arg(p("ca.crt"))
+        .arg(pki.join(format!("{ca}.crt")))
         .arg("-CAkey")
-        .arg(p("ca.key"))
+        .arg(pki.join(format!("{ca}.key")))
         .arg("-extfile")
-        .arg(p("san.cnf"))
+        .arg(p("cnf"))
         .arg("-out")
-        .arg(p("api.crt")))?;
+        .arg(p("crt")))?;
+    Ok((p("crt"), p("key")))
+}
+
+/// A CA, the API server's serving certificate, the front proxy's CA and client certificate,
+/// and the ServiceAccount signing keys, made with the `openssl` command as any operator would.
+fn make_pki(pki: &Path) -> Result<(), EnvtestError> {
+    make_ca(pki, "ca", "ttlab-envtest-ca")?;
+    make_signed(
+        pki,
+        "api",
+        "kube-apiserver",
+        "ca",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n",
+    )?;
     // The front proxy: kube-apiserver authenticates to aggregated API servers (the KubeVirt
     // console subresource) with this client certificate, signed by a CA of its own.
-    run(openssl()
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .args(["-subj", "/CN=ttlab-envtest-front-proxy-ca", "-keyout"])
-        .arg(p("front-proxy-ca.key"))
-        .arg("-out")
-        .arg(p("front-proxy-ca.crt")))?;
-    run(openssl()
-        .args([
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=front-proxy-client",
-        ])
-        .arg("-keyout")
-        .arg(p("front-proxy-client.key"))
-        .arg("-out")
-        .arg(p("front-proxy-client.csr")))?;
-    // X.509 v3 (an extension file) with clientAuth: TLS stacks refuse v1 client certificates.
-    std::fs::write(p("front-proxy-client.cnf"), "extendedKeyUsage=clientAuth\n")
-        .map_err(EnvtestError::io("front-proxy-client.cnf"))?;
-    run(openssl()
-        .args(["x509", "-req", "-days", "2", "-CAcreateserial", "-in"])
-        .arg(p("front-proxy-client.csr"))
-        .arg("-CA")
-        .arg(p("front-proxy-ca.crt"))
-        .arg("-CAkey")
-        .arg(p("front-proxy-ca.key"))
-        .arg("-extfile")
-        .arg(p("front-proxy-client.cnf"))
-        .arg("-out")
-        .arg(p("front-proxy-client.crt")))?;
-    run(openssl()
+    make_ca(pki, "front-proxy-ca", "ttlab-envtest-front-proxy-ca")?;
+    make_signed(
+        pki,
+        "front-proxy-client",
+        "front-proxy-client",
+        "front-proxy-ca",
+        "extendedKeyUsage=clientAuth\n",
+    )?;
+    let p = |f: &str| pki.join(f);
+    run(Command::new("openssl")
         .args(["genrsa", "-out"])
         .arg(p("sa.key"))
         .arg("2048"))?;
-    run(openssl()
+    run(Command::new("openssl")
         .args(["rsa", "-pubout", "-in"])
         .arg(p("sa.key"))
         .arg("-out")
@@ -202,31 +192,13 @@ pub(crate) fn serving_certificate(
             }
         })
         .collect();
-    let p = |ext: &str| pki.join(format!("serving-{safe}.{ext}"));
-    run(Command::new("openssl")
-        .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj"])
-        .arg(format!("/CN={dns_name}"))
-        .arg("-keyout")
-        .arg(p("key"))
-        .arg("-out")
-        .arg(p("csr")))?;
-    std::fs::write(
-        p("cnf"),
-        format!("subjectAltName=DNS:{dns_name}\nextendedKeyUsage=serverAuth\n"),
+    make_signed(
+        pki,
+        &format!("serving-{safe}"),
+        dns_name,
+        "ca",
+        &format!("subjectAltName=DNS:{dns_name}\nextendedKeyUsage=serverAuth\n"),
     )
-    .map_err(EnvtestError::io("serving certificate extensions"))?;
-    run(Command::new("openssl")
-        .args(["x509", "-req", "-days", "2", "-CAcreateserial", "-in"])
-        .arg(p("csr"))
-        .arg("-CA")
-        .arg(pki.join("ca.crt"))
-        .arg("-CAkey")
-        .arg(pki.join("ca.key"))
-        .arg("-extfile")
-        .arg(p("cnf"))
-        .arg("-out")
-        .arg(p("crt")))?;
-    Ok((p("crt"), p("key")))
 }
 
 fn random_token() -> Result<String, EnvtestError> {

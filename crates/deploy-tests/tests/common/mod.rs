@@ -103,3 +103,28 @@ fn render_cached(
         .insert(key.to_owned(), rendered.clone());
     Some(rendered)
 }
+
+/// `target/<profile>/`, where cargo puts the workspace's binaries: a test runs from
+/// `target/<profile>/deps/`.
+pub fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps/")
+        .to_path_buf()
+}
+
+/// The built binary `name` in [`binaries_dir`], if it is there.
+pub fn binary(name: &str) -> Option<PathBuf> {
+    let path = binaries_dir().join(name);
+    path.is_file().then_some(path)
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
