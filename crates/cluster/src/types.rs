@@ -298,12 +298,20 @@ pub struct VmiState {
 }
 
 impl VmiState {
-    /// The first condition that explains why the VMI is not progressing: one with status
-    /// `False` and a reason (for example `Synchronized=False` with `FailedPvcNotFound`).
+    /// The condition that explains why the VMI is not progressing: one with status `False`
+    /// and a reason (for example `Synchronized=False` with `FailedPvcNotFound`). KubeVirt lists
+    /// `Ready=False` (`PodNotExists`: "virt-launcher pod has not yet been scheduled") first,
+    /// which only restates that the VMI is not running, so a `False` condition of any other
+    /// type is preferred; `Ready` is the answer only when nothing else is `False`.
     pub fn blocking_condition(&self) -> Option<&Condition> {
+        let blocking = |c: &&Condition| {
+            c.status == "False" && c.reason.as_deref().is_some_and(|r| !r.is_empty())
+        };
         self.conditions
             .iter()
-            .find(|c| c.status == "False" && c.reason.as_deref().is_some_and(|r| !r.is_empty()))
+            .filter(blocking)
+            .find(|c| c.type_ != "Ready")
+            .or_else(|| self.conditions.iter().find(blocking))
     }
 
     /// One line for logs and errors: the phase and, if any, the blocking reason and message.

@@ -242,8 +242,10 @@ mod tests {
         let state = vmi_state(&vmi(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "vm-a"},
+            // As KubeVirt lists them: Ready (with its own reason) before the one that says why.
             "status": {"phase": "Pending", "conditions": [
-                {"type": "Ready", "status": "False"},
+                {"type": "Ready", "status": "False", "reason": "PodNotExists",
+                 "message": "virt-launcher pod has not yet been scheduled"},
                 {"type": "Synchronized", "status": "False", "reason": "FailedPvcNotFound",
                  "message": "PVC ns/golden does not exist, waiting for it to appear"}
             ]}
@@ -259,6 +261,18 @@ mod tests {
             state.describe()
         );
         assert_eq!(state.ip, None);
+        // With nothing else False, Ready's reason is the answer.
+        let only_ready = vmi_state(&vmi(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm-a"},
+            "status": {"phase": "Scheduling", "conditions": [
+                {"type": "Ready", "status": "False", "reason": "PodNotExists"}
+            ]}
+        })));
+        assert_eq!(
+            only_ready.blocking_condition().and_then(|c| c.reason.as_deref()),
+            Some("PodNotExists")
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Console keepalive against kube-sim: the client pings, kube-sim answers as any WebSocket
 //! server does, and the connection stays usable well past the point where an unanswered ping
-//! would have been taken for a dead connection.
+//! would have been taken for a dead connection. kube-sim only: the console subresource is
+//! served by KubeVirt's virt-api, which the real control plane does not run.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
 use ttlab_cluster::{Cluster, ClusterSettings, Terminal};
 
-use crate::common::{self, NS, within};
+use crate::common::{self, Harness, within};
 
 async fn read_until(term: &mut Terminal, needle: &str) -> String {
     let mut seen = String::new();
@@ -25,9 +26,9 @@ async fn read_until(term: &mut Terminal, needle: &str) -> String {
 #[tokio::test]
 async fn pings_are_answered_by_kube_sim_and_an_idle_console_stays_open() {
     let every = Duration::from_millis(100);
-    let h = common::start_with(ClusterSettings {
+    let h = Harness::start_with(ClusterSettings {
         console_ping_interval: Some(every),
-        ..ClusterSettings::in_namespace(NS)
+        ..ClusterSettings::default()
     })
     .await;
     h.cluster

@@ -1,5 +1,6 @@
-//! Every typed error, produced by the sim's real answers or its injected faults, and the
-//! client-side concurrency limit.
+//! Every typed error, produced by the server's real answers (on both backends) or kube-sim's
+//! injected faults, and the client-side concurrency limit (measured with kube-sim's latency
+//! and its record of arrival times). Faults, latency and stopping the server are kube-sim's.
 
 use std::time::Duration;
 
@@ -7,15 +8,15 @@ use futures::future::join_all;
 use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Kind, Propagation};
 use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
 
-use crate::common::{self, NS, within};
+use crate::common::{self, Harness, within};
 
 #[tokio::test]
 async fn injected_statuses_map_to_typed_errors() {
     let settings = ClusterSettings {
         retry_throttled: false,
-        ..ClusterSettings::in_namespace(NS)
+        ..ClusterSettings::default()
     };
-    let h = common::start_with(settings).await;
+    let h = Harness::start_with(settings).await;
     type Check = fn(&ClusterError) -> bool;
     let cases: [(u16, Check, bool); 7] = [
         (500, |e| matches!(e, ClusterError::Transient { .. }), true),
@@ -28,7 +29,7 @@ async fn injected_statuses_map_to_typed_errors() {
     ];
     for (status, check, retryable) in cases {
         let id = h
-            .sim
+            .sim()
             .faults()
             .add(FaultRule::fail(Some(Verb::Create), Some("secrets"), status).times(1));
         let err = h
@@ -38,10 +39,10 @@ async fn injected_statuses_map_to_typed_errors() {
             .unwrap_err();
         assert!(check(&err), "{status}: got {err:?}");
         assert_eq!(err.is_retryable(), retryable, "{status}: {err:?}");
-        h.sim.faults().remove(id);
+        h.sim().faults().remove(id);
     }
     // Listing fails the same way.
-    h.sim
+    h.sim()
         .faults()
         .add(FaultRule::fail(Some(Verb::List), Some("virtualmachines"), 500).times(1));
     let err = h
@@ -51,7 +52,7 @@ async fn injected_statuses_map_to_typed_errors() {
         .unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
     // A failed delete is an error (only 404 is success).
-    h.sim
+    h.sim()
         .faults()
         .add(FaultRule::fail(Some(Verb::Delete), Some("secrets"), 503).times(1));
     let err = h
@@ -64,9 +65,9 @@ async fn injected_statuses_map_to_typed_errors() {
 
 #[tokio::test]
 async fn throttling_is_retried_inside_the_client_until_the_request_timeout() {
-    let h = common::start().await;
+    let h = Harness::start().await;
     // Two 429s (with `Retry-After`), then the real answer: the caller never sees them.
-    h.sim
+    h.sim()
         .faults()
         .add(FaultRule::fail(Some(Verb::Create), Some("secrets"), 429).times(2));
     h.cluster
@@ -74,7 +75,7 @@ async fn throttling_is_retried_inside_the_client_until_the_request_timeout() {
         .await
         .unwrap();
     let creates = h
-        .sim
+        .sim()
         .calls()
         .iter()
         .filter(|c| c.verb == Verb::Create && c.resource == "secrets")
@@ -85,10 +86,10 @@ async fn throttling_is_retried_inside_the_client_until_the_request_timeout() {
     let impatient = h
         .client(ClusterSettings {
             request_timeout: Duration::from_millis(500),
-            ..ClusterSettings::in_namespace(NS)
+            ..ClusterSettings::default()
         })
         .await;
-    h.sim
+    h.sim()
         .faults()
         .add(FaultRule::fail(Some(Verb::Get), Some("secrets"), 503));
     let err = within(10, impatient.get(Kind::Secret, "x"))
@@ -99,8 +100,8 @@ async fn throttling_is_retried_inside_the_client_until_the_request_timeout() {
 
 #[tokio::test]
 async fn a_quota_message_on_a_403_is_quota_exceeded() {
-    let h = common::start().await;
-    h.sim.faults().add(FaultRule {
+    let h = Harness::start().await;
+    h.sim().faults().add(FaultRule {
         action: FaultAction::Fail {
             status: 403,
             message: Some(
@@ -117,9 +118,8 @@ async fn a_quota_message_on_a_403_is_quota_exceeded() {
     assert!(matches!(err, ClusterError::QuotaExceeded { .. }), "{err:?}");
 }
 
-#[tokio::test]
-async fn real_refusals_are_typed_too() {
-    let h = common::start().await;
+on_both_backends!(real_refusals_are_typed_too);
+async fn real_refusals_are_typed_too(h: &Harness) {
     // An invalid name is refused by the API server (422).
     let mut bad = common::vm("ok", &common::labels("dev"));
     bad["metadata"]["name"] = "Not_A_Name".into();
@@ -147,10 +147,10 @@ async fn real_refusals_are_typed_too() {
 async fn a_hanging_call_becomes_a_transient_timeout() {
     let settings = ClusterSettings {
         request_timeout: Duration::from_millis(300),
-        ..ClusterSettings::in_namespace(NS)
+        ..ClusterSettings::default()
     };
-    let h = common::start_with(settings).await;
-    h.sim
+    let h = Harness::start_with(settings).await;
+    h.sim()
         .faults()
         .add(FaultRule::hang(Some(Verb::Get), Some("virtualmachines")));
     let err = within(10, h.cluster.get(Kind::VirtualMachine, "slow"))
@@ -162,9 +162,9 @@ async fn a_hanging_call_becomes_a_transient_timeout() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_transient() {
-    let h = common::start().await;
+    let h = Harness::start().await;
     let cluster = h.cluster.clone();
-    h.sim.shutdown().await;
+    h.into_sim().shutdown().await;
     let err = within(30, cluster.get(Kind::Secret, "x"))
         .await
         .unwrap_err();
@@ -177,11 +177,11 @@ async fn no_more_calls_than_the_limit_are_in_flight() {
     const LATENCY: Duration = Duration::from_millis(150);
     let settings = ClusterSettings {
         max_in_flight: LIMIT,
-        ..ClusterSettings::in_namespace(NS)
+        ..ClusterSettings::default()
     };
-    let h = common::start_with(settings).await;
-    h.sim.faults().set_latency(LATENCY);
-    h.sim.faults().clear_calls();
+    let h = Harness::start_with(settings).await;
+    h.sim().faults().set_latency(LATENCY);
+    h.sim().faults().clear_calls();
     let names: Vec<String> = (0..12).map(|i| format!("c-{i}")).collect();
     let results = within(
         30,
@@ -193,7 +193,7 @@ async fn no_more_calls_than_the_limit_are_in_flight() {
     // Every call is held LATENCY by the sim, so calls arriving within less than LATENCY of
     // each other were in flight together.
     let arrivals: Vec<u64> = h
-        .sim
+        .sim()
         .calls()
         .iter()
         .filter(|c| c.verb == Verb::Get && c.resource == "secrets")

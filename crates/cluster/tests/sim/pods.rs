@@ -1,5 +1,6 @@
-//! Pod labs against kube-sim: a Pod's state, waiting for it to run, one command run without
-//! a TTY, and the namespace's ResourceQuotas.
+//! Pod labs: a Pod's state, waiting for it to run, one command run without a TTY, and the
+//! namespace's ResourceQuotas — on kube-sim and on the real control plane (with the kubelet
+//! simulated by kubevirt-sim); exec needs a kubelet's streaming server, so kube-sim only.
 
 use std::time::Duration;
 
@@ -7,12 +8,12 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use ttlab_cluster::{Cluster as _, PodPhase, PodWait};
 
-use crate::common::{self, NS};
+use crate::common::{self, Harness, retry_quota};
 
-fn pod(name: &str, deadline: Option<i64>) -> Pod {
+fn pod(h: &Harness, name: &str, deadline: Option<i64>) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": h.ns},
         "spec": {
             "activeDeadlineSeconds": deadline,
             "restartPolicy": "Never",
@@ -23,14 +24,13 @@ fn pod(name: &str, deadline: Option<i64>) -> Pod {
     .unwrap()
 }
 
-#[tokio::test]
-async fn a_pod_is_waited_for_until_it_runs_and_ready() {
-    let h = common::start().await;
+on_both_backends!(a_pod_is_waited_for_until_it_runs_and_ready);
+async fn a_pod_is_waited_for_until_it_runs_and_ready(h: &Harness) {
     assert_eq!(h.cluster.pod_state("lab-1").await.unwrap(), None);
     // The wait starts before the Pod exists.
     let wait = h.cluster.wait_pod_running("lab-1", Duration::from_secs(10));
     let create = async {
-        h.cluster.create_pod(pod("lab-1", None)).await.unwrap();
+        h.cluster.create_pod(pod(h, "lab-1", None)).await.unwrap();
     };
     let (waited, ()) = common::within(15, async { tokio::join!(wait, create) }).await;
     match waited.unwrap() {
@@ -44,9 +44,8 @@ async fn a_pod_is_waited_for_until_it_runs_and_ready() {
     assert!(state.is_usable(), "{state:?}");
 }
 
-#[tokio::test]
-async fn a_pod_that_never_appears_times_out_and_one_past_its_deadline_ended() {
-    let h = common::start().await;
+on_both_backends!(a_pod_that_never_appears_times_out_and_one_past_its_deadline_ended);
+async fn a_pod_that_never_appears_times_out_and_one_past_its_deadline_ended(h: &Harness) {
     let waited = h
         .cluster
         .wait_pod_running("nobody", Duration::from_millis(300))
@@ -59,7 +58,10 @@ async fn a_pod_that_never_appears_times_out_and_one_past_its_deadline_ended() {
             last: None
         }
     );
-    h.cluster.create_pod(pod("short", Some(1))).await.unwrap();
+    h.cluster
+        .create_pod(pod(h, "short", Some(1)))
+        .await
+        .unwrap();
     // Running first, then Failed (DeadlineExceeded) a second later.
     let first = h
         .cluster
@@ -91,8 +93,8 @@ async fn a_pod_that_never_appears_times_out_and_one_past_its_deadline_ended() {
 
 #[tokio::test]
 async fn a_command_runs_without_a_tty_and_reports_its_exit_status() {
-    let h = common::start().await;
-    h.cluster.create_pod(pod("lab-2", None)).await.unwrap();
+    let h = Harness::start().await;
+    h.cluster.create_pod(pod(&h, "lab-2", None)).await.unwrap();
     let w = h
         .cluster
         .wait_pod_running("lab-2", Duration::from_secs(5))
@@ -130,22 +132,21 @@ async fn a_command_runs_without_a_tty_and_reports_its_exit_status() {
     );
 }
 
-#[tokio::test]
-async fn resource_quotas_show_their_limits_and_usage() {
-    let h = common::start().await;
-    h.sim.pause_kubevirt(true);
+on_both_backends!(resource_quotas_show_their_limits_and_usage);
+async fn resource_quotas_show_their_limits_and_usage(h: &Harness) {
+    h.pause_kubevirt();
     assert!(h.cluster.resource_quotas().await.unwrap().is_empty());
-    h.sim
-        .create(json!({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "ttlab-vms", "namespace": NS},
-            "spec": {"hard": {"count/virtualmachines.kubevirt.io": "8", "requests.memory": "48Gi"}}
-        }))
-        .unwrap();
-    h.cluster
-        .create_vm(common::vm("q-1", &common::labels("dev")))
-        .await
-        .unwrap();
+    h.create_quota(
+        "ttlab-vms",
+        json!({"count/virtualmachines.kubevirt.io": "8", "requests.memory": "48Gi"}),
+    )
+    .await;
+    retry_quota(|| {
+        h.cluster
+            .create_vm(common::vm("q-1", &common::labels("dev")))
+    })
+    .await
+    .unwrap();
     let quotas = h.cluster.resource_quotas().await.unwrap();
     assert_eq!(quotas.len(), 1, "{quotas:?}");
     let q = &quotas[0];
