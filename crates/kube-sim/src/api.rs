@@ -188,11 +188,8 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         return crate::exec::handle(sim, req, ns, name).await;
     }
     let arrived = Instant::now();
-    let user = req
-        .headers()
-        .get("impersonate-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let identity = sim.tokens.identify(req.headers());
+    let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
     let target = match parse_target(&path) {
         Some(Ok(t)) => t,
@@ -227,6 +224,10 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         namespace: target.namespace.as_deref(),
         name: target.name.as_deref(),
     };
+    if let Err(e) = identity {
+        sim.faults.record_as(arrived, &key, None, e.code);
+        return error_response(&e);
+    }
     let decision = sim.faults.decide(&key);
     if !decision.delay.is_zero() {
         tokio::select! {
@@ -550,15 +551,12 @@ impl Call<'_> {
                     let rv: u64 = rv_param.parse().map_err(|_| {
                         ApiError::bad_request(format!("invalid resource version: {rv_param}"))
                     })?;
-                    match store.history_since(rv) {
-                        Some(evs) => evs
-                            .iter()
-                            .filter(|e| e.type_id == t)
-                            .filter_map(|e| filter_event(e, &q))
-                            .collect(),
-                        None => {
+                    match store.history_since(t, rv) {
+                        Ok(evs) => evs.iter().filter_map(|e| filter_event(e, &q)).collect(),
+                        Err(gone) => {
+                            // As the watch cache answers: a 200 whose only event is the error.
                             let e =
-                                ApiError::gone(format!("too old resource version: {rv} ({cur})"));
+                                ApiError::gone(format!("too old resource version: {rv} ({gone})"));
                             let line = json!({"type": "ERROR", "object": e.body()});
                             let mut body = serde_json::to_vec(&line).unwrap_or_default();
                             body.push(b'\n');

@@ -92,11 +92,8 @@ pub(crate) fn console_path(path: &str) -> Option<(String, String)> {
 
 pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String) -> Response {
     let arrived = Instant::now();
-    let user = req
-        .headers()
-        .get("impersonate-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let identity = sim.tokens.identify(req.headers());
+    let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
     let key = CallKey {
         verb: Verb::Get,
@@ -105,6 +102,10 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         namespace: Some(&ns),
         name: Some(&name),
     };
+    if let Err(e) = identity {
+        sim.faults.record_as(arrived, &key, None, e.code);
+        return error_response(&e);
+    }
     let decision = sim.faults.decide(&key);
     if !decision.delay.is_zero() {
         tokio::time::sleep(decision.delay).await;

@@ -9,6 +9,20 @@
 //! interactive shell (`bash`, `sh`, … with or without a TTY), a `sh -c SCRIPT`, or one builtin
 //! program (`hostname`, `whoami`, …). When it ends, the exit status goes out on channel 3 and
 //! the connection closes, as the kubelet does.
+//!
+//! The order in time is the real one: the upgrade, at once the empty frame that says the
+//! stream is up, and only after [`crate::SimConfig::exec_start`] the process — its output,
+//! its exit status. Answering everything in the instant of the upgrade loses output in
+//! `kubectl exec` before 1.34 (client-go's WebSocket executor): it starts the goroutine that
+//! reads and demultiplexes frames *before* another goroutine has registered the error, stdin,
+//! stdout and stderr streams, and a frame whose stream is not registered yet is dropped with
+//! `Unknown stream id 1, discarding message`. A real API server never meets that window,
+//! since it must reach the kubelet and the runtime must start the process before a byte of
+//! output exists; a sim that wrote `hostname`'s output together with the `101` did, whenever a
+//! loaded machine held kubectl's stream-setup goroutine for a moment: empty output, exit 0
+//! (client-go fixed the order in 1.34, kubernetes/kubernetes#131203). Nothing a client sends
+//! tells the server its streams are ready (an exec without stdin or TTY sends nothing), so the
+//! start latency is what the server can honestly give.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -115,11 +129,8 @@ impl Options {
 
 pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String) -> Response {
     let arrived = Instant::now();
-    let user = req
-        .headers()
-        .get("impersonate-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let identity = sim.tokens.identify(req.headers());
+    let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
     let verb = match *req.method() {
         Method::GET => Verb::Get,
@@ -133,6 +144,10 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         namespace: Some(&ns),
         name: Some(&name),
     };
+    if let Err(e) = identity {
+        sim.faults.record_as(arrived, &key, None, e.code);
+        return error_response(&e);
+    }
     let decision = sim.faults.decide(&key);
     if !decision.delay.is_zero() {
         tokio::select! {
@@ -301,6 +316,7 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
         opts,
         hostname,
         user: user_of(&pod, &container),
+        start_after: sim.config.exec_start,
     };
     let shutdown = sim.shutdown.clone();
     let ws = if offered.is_empty() {
@@ -316,6 +332,8 @@ struct Session {
     opts: Options,
     hostname: String,
     user: User,
+    /// How long the process takes to start after the upgrade.
+    start_after: std::time::Duration,
 }
 
 /// What the writer task sends.
@@ -409,6 +427,7 @@ async fn serve(socket: WebSocket, session: Session, shutdown: CancellationToken)
         opts,
         hostname,
         user,
+        start_after,
     } = session;
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Out>(64);
@@ -457,6 +476,16 @@ async fn serve(socket: WebSocket, session: Session, shutdown: CancellationToken)
         ERROR
     };
     let _ = tx.send(Out::Frame(first, Bytes::new())).await;
+    // The process starts (and can write, or fail to start) only after the way to the kubelet
+    // and the runtime (see the module documentation): frames the client sends meanwhile wait
+    // in the connection, as they would in the API server's buffers.
+    tokio::select! {
+        () = tokio::time::sleep(start_after) => {}
+        () = shutdown.cancelled() => {
+            finish(&mut stream, &done, writer, &shutdown).await;
+            return;
+        }
+    }
 
     let tty = opts.tty;
     let (stdout, stderr) = (opts.stdout, opts.stderr && !tty);

@@ -189,10 +189,17 @@ pub struct CallRecord {
     pub at: String,
     /// Arrival time in milliseconds since the sim started.
     pub offset_ms: u64,
-    /// Verb.
+    /// Verb, as RBAC names it.
     pub verb: Verb,
     /// Plural resource (or `plural/subresource`).
     pub resource: String,
+    /// API group of the resource (`""` for the core group).
+    #[serde(default)]
+    pub group: String,
+    /// The subresource (`status`, `exec`, `console`), if any: with `group`, the plural
+    /// before the `/` of `resource`, `verb` and `namespace`, what an RBAC rule matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subresource: Option<String>,
     /// Namespace, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -201,10 +208,20 @@ pub struct CallRecord {
     pub name: Option<String>,
     /// HTTP status of the answer (0 for a call left hanging).
     pub status: u16,
-    /// The user the call acted as: its `Impersonate-User` header (kubeconfig `as:`). kube-sim
-    /// has no authentication, so this is how callers sharing one sim are told apart.
+    /// Who made the call: the user its bearer token names ([`crate::KubeSim::token_for`]), or
+    /// the one its `Impersonate-User` header (kubeconfig `as:`) acts as; `None` for a call
+    /// without credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+}
+
+impl CallRecord {
+    /// The resource without its subresource (`pods` of `pods/exec`).
+    pub fn plural(&self) -> &str {
+        self.resource
+            .split_once('/')
+            .map_or(self.resource.as_str(), |(p, _)| p)
+    }
 }
 
 struct State {
@@ -351,6 +368,8 @@ impl Faults {
             offset_ms: u64::try_from(offset.as_millis()).unwrap_or(u64::MAX),
             verb: call.verb,
             resource: call.resource.to_owned(),
+            group: call.group.unwrap_or_default().to_owned(),
+            subresource: call.resource.split_once('/').map(|(_, sub)| sub.to_owned()),
             namespace: call.namespace.map(str::to_owned),
             name: call.name.map(str::to_owned),
             status,

@@ -4,18 +4,24 @@
 //! It owns a faithful stand-in for the parts of the Kubernetes API the backend uses — the REST
 //! paths, discovery and OpenAPI entries kubectl and kube-rs need, CRUD with `Status` errors,
 //! label/field selectors, pagination over consistent snapshots, metadata-only answers
-//! (`PartialObjectMetadata[List]`), watches from a resourceVersion, finalizers,
-//! owner-reference garbage collection, ResourceQuota admission — and a simulated KubeVirt: a
-//! VirtualMachine with a running strategy gets a VirtualMachineInstance and a virt-launcher
-//! pod that go through the real phases; its guest
-//! applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
+//! (`PartialObjectMetadata[List]`), watches from a resourceVersion (`410 Expired` once it has
+//! left the retained history), finalizers, owner-reference garbage collection, ResourceQuota
+//! admission judged by the status an asynchronous quota controller writes — and a simulated
+//! KubeVirt: a VirtualMachine with a running strategy gets a VirtualMachineInstance and a
+//! virt-launcher pod that go through the real phases; its guest applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
 //! runs the real `ttlab-agent` binary it finds there on a loopback address of its own; its
 //! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Pod exec
 //! speaks the Kubernetes channel protocols (`v5.channel.k8s.io` … `channel.k8s.io`) to the same
 //! simulated shell, as kube-rs' `Api::<Pod>::exec` and `kubectl exec` expect. Faults (failed,
-//! hanging or slow calls) can be injected and every call is recorded.
+//! hanging or slow calls) can be injected and every call is recorded, in RBAC terms (user,
+//! verb, group, resource, subresource, namespace): the user is the one a bearer token the sim
+//! issued names ([`KubeSim::token_for`]) or the one a kubeconfig acts as (`as:`).
 //!
-//! It refuses to own anything production runs: no authentication, no TLS, no persistence, no
+//! Where clients depend on timing, it keeps the real server's: an exec's process starts a
+//! while after the upgrade ([`SimConfig::exec_start`]), a quota's status lags its changes
+//! ([`SimConfig::quota_sync`]), changes leave the watch history ([`SimConfig::watch_history`]).
+//!
+//! It refuses to own anything production runs: no authorization, no TLS, no persistence, no
 //! real scheduling or networking; nothing outside tests and `ttlabctl` depends on it.
 //!
 //! ```
@@ -32,17 +38,19 @@
 //! ```
 
 mod api;
+mod auth;
 mod console;
 mod control;
 mod controllers;
 mod discovery;
 mod exec;
 pub mod faults;
-mod guest;
+pub mod guest;
 mod kubevirt;
 mod metadata;
 mod patch;
 pub mod quantity;
+mod quota;
 pub mod resources;
 pub mod selector;
 pub mod status;
@@ -200,6 +208,20 @@ pub struct SimConfig {
     pub seed: u64,
     /// Most calls kept in the record.
     pub max_call_records: usize,
+    /// How long a pod exec's process takes to start after the WebSocket upgrade: on a real
+    /// cluster the API server first reaches the kubelet and the container runtime starts the
+    /// process, so no output (nor the exit status) can follow the `101` at once. Clients
+    /// depend on that gap: kubectl before 1.34 registers its streams while its reader already
+    /// runs, and drops frames that arrive before (see `exec.rs`).
+    pub exec_start: Duration,
+    /// How long the quota controller takes to react: to fill a new quota's status (until
+    /// then the quota covers nothing), to apply a changed `spec.hard`, and to recount usage
+    /// after objects change (what a deletion frees is free only then).
+    pub quota_sync: Duration,
+    /// How long a change stays in the watch history (the API server's watch cache: 75 s, and
+    /// at least the last 100 changes of each type). A watch from an older resourceVersion
+    /// gets `410 Expired`, as does one from before [`KubeSim::compact_history`].
+    pub watch_history: Duration,
 }
 
 impl SimConfig {
@@ -216,6 +238,9 @@ impl SimConfig {
             launcher_memory_overhead_mib: 0,
             seed: 1,
             max_call_records: 1_000_000,
+            exec_start: Duration::from_millis(150),
+            quota_sync: Duration::from_secs(1),
+            watch_history: store::HISTORY_WINDOW,
         }
     }
 
@@ -224,6 +249,10 @@ impl SimConfig {
         Self {
             namespaces: vec!["default".into(), "ttlab".into()],
             timings: Timings::fast(),
+            // Short, but long enough that a client stalled by a loaded machine has set up its
+            // streams before the first output.
+            exec_start: Duration::from_millis(100),
+            quota_sync: Duration::from_millis(20),
             ..Self::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         }
     }
@@ -255,6 +284,8 @@ pub(crate) struct Sim {
     pub(crate) paused: watch::Sender<bool>,
     pub(crate) kubevirt: kubevirt::Runtime,
     pub(crate) consoles: console::Consoles,
+    pub(crate) quota: quota::Controller,
+    pub(crate) tokens: auth::Tokens,
     pub(crate) guest_root: PathBuf,
     pub(crate) shutdown: CancellationToken,
 }
@@ -327,6 +358,7 @@ impl KubeSim {
             }
         };
         let mut store = store::Store::new();
+        store.set_history_window(config.watch_history);
         for ns in &config.namespaces {
             store
                 .create(
@@ -343,12 +375,15 @@ impl KubeSim {
             lesson_setup: Mutex::new(config.lesson_setup.clone()),
             kubevirt: kubevirt::Runtime::new(config.guest_ip_second_octet),
             consoles: console::Consoles::default(),
+            quota: quota::Controller::default(),
+            tokens: auth::Tokens::default(),
             config,
             paused,
             guest_root,
             shutdown: CancellationToken::new(),
         });
         controllers::spawn(sim.clone());
+        quota::spawn(sim.clone());
         kubevirt::spawn(sim.clone());
         let app = api::router(sim.clone());
         let token = sim.shutdown.clone();
@@ -404,6 +439,35 @@ impl KubeSim {
         })
     }
 
+    /// The bearer token that identifies `user` to this sim (the same one every time): calls
+    /// with it are recorded as `user` ([`CallRecord::user`]), as a real cluster names the
+    /// owner of a token; a token the sim did not issue is refused with `401 Unauthorized`.
+    pub fn token_for(&self, user: &str) -> String {
+        self.sim.tokens.issue(user)
+    }
+
+    /// Writes a kubeconfig like [`KubeSim::write_kubeconfig`] that authenticates as `user`
+    /// with its bearer token ([`KubeSim::token_for`]), as a ServiceAccount's kubeconfig does.
+    /// kube-rs sends the token; kubectl (client-go) reads a kubeconfig's credentials only for
+    /// a TLS server, so over kube-sim's plain HTTP its calls stay anonymous: name kubectl's
+    /// user with [`KubeSim::write_kubeconfig_as`].
+    pub fn write_kubeconfig_for(
+        &self,
+        path: &Path,
+        namespace: &str,
+        user: &str,
+    ) -> Result<(), Error> {
+        let token = self.token_for(user);
+        std::fs::write(
+            path,
+            kubeconfig_yaml_with_token(&self.url, namespace, &token),
+        )
+        .map_err(|source| Error::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
     /// The fault table (add/remove rules, latency) and the call record.
     pub fn faults(&self) -> &Faults {
         &self.sim.faults
@@ -417,6 +481,25 @@ impl KubeSim {
     /// Counters, including the most VMs that ever existed at once.
     pub fn stats(&self) -> SimStats {
         self.sim.stats()
+    }
+
+    /// Forgets the watch history, as after an etcd compaction the API server's watch cache
+    /// holds nothing older than now: a watch from any earlier resourceVersion (an informer
+    /// resuming after a long disconnection) ends with a `410 Expired` ERROR event and has to
+    /// list again.
+    pub fn compact_history(&self) {
+        self.sim.store().compact_history();
+    }
+
+    /// Whether the quota controller counts `resource`, a quota resource name
+    /// (`count/virtualmachines.kubevirt.io`, `requests.memory`); it counts every one unless
+    /// told otherwise. One it does not count stays out of the quotas' `status.used` (or keeps
+    /// its last count), as on a cluster whose kube-controller-manager has not yet discovered
+    /// a resource type (a CRD installed within its discovery period): meanwhile creates such
+    /// a quota covers are refused with `403 status unknown for quota`. Takes effect at the
+    /// controller's next sync, [`SimConfig::quota_sync`] from now.
+    pub fn set_quota_counting(&self, resource: &str, counting: bool) {
+        self.sim.quota.set_counting(resource, counting);
     }
 
     /// Pauses (true) or resumes (false) the KubeVirt simulation: no VMI is created, advanced
@@ -559,6 +642,19 @@ pub fn kubeconfig_yaml_as(url: &str, namespace: &str, user: Option<&str>) -> Str
         Some(u) => format!("{{as: {}}}", serde_json::Value::from(u)),
         None => "{}".to_owned(),
     };
+    kubeconfig_with_user(url, namespace, &user)
+}
+
+/// [`kubeconfig_yaml`] that authenticates with the bearer token `token`.
+pub fn kubeconfig_yaml_with_token(url: &str, namespace: &str, token: &str) -> String {
+    kubeconfig_with_user(
+        url,
+        namespace,
+        &format!("{{token: {}}}", serde_json::Value::from(token)),
+    )
+}
+
+fn kubeconfig_with_user(url: &str, namespace: &str, user: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-sim\n  cluster:\n    server: {url}\ncontexts:\n- name: kube-sim\n  context:\n    cluster: kube-sim\n    user: kube-sim\n    namespace: {namespace}\ncurrent-context: kube-sim\nusers:\n- name: kube-sim\n  user: {user}\npreferences: {{}}\n"
     )

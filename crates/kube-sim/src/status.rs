@@ -123,6 +123,11 @@ impl ApiError {
         .with_details(group, plural, name)
     }
 
+    /// 401 Unauthorized: credentials the server cannot authenticate.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
     /// 405 MethodNotAllowed.
     pub fn method_not_allowed() -> Self {
         Self::new(

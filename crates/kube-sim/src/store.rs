@@ -70,6 +70,15 @@ struct Snapshot {
     items: Vec<Arc<Value>>,
 }
 
+/// A quota resource a request would exceed: (resource, requested, used, limit).
+type Exceeded<'a> = (&'a str, Milli, Milli, Milli);
+
+/// What admission adds to one quota's `status.used`: the new totals.
+struct QuotaCharge {
+    quota: String,
+    used: Vec<(String, Milli)>,
+}
+
 /// Propagation policy of a delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Propagation {
@@ -119,7 +128,15 @@ pub struct ListQuery {
     pub continue_token: Option<String>,
 }
 
-const HISTORY: usize = 200_000;
+/// Most changes of a type kept in the watch history, whatever their age (the API server's
+/// watch cache: at most 100 × 1024 per resource).
+const HISTORY_MAX: usize = 100 * 1024;
+/// Changes of a type kept in the watch history whatever their age (the watch cache keeps at
+/// least its lower-bound capacity, 100 per resource).
+const HISTORY_MIN: usize = 100;
+/// How long a change stays in the watch history, by default (the API server's watch cache
+/// keeps events 75 s: its bookmark frequency plus 15 s).
+pub const HISTORY_WINDOW: std::time::Duration = std::time::Duration::from_secs(75);
 const SNAPSHOTS: usize = 512;
 const SNAPSHOT_TTL_SECS: u64 = 300;
 
@@ -129,7 +146,12 @@ pub struct Store {
     tables: Vec<Table>,
     uids: HashMap<String, (TypeId, Key)>,
     dependents: HashMap<String, BTreeSet<(TypeId, Key)>>,
-    history: VecDeque<Arc<Event>>,
+    /// Per type, its changes, oldest first, with when they happened.
+    history: Vec<VecDeque<(Instant, Arc<Event>)>>,
+    /// Per type, the resourceVersion through which changes are no longer in the history: a
+    /// watch from an older one gets `410 Expired`.
+    history_gone_through: Vec<u64>,
+    history_window: std::time::Duration,
     tx: broadcast::Sender<Arc<Event>>,
     snapshots: BTreeMap<u64, Snapshot>,
     next_snapshot: u64,
@@ -209,7 +231,9 @@ impl Store {
             tables: TYPES.iter().map(|_| Table::default()).collect(),
             uids: HashMap::new(),
             dependents: HashMap::new(),
-            history: VecDeque::new(),
+            history: TYPES.iter().map(|_| VecDeque::new()).collect(),
+            history_gone_through: vec![0; TYPES.len()],
+            history_window: HISTORY_WINDOW,
             tx,
             snapshots: BTreeMap::new(),
             next_snapshot: 1,
@@ -257,11 +281,40 @@ impl Store {
             object,
             prev,
         });
-        if self.history.len() >= HISTORY {
-            self.history.pop_front();
-        }
-        self.history.push_back(ev.clone());
+        let now = Instant::now();
+        self.history[type_id].push_back((now, ev.clone()));
+        self.prune_history(type_id, now);
         let _ = self.tx.send(ev);
+    }
+
+    /// Drops the changes of type `t` the API server's watch cache would no longer hold:
+    /// beyond [`HISTORY_MAX`], and those older than the window while [`HISTORY_MIN`] newer
+    /// ones remain.
+    fn prune_history(&mut self, t: TypeId, now: Instant) {
+        let history = &mut self.history[t];
+        while let Some((at, front)) = history.front() {
+            let full = history.len() > HISTORY_MAX;
+            let stale =
+                history.len() > HISTORY_MIN && now.duration_since(*at) > self.history_window;
+            if !full && !stale {
+                break;
+            }
+            self.history_gone_through[t] = self.history_gone_through[t].max(front.rv);
+            history.pop_front();
+        }
+    }
+
+    /// Sets how long changes stay in the watch history (see [`HISTORY_WINDOW`]).
+    pub fn set_history_window(&mut self, window: std::time::Duration) {
+        self.history_window = window;
+    }
+
+    /// Forgets the whole watch history, as when etcd has compacted and the API server's watch
+    /// cache holds nothing older than now: a watch from any earlier resourceVersion gets
+    /// `410 Expired`.
+    pub fn compact_history(&mut self) {
+        self.history.iter_mut().for_each(VecDeque::clear);
+        self.history_gone_through.fill(self.rv);
     }
 
     fn index_insert(&mut self, t: TypeId, key: &Key, obj: &Value) {
@@ -392,7 +445,8 @@ impl Store {
         if self.tables[t].objects.contains_key(&key) {
             return Err(ApiError::already_exists(rt.group, rt.plural, &name));
         }
-        self.admit_quota(t, ns, &name, &obj, None)?;
+        let charges = self.admit_quota(t, ns, &name, &obj, None)?;
+        self.charge_quotas(ns, charges);
         let rv = self.bump();
         {
             let meta = obj
@@ -420,6 +474,10 @@ impl Store {
                 obj["spec"] = json!({"finalizers": ["kubernetes"]});
                 obj["status"] = json!({"phase": "Active"});
             }
+            if t == QUOTAS {
+                // Callers cannot set a quota's status; its controller fills it.
+                obj["status"] = json!({});
+            }
             obj["apiVersion"] = Value::from(rt.api_version());
             obj["kind"] = Value::from(rt.kind);
             if t == SECRETS {
@@ -432,9 +490,6 @@ impl Store {
         *self.tables[t].per_ns.entry(ns.to_owned()).or_default() += 1;
         self.emit(t, EventKind::Added, obj.clone(), None);
         self.track_peaks();
-        if rt.namespaced {
-            self.refresh_quotas(ns);
-        }
         Ok(obj)
     }
 
@@ -494,8 +549,29 @@ impl Store {
                 }
             }
         }
-        if t == QUOTAS {
-            new["status"] = cur["status"].clone();
+        if is_deleting(&cur) {
+            let before: BTreeSet<String> = finalizers(&cur).into_iter().collect();
+            let added: BTreeSet<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if !added.is_empty() {
+                let list: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+                return Err(ApiError::invalid(
+                    rt.group,
+                    &rt.qualified_kind(),
+                    rt.plural,
+                    name,
+                    vec![(
+                        "FieldValueForbidden".into(),
+                        format!(
+                            "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                            list.join(", ")
+                        ),
+                        "metadata.finalizers".into(),
+                    )],
+                ));
+            }
         }
         if new.get("spec") != cur.get("spec") {
             let g = cur["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
@@ -509,9 +585,8 @@ impl Store {
         if new == *cur {
             return Ok(cur);
         }
-        if t == PODS {
-            self.admit_quota(t, ns, name, &new, Some(&cur))?;
-        }
+        let charges = self.admit_quota(t, ns, name, &new, Some(&cur))?;
+        self.charge_quotas(ns, charges);
         let rv = self.bump();
         new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
         let finished = is_deleting(&new)
@@ -526,9 +601,6 @@ impl Store {
         self.index_insert(t, &key, &new);
         self.tables[t].objects.insert(key, new.clone());
         self.emit(t, EventKind::Modified, new.clone(), Some(cur));
-        if t == PODS {
-            self.refresh_quotas(ns);
-        }
         Ok(new)
     }
 
@@ -542,9 +614,6 @@ impl Store {
         let mut last = (*last).clone();
         last["metadata"]["resourceVersion"] = Value::from(self.rv.to_string());
         self.emit(t, EventKind::Deleted, Arc::new(last), None);
-        if TYPES[t].namespaced {
-            self.refresh_quotas(&key.0);
-        }
     }
 
     /// Deletes an object (see [`Propagation`]); `precondition_uid` / `precondition_rv` give a
@@ -811,18 +880,32 @@ impl Store {
         }
     }
 
-    /// The history of changes after `rv`, or `None` if it is older than what is kept.
-    pub fn history_since(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
-        let oldest = self.history.front().map_or(self.rv, |e| e.rv);
-        if rv + 1 < oldest && rv < self.rv {
-            return None;
+    /// The changes of type `t` after `rv`, or `Err` with the resourceVersion through which
+    /// they are no longer kept if `rv` is older than that.
+    pub fn history_since(&self, t: TypeId, rv: u64) -> Result<Vec<Arc<Event>>, u64> {
+        let gone = self.history_gone_through[t];
+        if rv < gone {
+            return Err(gone);
         }
-        let start = self.history.partition_point(|e| e.rv <= rv);
-        Some(self.history.range(start..).cloned().collect())
+        let history = &self.history[t];
+        let start = history.partition_point(|(_, e)| e.rv <= rv);
+        Ok(history.range(start..).map(|(_, e)| e.clone()).collect())
     }
 
     // ---- ResourceQuota ----
+    //
+    // As on a real cluster, admission judges a request by the quota's *status*, never by its
+    // spec: `status.hard` says what the quota covers and `status.used` what is in use. The
+    // status is written by the quota controller (`crate::quota`, after
+    // `SimConfig::quota_sync`) and by admission itself, which adds what it admits to
+    // `status.used` at once. So a new quota (whose status the API server clears) covers
+    // nothing until the controller's first sync, a changed `spec.hard` takes effect only
+    // then, usage drops only when the controller recounts after a deletion, and a covered
+    // resource the controller has not counted refuses creates with `status unknown for quota`
+    // (kube-apiserver `plugin/pkg/admission/resourcequota`, `CheckRequest`).
 
+    /// What is in use in `ns` of the quota resource `resource`, counted as the quota
+    /// controller counts it (`None`: nothing it can count).
     fn quota_usage(&self, ns: &str, resource: &str) -> Option<Milli> {
         let count =
             |t: TypeId| Milli(self.tables[t].per_ns.get(ns).copied().unwrap_or(0) as i128 * 1000);
@@ -865,29 +948,33 @@ impl Store {
         }
     }
 
-    /// What creating (or changing `old` into) `obj` adds to a quota resource.
-    fn quota_delta(t: TypeId, resource: &str, obj: &Value, old: Option<&Value>) -> Option<Milli> {
+    /// Whether objects of type `t` count in the quota resource `resource` (the resources an
+    /// evaluator matches: the object count, and for pods their compute resources).
+    fn quota_covers(t: TypeId, resource: &str) -> bool {
         let rt = &TYPES[t];
         let plural = resource.strip_prefix("count/").unwrap_or(resource);
-        let counts_me = plural == rt.plural || plural == rt.qualified();
-        if counts_me && (resource.starts_with("count/") || rt.group.is_empty()) {
-            return old.is_none().then_some(Milli(1000));
+        if (plural == rt.plural || plural == rt.qualified())
+            && (resource.starts_with("count/") || rt.group.is_empty())
+        {
+            return true;
         }
-        if t != PODS {
-            return None;
-        }
-        let (kind, res) = match resource {
-            "requests.memory" | "memory" => ("requests", "memory"),
-            "limits.memory" => ("limits", "memory"),
-            "requests.cpu" | "cpu" => ("requests", "cpu"),
-            "limits.cpu" => ("limits", "cpu"),
-            _ => return None,
-        };
-        let new = pod_request(obj, kind, res);
-        let before = old.map_or(Milli(0), |o| pod_request(o, kind, res));
-        Some(Milli(new.0 - before.0))
+        t == PODS && compute_resource(resource).is_some()
     }
 
+    /// What creating (or changing `old` into) `obj` adds to a quota resource it covers.
+    fn quota_delta(t: TypeId, resource: &str, obj: &Value, old: Option<&Value>) -> Milli {
+        match compute_resource(resource) {
+            Some((kind, res)) if t == PODS => {
+                let new = pod_request(obj, kind, res);
+                let before = old.map_or(Milli(0), |o| pod_request(o, kind, res));
+                Milli(new.0 - before.0)
+            }
+            _ => Milli(if old.is_none() { 1000 } else { 0 }),
+        }
+    }
+
+    /// Admission of a create (`old` is `None`) or a pod update against the namespace's quotas.
+    /// Returns what to add to each quota's `status.used`.
     fn admit_quota(
         &self,
         t: TypeId,
@@ -895,85 +982,125 @@ impl Store {
         name: &str,
         obj: &Value,
         old: Option<&Value>,
-    ) -> Result<(), ApiError> {
-        if !TYPES[t].namespaced {
-            return Ok(());
-        }
+    ) -> Result<Vec<QuotaCharge>, ApiError> {
         let rt = &TYPES[t];
+        // Quota admission handles creates, and updates of pods only (in-place resize).
+        if !rt.namespaced || (old.is_some() && t != PODS) {
+            return Ok(Vec::new());
+        }
+        let forbidden = |why: String| ApiError::forbidden(rt.group, rt.plural, name, &why);
+        let mut charges = Vec::new();
         for q in self.all(QUOTAS, Some(ns)) {
-            let Some(hard) = q["spec"]["hard"].as_object() else {
+            let qname = meta_str(&q, "name").unwrap_or_default();
+            let Some(hard) = q["status"]["hard"].as_object() else {
                 continue;
             };
-            let qname = meta_str(&q, "name").unwrap_or_default();
-            let mut requested = Vec::new();
-            let mut used = Vec::new();
-            let mut limited = Vec::new();
-            let mut over = false;
-            for (res, limit) in hard {
-                let Some(delta) = Self::quota_delta(t, res, obj, old) else {
-                    continue;
-                };
-                if t == PODS
-                    && old.is_none()
-                    && matches!(
-                        res.as_str(),
-                        "requests.memory"
-                            | "memory"
-                            | "requests.cpu"
-                            | "cpu"
-                            | "limits.memory"
-                            | "limits.cpu"
-                    )
-                    && !pod_specifies(obj, res)
-                {
-                    return Err(ApiError::forbidden(
-                        rt.group,
-                        rt.plural,
-                        name,
-                        &format!("failed quota: {qname}: must specify {res}"),
-                    ));
+            let used = q["status"]["used"].as_object();
+            let covered: Vec<&String> = hard.keys().filter(|r| Self::quota_covers(t, r)).collect();
+            if covered.is_empty() {
+                continue;
+            }
+            if t == PODS && old.is_none() {
+                let missing = missing_requests(obj, &covered);
+                if !missing.is_empty() {
+                    return Err(forbidden(format!(
+                        "failed quota: {qname}: must specify {missing}"
+                    )));
                 }
+            }
+            if covered
+                .iter()
+                .any(|r| used.is_none_or(|u| !u.contains_key(r.as_str())))
+            {
+                let mut names: Vec<&str> = covered.iter().map(|r| r.as_str()).collect();
+                names.sort_unstable();
+                return Err(forbidden(format!(
+                    "status unknown for quota: {qname}, resources: {}",
+                    names.join(",")
+                )));
+            }
+            let mut charge = QuotaCharge {
+                quota: qname.to_owned(),
+                used: Vec::new(),
+            };
+            let mut exceeded = Vec::new();
+            for res in covered {
+                let delta = Self::quota_delta(t, res, obj, old);
                 if delta.0 <= 0 {
                     continue;
                 }
-                let Some(limit) = Milli::from_json(limit) else {
-                    continue;
-                };
-                let cur = self.quota_usage(ns, res).unwrap_or_default();
-                requested.push(format!("{res}={}", delta.render()));
-                used.push(format!("{res}={}", cur.render()));
-                limited.push(format!("{res}={}", limit.render()));
+                let cur = used
+                    .and_then(|u| u.get(res.as_str()))
+                    .and_then(Milli::from_json)
+                    .unwrap_or_default();
+                let limit = hard
+                    .get(res.as_str())
+                    .and_then(Milli::from_json)
+                    .unwrap_or_default();
                 if cur.0 + delta.0 > limit.0 {
-                    over = true;
+                    exceeded.push((res.as_str(), delta, cur, limit));
                 }
+                charge.used.push((res.clone(), Milli(cur.0 + delta.0)));
             }
-            if over {
-                return Err(ApiError::forbidden(
-                    rt.group,
-                    rt.plural,
-                    name,
-                    &format!(
-                        "exceeded quota: {qname}, requested: {}, used: {}, limited: {}",
-                        requested.join(","),
-                        used.join(","),
-                        limited.join(",")
-                    ),
-                ));
+            if !exceeded.is_empty() {
+                exceeded.sort_unstable_by_key(|e| e.0);
+                let list = |pick: fn(&Exceeded<'_>) -> Milli| {
+                    exceeded
+                        .iter()
+                        .map(|e| format!("{}={}", e.0, pick(e).render()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                return Err(forbidden(format!(
+                    "exceeded quota: {qname}, requested: {}, used: {}, limited: {}",
+                    list(|e| e.1),
+                    list(|e| e.2),
+                    list(|e| e.3)
+                )));
+            }
+            if !charge.used.is_empty() {
+                charges.push(charge);
             }
         }
-        Ok(())
+        Ok(charges)
     }
 
-    /// Recomputes `status.hard` / `status.used` of the namespace's quotas.
-    pub fn refresh_quotas(&mut self, ns: &str) {
-        for q in self.all(QUOTAS, Some(ns)) {
-            let Some(hard) = q["spec"]["hard"].as_object() else {
+    /// Writes what admission admitted into the quotas' `status.used`, as the admission plugin
+    /// does before the object is stored.
+    fn charge_quotas(&mut self, ns: &str, charges: Vec<QuotaCharge>) {
+        for charge in charges {
+            let key = (ns.to_owned(), charge.quota);
+            let Some(q) = self.tables[QUOTAS].objects.get(&key).cloned() else {
                 continue;
             };
+            let mut new = (*q).clone();
+            for (res, total) in charge.used {
+                new["status"]["used"][res] = Value::from(total.render());
+            }
+            let rv = self.bump();
+            new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+            let new = Arc::new(new);
+            self.tables[QUOTAS].objects.insert(key, new.clone());
+            self.emit(QUOTAS, EventKind::Modified, new, Some(q));
+        }
+    }
+
+    /// The quota controller's sync of the namespace's quotas: `status.hard` becomes
+    /// `spec.hard`, and `status.used` the usage it counts now of each hard resource (except
+    /// those `counts` refuses, which keep their last value, if any). Returns whether a quota
+    /// changed.
+    pub fn sync_quotas(&mut self, ns: &str, counts: &dyn Fn(&str) -> bool) -> bool {
+        let mut changed = false;
+        for q in self.all(QUOTAS, Some(ns)) {
+            let hard = q["spec"]["hard"].as_object().cloned().unwrap_or_default();
             let mut used = serde_json::Map::new();
             for res in hard.keys() {
-                if let Some(u) = self.quota_usage(ns, res) {
-                    used.insert(res.clone(), Value::from(u.render()));
+                let counted = counts(res)
+                    .then(|| self.quota_usage(ns, res))
+                    .flatten()
+                    .map(|u| Value::from(u.render()));
+                if let Some(u) = counted.or_else(|| q["status"]["used"].get(res).cloned()) {
+                    used.insert(res.clone(), u);
                 }
             }
             let status = json!({"hard": hard, "used": used});
@@ -989,7 +1116,9 @@ impl Store {
             let new = Arc::new(new);
             self.tables[QUOTAS].objects.insert(key, new.clone());
             self.emit(QUOTAS, EventKind::Modified, new, Some(q));
+            changed = true;
         }
+        changed
     }
 
     /// Sets the status of an object directly (controllers), bumping resourceVersion.
@@ -1066,19 +1195,51 @@ fn pod_request(pod: &Value, kind: &str, res: &str) -> Milli {
     Milli(main.0.max(init_max))
 }
 
-fn pod_specifies(pod: &Value, quota_res: &str) -> bool {
-    let (kind, res) = match quota_res {
-        "limits.memory" => ("limits", "memory"),
-        "limits.cpu" => ("limits", "cpu"),
-        "requests.cpu" | "cpu" => ("requests", "cpu"),
-        _ => ("requests", "memory"),
-    };
-    pod["spec"]["containers"].as_array().is_some_and(|cs| {
-        cs.iter().all(|c| {
-            !c["resources"][kind][res].is_null()
-                || (kind == "requests" && !c["resources"]["limits"][res].is_null())
+/// `(requests|limits, memory|cpu)` of a quota compute resource.
+fn compute_resource(quota_res: &str) -> Option<(&'static str, &'static str)> {
+    match quota_res {
+        "requests.memory" | "memory" => Some(("requests", "memory")),
+        "limits.memory" => Some(("limits", "memory")),
+        "requests.cpu" | "cpu" => Some(("requests", "cpu")),
+        "limits.cpu" => Some(("limits", "cpu")),
+        _ => None,
+    }
+}
+
+/// The compute resources among `covered` some container of `pod` does not set, as quota
+/// admission words them: `limits.cpu for: a,b; requests.memory for: a` (empty: none). A
+/// limit stands for a missing request, as defaulting makes it one.
+fn missing_requests(pod: &Value, covered: &[&String]) -> String {
+    let containers = pod["spec"]["containers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut missing: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for res in covered {
+        let Some((kind, r)) = compute_resource(res) else {
+            continue;
+        };
+        for c in containers {
+            let set = !c["resources"][kind][r].is_null()
+                || (kind == "requests" && !c["resources"]["limits"][r].is_null());
+            if !set {
+                missing
+                    .entry(res.as_str())
+                    .or_default()
+                    .insert(c["name"].as_str().unwrap_or_default());
+            }
+        }
+    }
+    missing
+        .iter()
+        .map(|(res, names)| {
+            format!(
+                "{res} for: {}",
+                names.iter().copied().collect::<Vec<_>>().join(",")
+            )
         })
-    })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn encode_continue(id: u64, offset: usize, rv: u64) -> String {
@@ -1163,9 +1324,23 @@ mod tests {
         s.create(
             QUOTAS,
             "ns",
-            json!({"metadata": {"name": "q"}, "spec": {"hard": {"count/secrets": "1"}}}),
+            json!({"metadata": {"name": "q"}, "spec": {"hard": {"count/secrets": "1"}}, "status": {"hard": {"count/secrets": "9"}}}),
         )
         .unwrap();
+        // The status is the controller's: cleared on create, and nothing is covered yet.
+        assert_eq!(s.get(QUOTAS, "ns", "q").unwrap()["status"], json!({}));
+        s.create(SECRETS, "ns", secret("early", "dev")).unwrap();
+        assert!(s.sync_quotas("ns", &|_| true));
+        assert_eq!(
+            s.get(QUOTAS, "ns", "q").unwrap()["status"],
+            json!({"hard": {"count/secrets": "1"}, "used": {"count/secrets": "1"}})
+        );
+        s.delete(SECRETS, "ns", "early", Propagation::Background, None, None)
+            .unwrap();
+        // Still counted until the controller recounts.
+        let e = s.create(SECRETS, "ns", secret("a", "dev")).unwrap_err();
+        assert!(e.message.contains("exceeded quota: q"), "{}", e.message);
+        s.sync_quotas("ns", &|_| true);
         s.create(SECRETS, "ns", secret("a", "dev")).unwrap();
         let e = s.create(SECRETS, "ns", secret("b", "dev")).unwrap_err();
         assert_eq!(e.code, 403);
@@ -1173,9 +1348,58 @@ mod tests {
             e.message,
             "secrets \"b\" is forbidden: exceeded quota: q, requested: count/secrets=1, used: count/secrets=1, limited: count/secrets=1"
         );
+        // Admission itself charged the quota.
         assert_eq!(
             s.get(QUOTAS, "ns", "q").unwrap()["status"]["used"]["count/secrets"],
             "1"
+        );
+    }
+
+    #[test]
+    fn an_uncounted_resource_leaves_the_quota_status_unknown() {
+        let mut s = store_with_ns();
+        s.create(
+            QUOTAS,
+            "ns",
+            json!({"metadata": {"name": "q"}, "spec": {"hard": {"count/secrets": "5", "pods": "2"}}}),
+        )
+        .unwrap();
+        s.sync_quotas("ns", &|r| r != "count/secrets");
+        let e = s.create(SECRETS, "ns", secret("a", "dev")).unwrap_err();
+        assert_eq!((e.code, e.reason), (403, "Forbidden"));
+        assert_eq!(
+            e.message,
+            "secrets \"a\" is forbidden: status unknown for quota: q, resources: count/secrets"
+        );
+        // Creates the quota does not cover for the unknown resource are unaffected.
+        s.create(
+            PVCS,
+            "ns",
+            json!({"metadata": {"name": "p"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}}),
+        )
+        .unwrap();
+        s.sync_quotas("ns", &|_| true);
+        s.create(SECRETS, "ns", secret("a", "dev")).unwrap();
+    }
+
+    #[test]
+    fn pods_must_name_the_compute_resources_a_quota_covers() {
+        let mut s = store_with_ns();
+        s.create(
+            QUOTAS,
+            "ns",
+            json!({"metadata": {"name": "q"}, "spec": {"hard": {"requests.memory": "1Gi", "limits.cpu": "2"}}}),
+        )
+        .unwrap();
+        s.sync_quotas("ns", &|_| true);
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "resources": {"requests": {"memory": "1Mi"}}},
+            {"name": "b"}
+        ]}});
+        let e = s.create(PODS, "ns", pod).unwrap_err();
+        assert_eq!(
+            e.message,
+            "pods \"p\" is forbidden: failed quota: q: must specify limits.cpu for: a,b; requests.memory for: b"
         );
     }
 }

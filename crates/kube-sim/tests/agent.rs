@@ -5,7 +5,8 @@
 //! the VMI or the simulator.
 //!
 //! The agent binary is `target/<profile>/ttlab-agent` (`cargo build -p ttlab-agent-bin`; a
-//! workspace test run builds it); without it these tests are skipped with a message.
+//! workspace test run builds it); without it these tests print a `SKIPPED:` line, or fail
+//! under `CI=true`.
 
 mod support;
 
@@ -24,7 +25,7 @@ use ttlab_model::SessionId;
 use ttlab_model::labels::ObjectLabels;
 use ttlab_vm_manifest::{SessionVms, owner_reference, render, secret_name};
 
-/// The built agent, or `None` (and a message) when it has not been built.
+/// The built agent, or `None` after [`ttlab_testkit::skip_or_fail`] when it has not been built.
 fn agent_payload() -> Option<AgentPayload> {
     match ttlab_agent::locate_binary() {
         Ok(path) => {
@@ -32,7 +33,7 @@ fn agent_payload() -> Option<AgentPayload> {
             Some(AgentPayload::new(&bytes).expect("agent payload"))
         }
         Err(e) => {
-            eprintln!("SKIPPED: {e}");
+            ttlab_testkit::skip_or_fail(&e.to_string());
             None
         }
     }

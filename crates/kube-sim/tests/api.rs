@@ -307,6 +307,9 @@ async fn quota_rejects_like_the_api_server() {
             .0,
         201
     );
+    // Admission judges by the status the quota controller fills in.
+    let quotas = "/api/v1/namespaces/ttlab/resourcequotas";
+    wait_for(&h, quotas, "vm-quota", |q| q["status"]["used"].is_object()).await;
     for n in ["a", "b"] {
         assert_eq!(
             h.post(VMS, &vm(n, json!({}), "Halted", container_disk()))
@@ -336,6 +339,11 @@ async fn quota_rejects_like_the_api_server() {
         "2"
     );
     h.delete(&format!("{VMS}/a")).await;
+    // What the deletion frees is free once the controller has recounted.
+    wait_for(&h, quotas, "vm-quota", |q| {
+        q["status"]["used"]["count/virtualmachines.kubevirt.io"] == "1"
+    })
+    .await;
     assert_eq!(
         h.post(VMS, &vm("c", json!({}), "Halted", container_disk()))
             .await

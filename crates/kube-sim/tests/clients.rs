@@ -1,5 +1,6 @@
 //! Real clients against the sim: kube-rs (typed and dynamic, watcher-based waits) and kubectl
-//! (skipped with a message when it is not installed), plus the scale figure.
+//! (without it on `PATH`: a `SKIPPED:` line, or a failure under `CI=true`), plus the scale
+//! figure.
 
 mod support;
 
@@ -82,10 +83,12 @@ async fn kube_rs_creates_lists_waits_and_deletes() {
 
 #[tokio::test]
 async fn kubectl_gets_lists_and_applies_a_vm_that_reaches_running() {
-    let Some(kubectl) = kubectl() else {
-        eprintln!("SKIPPED: kubectl is not installed");
-        return;
+    let Some(kubectl) = ttlab_testkit::which("kubectl") else {
+        return ttlab_testkit::skip_or_fail(
+            "kubectl is not on PATH; kubectl get/apply against the sim did not run",
+        );
     };
+    let kubectl = kubectl.as_path();
     let mut config = ttlab_kube_sim::SimConfig::for_tests();
     config.namespaces.push("students".into());
     let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();

@@ -1,6 +1,7 @@
 //! Pod exec over the Kubernetes channel protocols, driven by real clients: kube-rs'
-//! `Api::<Pod>::exec` (with and without a TTY) and `kubectl exec` (skipped with a message
-//! when it is not installed); the API server's refusals; faults and the call record.
+//! `Api::<Pod>::exec` (with and without a TTY) and `kubectl exec` (without kubectl on `PATH`:
+//! a `SKIPPED:` line, or a failure under `CI=true`); the API server's refusals; faults and the
+//! call record.
 
 mod support;
 
@@ -329,9 +330,8 @@ async fn exec_is_refused_like_the_api_server_and_honours_faults() {
 
 #[tokio::test]
 async fn kubectl_exec_runs_single_commands_and_piped_shells() {
-    let Some(kubectl) = kubectl() else {
-        eprintln!("SKIPPED: kubectl is not installed");
-        return;
+    let Some(kubectl) = ttlab_testkit::which("kubectl") else {
+        return ttlab_testkit::skip_or_fail("kubectl is not on PATH; `kubectl exec` did not run");
     };
     let sim = start().await;
     let h = Http::new(&sim);
@@ -340,7 +340,7 @@ async fn kubectl_exec_runs_single_commands_and_piped_shells() {
     let kc = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kc, "ttlab").unwrap();
     let run = |args: &[&str], input: Option<&'static [u8]>| {
-        let mut cmd = tokio::process::Command::new(kubectl);
+        let mut cmd = tokio::process::Command::new(&kubectl);
         cmd.arg("--kubeconfig")
             .arg(&kc)
             .arg("--cache-dir")
@@ -444,5 +444,68 @@ async fn the_subprotocol_is_the_first_one_the_client_offers_that_the_server_spea
     match tokio_tungstenite::connect_async(req).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 400),
         other => panic!("an unsupported subprotocol was accepted: {other:?}"),
+    }
+}
+
+/// The process starts a while after the upgrade, as behind a real API server (which must first
+/// reach the kubelet): the empty frame that says the stream is up comes first, the output and
+/// the exit status only once the process has started, including the status of one that cannot
+/// start. kubectl before 1.34 drops frames that arrive before it has registered its streams, so
+/// output sent in the instant of the upgrade was lost whenever the machine was loaded.
+#[tokio::test]
+async fn output_and_status_follow_the_upgrade_only_once_the_process_has_started() {
+    use futures::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+
+    let start = Duration::from_millis(300);
+    let mut config = ttlab_kube_sim::SimConfig::for_tests();
+    config.exec_start = start;
+    let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
+    let h = Http::new(&sim);
+    running_pod(&h, "lab-t", json!({"name": "lab", "image": "debian:12"})).await;
+    for command in ["hostname", "vim"] {
+        let url = format!(
+            "{}/api/v1/namespaces/ttlab/pods/lab-t/exec?command={command}&stdout=true&stderr=true",
+            sim.url().replace("http://", "ws://")
+        );
+        let mut req = url.as_str().into_client_request().unwrap();
+        req.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "v5.channel.k8s.io".parse().unwrap(),
+        );
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let upgraded = std::time::Instant::now();
+        let mut frames = Vec::new();
+        let read = async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let Message::Binary(b) = m {
+                    frames.push((upgraded.elapsed(), b.to_vec()));
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), read)
+            .await
+            .expect("the exec ends");
+        assert_eq!(
+            frames[0].1,
+            vec![1u8],
+            "{command}: the stream-is-up frame comes first"
+        );
+        let (at, last) = frames.last().unwrap();
+        assert_eq!(last[0], 3, "{command}: the status ends the stream");
+        for (at, frame) in &frames[1..] {
+            assert!(
+                *at >= start - Duration::from_millis(100),
+                "{command}: frame {frame:?} came {at:?} after the upgrade, before the process could start"
+            );
+        }
+        if command == "hostname" {
+            assert_eq!(frames[1].1, b"\x01lab-t\n".to_vec());
+        } else {
+            let st: Value = serde_json::from_slice(&last[1..]).unwrap();
+            assert_eq!(st["reason"], "InternalError", "{st}");
+        }
+        assert!(*at < Duration::from_secs(10));
     }
 }
