@@ -117,6 +117,24 @@ async fn capacity_shows_the_namespace_quota() {
             "spec": {"hard": {"count/virtualmachines.kubevirt.io": "8", "requests.memory": "48Gi", "pods": "30"}}
         }))
         .unwrap();
+    // A new quota shows no usage until the quota controller has counted (as on a cluster).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while w
+        .sim
+        .get("resourcequotas", NS, "ttlab-vms")
+        .and_then(|q| {
+            q["status"]["used"]["count/virtualmachines.kubevirt.io"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the quota was never counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let s = w.server(policy(3600, 7200, 3), 8).await;
     let admin = token("root", Role::Admin);
     let (status, before) = s.get("/api/admin/capacity", &admin).await;

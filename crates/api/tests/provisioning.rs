@@ -427,7 +427,7 @@ fn quota_not_counted(resource: &str, group: &str, name: &str) -> String {
         format!("{resource}.{group}")
     };
     format!(
-        "{qualified} \"{name}\" is forbidden: status unknown for quota: ttlab-vms, resource: count/{qualified}"
+        "{qualified} \"{name}\" is forbidden: status unknown for quota: ttlab-vms, resources: count/{qualified}"
     )
 }
 

@@ -226,13 +226,13 @@ mod tests {
             (
                 403,
                 "Forbidden",
-                "virtualmachines.kubevirt.io \"tt-1\" is forbidden: status unknown for quota: ttlab-vms, resource: count/virtualmachines.kubevirt.io",
+                "virtualmachines.kubevirt.io \"tt-1\" is forbidden: status unknown for quota: ttlab-vms, resources: count/virtualmachines.kubevirt.io",
                 |e| matches!(e, ClusterError::QuotaPending { .. }),
             ),
             (
                 403,
                 "Forbidden",
-                "secrets \"tt-1-ci\" is forbidden: status unknown for quota: ttlab-vms, resource: count/secrets",
+                "secrets \"tt-1-ci\" is forbidden: status unknown for quota: ttlab-vms, resources: count/secrets",
                 |e| matches!(e, ClusterError::QuotaPending { .. }),
             ),
             (401, "Unauthorized", "Unauthorized", |e| {

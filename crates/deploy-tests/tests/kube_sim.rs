@@ -216,6 +216,23 @@ async fn the_applied_quota_refuses_the_ninth_vm() {
     .await
     .unwrap();
     let client = kube::Client::try_from(config).unwrap();
+    // A new quota covers nothing until the quota controller has filled its status (as on a
+    // real cluster): wait for it before counting.
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), "ttlab-vms");
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let q = quotas.get("ttlab-vms").await.unwrap();
+        let used = q.status.and_then(|s| s.used).unwrap_or_default();
+        if used.contains_key("count/virtualmachines.kubevirt.io") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the quota was never counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let vms: Api<DynamicObject> = Api::namespaced_with(client, "ttlab-vms", &vm_resource());
     let pp = PostParams::default();
     for i in 0..8 {

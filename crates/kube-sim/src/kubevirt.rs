@@ -693,7 +693,12 @@ async fn run_vmi(
         {
             let mut store = sim.store();
             let mut status = vmi["status"].clone();
-            status["conditions"] = json!([{"type": "Synchronized", "status": "False", "reason": reason, "message": message, "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}]);
+            // As KubeVirt lists them: Ready=False (no launcher pod) first, then the reason.
+            let now = now_rfc3339();
+            status["conditions"] = json!([
+                {"type": "Ready", "status": "False", "reason": "PodNotExists", "message": "virt-launcher pod has not yet been scheduled", "lastTransitionTime": now, "lastProbeTime": null},
+                {"type": "Synchronized", "status": "False", "reason": reason, "message": message, "lastTransitionTime": now, "lastProbeTime": null}
+            ]);
             store.set_status(VMIS, ns, name, status);
             reported = Some(message);
         }

@@ -270,7 +270,9 @@ mod tests {
             ]}
         })));
         assert_eq!(
-            only_ready.blocking_condition().and_then(|c| c.reason.as_deref()),
+            only_ready
+                .blocking_condition()
+                .and_then(|c| c.reason.as_deref()),
             Some("PodNotExists")
         );
     }
