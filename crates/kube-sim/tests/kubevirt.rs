@@ -79,6 +79,15 @@ async fn a_running_vm_gets_a_vmi_and_a_launcher_pod_that_carries_its_labels() {
     wait_gone(&h, PODS, &pod).await;
 }
 
+/// The VMI's `Synchronized` condition (`Null` when it has none).
+fn synchronized(vmi: &serde_json::Value) -> serde_json::Value {
+    vmi["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Synchronized"))
+        .cloned()
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
     let sim = start().await;
@@ -86,9 +95,11 @@ async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
     let vols = json!([{"name": "rootdisk", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden-x", "readOnly": true}}}]);
     h.post(VMS, &vm("lab-pvc", json!({}), "Always", vols)).await;
     let vmi = wait_for(&h, VMIS, "lab-pvc", |o| {
-        o["status"]["conditions"][0]["reason"] == "FailedPvcNotFound"
+        synchronized(o)["reason"] == "FailedPvcNotFound"
     })
     .await;
+    // As KubeVirt lists them: Ready=False first, then the condition that says why.
+    assert_eq!(vmi["status"]["conditions"][0]["reason"], "PodNotExists");
     assert_eq!(vmi["status"]["phase"], "Pending");
     wait_for(&h, VMS, "lab-pvc", |o| {
         o["status"]["printableStatus"] == "ErrorPvcNotFound"
@@ -109,7 +120,7 @@ async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
     )
     .await;
     let vmi = wait_for(&h, VMIS, "lab-sec", |o| {
-        o["status"]["conditions"][0]["message"]
+        synchronized(o)["message"]
             .as_str()
             .is_some_and(|m| m.contains("lab-sec-ci"))
     })
