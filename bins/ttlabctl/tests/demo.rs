@@ -84,10 +84,12 @@ async fn send(
     token: &str,
     body: Option<Value>,
 ) -> (http::StatusCode, Value) {
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("authorization", format!("Bearer {token}"));
+    let mut req = http::Request::builder().method(method).uri(url);
+    // No credentials at all for an empty token: an empty bearer token is one the API server
+    // cannot authenticate (401), not an anonymous request.
+    if !token.is_empty() {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
     let body = match body {
         Some(v) => {
             req = req.header("content-type", "application/json");

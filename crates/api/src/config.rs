@@ -21,6 +21,10 @@ pub const DEFAULT_COLLECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time a create refused by a quota the cluster has not counted yet is retried.
 pub const DEFAULT_QUOTA_SETTLE_WAIT: Duration = Duration::from_secs(30);
 
+/// Default of [`ApiConfig::quota_recount_wait`]: a quota controller recounts within about a
+/// second of a deletion.
+pub const DEFAULT_QUOTA_RECOUNT_WAIT: Duration = Duration::from_secs(4);
+
 /// Everything [`crate::Server::bind`] needs besides the database and the cluster.
 ///
 /// | field | setting | default |
@@ -35,6 +39,7 @@ pub const DEFAULT_QUOTA_SETTLE_WAIT: Duration = Duration::from_secs(30);
 /// | `web_dir` | `TTLAB_WEB_DIR` | none |
 /// | `user_agent` | — (the binary names itself) | `ttlab/<version>` |
 /// | `quota_settle_wait` | — | 30 s |
+/// | `quota_recount_wait` | — | 4 s |
 #[derive(Clone)]
 pub struct ApiConfig {
     /// Where to listen.
@@ -70,6 +75,12 @@ pub struct ApiConfig {
     /// only because the cluster has not counted the quota yet (a quota or resource type that
     /// appeared moments ago), before the session fails. Default [`DEFAULT_QUOTA_SETTLE_WAIT`].
     pub quota_settle_wait: Duration,
+    /// How long a create that the quota refused as exceeded is retried. The server admitted the
+    /// session by its own count of the VMs in the cluster, and the quota controller recounts
+    /// what a deletion freed only moments later (about a second on a real cluster): a
+    /// refusal in that window is the quota lagging, not the namespace being full. Default
+    /// [`DEFAULT_QUOTA_RECOUNT_WAIT`]; zero fails at the first refusal.
+    pub quota_recount_wait: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -106,6 +117,7 @@ impl ApiConfig {
             console_ticket_ttl: crate::console::TICKET_TTL,
             user_agent: ttlab_agent::AgentClient::DEFAULT_USER_AGENT.to_owned(),
             quota_settle_wait: DEFAULT_QUOTA_SETTLE_WAIT,
+            quota_recount_wait: DEFAULT_QUOTA_RECOUNT_WAIT,
         }
     }
 }

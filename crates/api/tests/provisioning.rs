@@ -525,7 +525,7 @@ async fn a_quota_never_counted_fails_the_lab_with_the_reason_after_the_retries()
 }
 
 #[tokio::test]
-async fn an_exceeded_quota_fails_the_lab_at_once_as_full() {
+async fn an_exceeded_quota_fails_the_lab_as_full_after_the_recount_wait() {
     let w = World::new().await;
     w.sim.faults().add(refuse_create(
         "virtualmachines",
@@ -535,6 +535,7 @@ async fn an_exceeded_quota_fails_the_lab_at_once_as_full() {
             .to_owned(),
         None,
     ));
+    let started = std::time::Instant::now();
     fails_with(&w, "quick", "the lab namespace is full").await;
     let attempts = w
         .sim
@@ -542,7 +543,40 @@ async fn an_exceeded_quota_fails_the_lab_at_once_as_full() {
         .iter()
         .filter(|c| c.verb == ttlab_kube_sim::Verb::Create && c.resource == "virtualmachines")
         .count();
-    assert_eq!(attempts, 1, "a full quota is not retried");
+    // Retried while the quota may still be recounting what deletions freed, then failed.
+    assert!(
+        attempts > 1,
+        "a refusal is retried for the recount: {attempts}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "a full quota fails within the recount wait: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_quota_that_refuses_until_it_has_recounted_a_deletion_is_ridden_out() {
+    let w = World::new().await;
+    // The quota still counts a VM deleted a moment ago: two refusals, then room.
+    w.sim.faults().add(refuse_create(
+        "virtualmachines",
+        "virtualmachines.kubevirt.io \"tt-x-vm\" is forbidden: exceeded quota: ttlab-vms, \
+         requested: count/virtualmachines.kubevirt.io=1, used: \
+         count/virtualmachines.kubevirt.io=8, limited: count/virtualmachines.kubevirt.io=8"
+            .to_owned(),
+        Some(2),
+    ));
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let done = s
+        .wait_session(&id(&v), &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(done["status"], "running", "{done}");
 }
 
 #[tokio::test]

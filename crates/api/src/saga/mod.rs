@@ -81,9 +81,12 @@ const QUOTA_RETRY_MAX: Duration = Duration::from_secs(4);
 /// Creates one object of `session` with `create`. A create refused only because a
 /// ResourceQuota has not been counted yet ([`ClusterError::QuotaPending`]: a quota or resource
 /// type that appeared moments ago; nothing was created) is tried again with backoff and
-/// jitter for at most [`crate::ApiConfig::quota_settle_wait`], stopping if the session left
-/// `starting` meanwhile. Any other failure ends provisioning at once: a create that may have
-/// happened (a timeout, a lost connection) is never repeated.
+/// jitter for at most [`crate::ApiConfig::quota_settle_wait`]; one refused as exceeded
+/// ([`ClusterError::QuotaExceeded`]) for at most [`crate::ApiConfig::quota_recount_wait`]
+/// (the server's own count admitted the session; the quota recounts what deletions freed a
+/// moment later). Both stop if the session left `starting` meanwhile. Any other failure ends
+/// provisioning at once: a create that may have happened (a timeout, a lost connection) is
+/// never repeated.
 pub(crate) async fn create_object<T, F, Fut>(
     state: &AppState,
     session: &Session,
@@ -94,19 +97,23 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ClusterError>>,
 {
-    let budget = state.config().quota_settle_wait;
     let start = tokio::time::Instant::now();
     let mut pause = QUOTA_RETRY_FIRST;
     let mut refusals = 0u32;
     loop {
-        let e = match create().await {
+        let (e, budget) = match create().await {
             Ok(created) => return Ok(created),
-            Err(e @ ClusterError::QuotaPending { .. }) => e,
+            Err(e @ ClusterError::QuotaPending { .. }) => (e, state.config().quota_settle_wait),
+            Err(e @ ClusterError::QuotaExceeded { .. }) => (e, state.config().quota_recount_wait),
             Err(e) => return Err(create_failed(what, &e)),
         };
         refusals += 1;
         let wait = jittered(pause);
         if start.elapsed() + wait > budget {
+            if let ClusterError::QuotaExceeded { .. } = e {
+                tracing::warn!(what, refusals, error = %e, "the quota still refuses; giving up");
+                return Err(create_failed(what, &e));
+            }
             tracing::warn!(what, refusals, error = %e, "the quota was still not counted; giving up");
             return Err(Stop::Failed(format!(
                 "the cluster had still not counted the lab namespace's quota after {} s (it \
@@ -114,7 +121,7 @@ where
                 start.elapsed().as_secs().max(1)
             )));
         }
-        tracing::info!(what, refusals, error = %e, "quota not counted yet; retrying the create");
+        tracing::info!(what, refusals, error = %e, "refused by the quota; retrying the create");
         tokio::time::sleep(wait).await;
         pause = (pause * 2).min(QUOTA_RETRY_MAX);
         ensure_starting(state, session).await?;
