@@ -481,6 +481,12 @@ async fn start_sim(
     config.timings = timings;
     config.guest_root = Some(guests.to_path_buf());
     config.seed = settings.seed;
+    // The quota is the second layer here, and "server VM limit held" is about the first: with
+    // a real controller's recount lag (about 1 s) a VM just deleted still fills the quota
+    // while the servers already see its place free, and a multi-VM lab may need longer than
+    // the servers' recount retry. The lag itself is tested by kube-sim's and the cluster
+    // crate's quota tests and the saga's recount retry; the soak keeps it short.
+    config.quota_sync = Duration::from_millis(50);
     KubeSim::start(config).await.context("starting kube-sim")
 }
 
