@@ -61,10 +61,7 @@ pub fn deploy_dir(relative: &str) -> PathBuf {
 /// `kubectl` if it is on `PATH`; tests that need it report its absence with
 /// `ttlab_testkit::skip_or_fail` (a `SKIPPED:` line, or a failure under `CI=true`).
 pub fn kubectl() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("kubectl"))
-        .find(|candidate| candidate.is_file())
+    ttlab_testkit::which("kubectl")
 }
 
 /// Renders the kustomization in `dir` with `kubectl kustomize` into JSON objects, in the order
