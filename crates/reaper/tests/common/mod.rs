@@ -481,6 +481,27 @@ impl Harness {
             .expect("exists")
             .status
     }
+
+    /// Waits (up to 30 s) until a cycle with `trigger` has been recorded for `env_name`.
+    pub async fn wait_for_cycle(&self, env_name: &str, trigger: ttlab_store::CycleTrigger) {
+        let start = std::time::Instant::now();
+        loop {
+            let cycles = self
+                .store
+                .reaper_cycles()
+                .recent(Some(&env(env_name)), 10)
+                .await
+                .expect("recent cycles");
+            if cycles.iter().any(|c| c.cycle.trigger == trigger) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no {trigger:?} cycle recorded within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// `create` retried while the namespace quota is not yet counted (a real API server refuses
