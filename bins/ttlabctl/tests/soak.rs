@@ -1,6 +1,8 @@
 //! `ttlabctl soak --profile short` end to end: two environments, simulated students, injected
 //! faults and latency, SIGKILLed reapers and servers and a restarted PostgreSQL, for about a
-//! minute plus the drain; every invariant must hold and the table must say so.
+//! minute plus the drain; every invariant must hold and the table must say so. Then the same
+//! on the real control plane (`--backend real`): the shipped Roles, asynchronous quota and
+//! garbage collection, KubeVirt as a controller; no API faults there.
 //!
 //! The soak runs the sibling binaries `ttlab-server`, `ttlab-reaper` and `ttlab-agent`; when
 //! they are missing it builds them with the cargo that builds this test.
@@ -10,10 +12,30 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_short_soak_holds_every_invariant() {
+    short_soak(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_short_soak_holds_every_invariant_on_the_real_control_plane() {
+    if let Err(e) = ttlab_envtest::assets() {
+        return ttlab_testkit::skip_or_fail(&format!("no control plane binaries: {e}"));
+    }
+    if ttlab_testkit::which("kubectl").is_none() {
+        return ttlab_testkit::skip_or_fail("kubectl is not on PATH (it renders deploy/)");
+    }
+    // The API server, etcd and the controllers share the two cores with the servers, the
+    // reapers, PostgreSQL and the guests: the reaper's deletes reach it later than kube-sim's
+    // (measured p50 0.2–0.9 s, max 3–5.5 s on a loaded machine), hence the bound.
+    short_soak(&["--backend", "real", "--expiry-bound", "7s"]).await;
+}
+
+/// Runs `ttlabctl soak --profile short` with `extra` arguments and checks its table.
+async fn short_soak(extra: &[&str]) {
     let out = tokio::time::timeout(
         Duration::from_secs(600),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
             .args(["soak", "--profile", "short", "--seed", "7"])
+            .args(extra)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),
@@ -35,7 +57,7 @@ async fn the_short_soak_holds_every_invariant() {
         "VMs at once <= limit (both envs)",
         "server VM limit held (quota unused)",
         "one live session per user",
-        "expired VM deleted <= 2s (or 1 cycle after a fault)",
+        "expired VM deleted <= ",
         "no object deleted by the other env",
         "row final only after its VMs/Secrets deleted",
         "drained: namespace empty, rows final",

@@ -28,6 +28,9 @@ pub struct AuditEvent {
     /// The User-Agent header the client sent.
     #[serde(default)]
     pub user_agent: Option<String>,
+    /// When the API server received the request (RFC 3339, microseconds).
+    #[serde(default)]
+    pub request_received_timestamp: Option<String>,
 }
 
 /// The authenticated user of an [`AuditEvent`].

@@ -228,6 +228,10 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         sim.faults.record_as(arrived, &key, None, e.code);
         return error_response(&e);
     }
+    if let Err(e) = sim.rbac.authorize(user, &key) {
+        sim.faults.record_as(arrived, &key, user, e.code);
+        return error_response(&e);
+    }
     let decision = sim.faults.decide(&key);
     if !decision.delay.is_zero() {
         tokio::select! {

@@ -4,8 +4,8 @@
 //! the user an `Impersonate-User` header (kubeconfig `as:`) acts as, which wins as it does
 //! after a real server has allowed the impersonation; nobody without either. A token kube-sim
 //! did not issue, or another scheme, is refused with `401 Unauthorized` as a real server
-//! refuses a credential it cannot authenticate. Nothing is authorized yet: every identified
-//! (or anonymous) call is served.
+//! refuses a credential it cannot authenticate. What an identified user may do is
+//! `crate::rbac`'s to decide.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

@@ -106,6 +106,10 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         sim.faults.record_as(arrived, &key, None, e.code);
         return error_response(&e);
     }
+    if let Err(e) = sim.rbac.authorize(user, &key) {
+        sim.faults.record_as(arrived, &key, user, e.code);
+        return error_response(&e);
+    }
     let decision = sim.faults.decide(&key);
     if !decision.delay.is_zero() {
         tokio::time::sleep(decision.delay).await;

@@ -132,9 +132,10 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
     let identity = sim.tokens.identify(req.headers());
     let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
+    // Kubernetes 1.30 and later authorize (and audit) an exec WebSocket upgrade, a GET, as
+    // the `create` it stands for (AuthorizePodWebsocketUpgradeCreatePermission).
     let verb = match *req.method() {
-        Method::GET => Verb::Get,
-        Method::POST => Verb::Create,
+        Method::GET | Method::POST => Verb::Create,
         _ => return error_response(&ApiError::method_not_allowed()),
     };
     let key = CallKey {
@@ -146,6 +147,10 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
     };
     if let Err(e) = identity {
         sim.faults.record_as(arrived, &key, None, e.code);
+        return error_response(&e);
+    }
+    if let Err(e) = sim.rbac.authorize(user, &key) {
+        sim.faults.record_as(arrived, &key, user, e.code);
         return error_response(&e);
     }
     let decision = sim.faults.decide(&key);

@@ -21,8 +21,12 @@
 //! while after the upgrade ([`SimConfig::exec_start`]), a quota's status lags its changes
 //! ([`SimConfig::quota_sync`]), changes leave the watch history ([`SimConfig::watch_history`]).
 //!
-//! It refuses to own anything production runs: no authorization, no TLS, no persistence, no
-//! real scheduling or networking; nothing outside tests and `ttlabctl` depends on it.
+//! Identified users are authorized by RBAC, with the Roles and bindings given to
+//! [`KubeSim::apply_rbac`] (the shipped `deploy/` objects, say): a call no rule allows gets
+//! the real server's `403 Forbidden`. Calls without credentials are the administrator's.
+//!
+//! It refuses to own anything production runs: no TLS, no persistence, no real scheduling or
+//! networking; nothing outside tests and `ttlabctl` depends on it.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -51,6 +55,7 @@ mod metadata;
 mod patch;
 pub mod quantity;
 mod quota;
+mod rbac;
 pub mod resources;
 pub mod selector;
 pub mod status;
@@ -70,6 +75,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use faults::{CallRecord, FaultAction, FaultRule, Faults, Verb};
+pub use rbac::RbacError;
 
 /// Errors of the in-process API.
 #[derive(Debug, thiserror::Error)]
@@ -286,6 +292,7 @@ pub(crate) struct Sim {
     pub(crate) consoles: console::Consoles,
     pub(crate) quota: quota::Controller,
     pub(crate) tokens: auth::Tokens,
+    pub(crate) rbac: rbac::Rbac,
     pub(crate) guest_root: PathBuf,
     pub(crate) shutdown: CancellationToken,
 }
@@ -377,6 +384,7 @@ impl KubeSim {
             consoles: console::Consoles::default(),
             quota: quota::Controller::default(),
             tokens: auth::Tokens::default(),
+            rbac: rbac::Rbac::default(),
             config,
             paused,
             guest_root,
@@ -444,6 +452,21 @@ impl KubeSim {
     /// owner of a token; a token the sim did not issue is refused with `401 Unauthorized`.
     pub fn token_for(&self, user: &str) -> String {
         self.sim.tokens.issue(user)
+    }
+
+    /// Adds RBAC objects (Roles, ClusterRoles, RoleBindings, ClusterRoleBindings; any other
+    /// kind is ignored, so a whole rendered `deploy/` overlay can be given) to the policy that
+    /// authorizes identified users' calls ([`KubeSim::token_for`], `as:`): a call no rule
+    /// allows is refused with `403 Forbidden` as a real server refuses it. Calls without
+    /// credentials are the administrator's and always served. Returns how many were added.
+    pub fn apply_rbac(&self, objects: &[serde_json::Value]) -> Result<usize, RbacError> {
+        self.sim.rbac.apply(objects)
+    }
+
+    /// [`KubeSim::apply_rbac`] for a YAML stream (documents separated by `---`), such as
+    /// `deploy/base/vms/role.yaml`.
+    pub fn apply_rbac_yaml(&self, yaml: &str) -> Result<usize, RbacError> {
+        self.sim.rbac.apply(&rbac::parse_yaml_stream(yaml)?)
     }
 
     /// Writes a kubeconfig like [`KubeSim::write_kubeconfig`] that authenticates as `user`

@@ -216,6 +216,7 @@ async fn ten_thousand_vms_and_a_label_selected_list_in_milliseconds() {
 #[tokio::test]
 async fn calls_are_recorded_with_the_user_the_kubeconfig_acts_as() {
     let sim = start().await;
+    grant_everything(&sim, &["ttlab-dev-reaper", "ttlab-prod-reaper"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut clients = Vec::new();
     for user in ["ttlab-dev-reaper", "ttlab-prod-reaper"] {

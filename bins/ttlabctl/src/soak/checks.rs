@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::watch;
-use ttlab_kube_sim::{CallRecord, KubeSim, Verb};
+use ttlab_kube_sim::{CallRecord, Verb};
+
+use super::kube::Kube;
 use ttlab_lesson::LessonSet;
 use ttlab_model::{EnvName, SessionStatus};
 use ttlab_store::{Session, Store};
@@ -20,8 +22,6 @@ use super::{ENVS, Settings};
 
 /// How often the continuous checks run.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
-/// The expiry bound when nothing disturbed a session's reclamation.
-const EXPIRY_BOUND: TimeDelta = TimeDelta::seconds(2);
 /// After a PostgreSQL outage, how long the servers may still answer 503 while they reconnect.
 const OUTAGE_TAIL: TimeDelta = TimeDelta::seconds(5);
 /// Examples printed per violated invariant.
@@ -133,7 +133,7 @@ pub(crate) struct Live {
 pub(crate) async fn watch(
     shared: &Shared,
     store: &Store,
-    sim: &KubeSim,
+    kube: &Kube,
     mut stop: watch::Receiver<bool>,
 ) -> Live {
     let mut live = Live {
@@ -145,13 +145,13 @@ pub(crate) async fn watch(
     let envs: Vec<EnvName> = ENVS.iter().filter_map(|e| e.parse().ok()).collect();
     let mut reported_peak = 0;
     loop {
-        let stats = sim.stats();
-        live.most_vms_seen = live.most_vms_seen.max(stats.vms);
-        live.vm_limit.check(
-            stats.peak_vms <= limit || stats.peak_vms <= reported_peak,
-            || format!("{} VMs existed at once (limit {limit})", stats.peak_vms),
-        );
-        reported_peak = reported_peak.max(stats.peak_vms);
+        let (vms, peak_vms) = kube.vms();
+        live.most_vms_seen = live.most_vms_seen.max(vms);
+        live.vm_limit
+            .check(peak_vms <= limit || peak_vms <= reported_peak, || {
+                format!("{peak_vms} VMs existed at once (limit {limit})")
+            });
+        reported_peak = reported_peak.max(peak_vms);
 
         let mut users: BTreeMap<String, u32> = BTreeMap::new();
         let mut read = true;
@@ -314,7 +314,12 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     });
 
     // Expired sessions: the VM delete requested in time.
-    let mut expiry = Row::new("expired VM deleted <= 2s (or 1 cycle after a fault)");
+    let expiry_bound =
+        TimeDelta::from_std(input.settings.expiry_bound).unwrap_or(TimeDelta::seconds(2));
+    let mut expiry = Row::new(&format!(
+        "expired VM deleted <= {}s (or 1 cycle after a fault)",
+        input.settings.expiry_bound.as_secs()
+    ));
     let cycle = TimeDelta::from_std(input.settings.reap_interval).unwrap_or(TimeDelta::MAX);
     let mut delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
@@ -393,8 +398,8 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             }
         }
         let bound = match last_fault {
-            None => e + EXPIRY_BOUND,
-            Some(f) => f.max(e) + cycle + EXPIRY_BOUND,
+            None => e + expiry_bound,
+            Some(f) => f.max(e) + cycle + expiry_bound,
         };
         delays.push((done - e).num_milliseconds());
         expiry.check(done <= bound, || {

@@ -11,17 +11,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use tokio::sync::watch;
 use ttlab_api::auth::{AuthConfig, AuthSecret};
-use ttlab_kube_sim::{FaultAction, FaultRule, KubeSim, Timings, Verb};
 use ttlab_lesson::LessonSet;
 use ttlab_model::{EnvName, NodeName};
 use ttlab_store::{Session, Store, StoreOptions};
 
 use super::checks::{self, Table};
+use super::kube::{Backend, Kube};
 use super::{ENVS, Settings, chaos, students};
-use crate::demo::client::{self, HttpClient, Method};
+use crate::demo::client::{self, HttpClient};
 use crate::demo::stack::{self, Database};
 use crate::demo::{
     AGENT, ChildProcess, REAPER, SERVER, locate_binaries, random_secret, wait_ready,
@@ -177,7 +176,7 @@ impl Shared {
 #[derive(Default)]
 pub(crate) struct Rig {
     data: Option<tempfile::TempDir>,
-    sim: Option<KubeSim>,
+    kube: Option<Kube>,
     shared: Option<Arc<Shared>>,
     store: Option<Store>,
 }
@@ -188,7 +187,7 @@ impl Rig {
         self.start(settings).await?;
         let shared = self.shared.clone().context("started")?;
         let store = self.store.clone().context("started")?;
-        let sim = self.sim.as_ref().context("started")?;
+        let kube = self.kube.as_ref().context("started")?;
         let t0 = Instant::now();
         let run_started = Utc::now();
 
@@ -198,7 +197,7 @@ impl Rig {
         let (stop_watch, watch_stop) = watch::channel(false);
         let students = students::spawn_all(&shared, students_stop);
         let chaos = chaos::spawn_all(&shared, chaos_stop);
-        let watching = checks::watch(&shared, &store, sim, watch_stop);
+        let watching = checks::watch(&shared, &store, kube, watch_stop);
         let run = async {
             tokio::time::sleep(settings.duration).await;
             eprintln!(
@@ -214,7 +213,7 @@ impl Rig {
                 let _ = s.await;
             }
             // Drain: no more faults; everyone up.
-            sim.faults().clear();
+            kube.clear_faults();
             let drain_started = Utc::now();
             {
                 let mut db = shared.database.lock().await;
@@ -224,7 +223,7 @@ impl Rig {
             }
             shared.revive().await;
             eprintln!("ttlabctl: soak: draining (faults off, every process up)");
-            let drained = drain(&shared, &store, sim, settings.drain_timeout).await;
+            let drained = drain(&shared, &store, kube, settings.drain_timeout).await;
             stop_watch.send_replace(true);
             eprintln!(
                 "ttlabctl: soak: drained in {}s ({})",
@@ -240,16 +239,17 @@ impl Rig {
         let drain_started = drain_started?;
 
         let sessions = all_sessions(&store).await?;
-        let leftovers = leftovers(&shared.http, sim.url()).await?;
+        let leftovers = kube.leftovers(&shared.http).await?;
+        let calls = kube.calls()?;
         let input = checks::Input {
             settings,
             sessions: &sessions,
-            calls: &sim.calls(),
+            calls: &calls,
             journal: &shared.journal,
             lessons: &shared.lessons,
             leftovers: &leftovers,
             live: &live,
-            peak_vms: sim.stats().peak_vms,
+            peak_vms: kube.vms().1,
             run_started,
             drain_started,
         };
@@ -294,25 +294,12 @@ impl Rig {
             .await?,
         );
 
-        let timings = Timings {
-            pending: Duration::from_millis(20),
-            scheduling: Duration::from_millis(50),
-            boot: Duration::from_millis(300),
-            setup: Duration::from_millis(200),
-            stop: Duration::from_millis(200),
-            gc: Duration::from_millis(20),
-            pod_start: Duration::from_millis(50),
-            bookmark: Duration::from_secs(30),
+        let guests = data_dir.join("guests");
+        let kube = match settings.backend {
+            Backend::KubeSim => Kube::start_sim(settings, &guests).await?,
+            Backend::Real => Kube::start_real(settings, &guests, &agent_bin).await?,
         };
-        let sim = start_sim(settings, timings, &data_dir.join("guests")).await?;
-        // The second layer, as deployed: a namespace quota on the number of VMs.
-        sim.create(json!({
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": "ttlab-vms", "namespace": NAMESPACE},
-            "spec": {"hard": {"count/virtualmachines.kubevirt.io": settings.vm_limit.to_string()}},
-        }))
-        .context("creating the namespace quota")?;
+        let namespace = kube.namespace();
 
         let secret = random_secret()?;
         let auth = AuthConfig::new(AuthSecret::new(secret.as_bytes())?);
@@ -325,14 +312,12 @@ impl Rig {
             let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
             urls[e] = format!("http://{listen}");
             for reaper in [false, true] {
-                let user = kube_user(e, reaper);
-                let kubeconfig = data_dir.join(format!("kubeconfig-{user}"));
-                sim.write_kubeconfig_as(&kubeconfig, NAMESPACE, Some(&user))?;
+                let kubeconfig = kube.kubeconfig(e, reaper, &data_dir)?;
                 let mut vars: Vec<(&'static str, OsString)> = vec![
                     ("DATABASE_URL", database_url.clone().into()),
                     ("KUBECONFIG", kubeconfig.into()),
                     ("TTLAB_ENV", (*env).into()),
-                    ("TTLAB_NAMESPACE", NAMESPACE.into()),
+                    ("TTLAB_NAMESPACE", namespace.clone().into()),
                     (
                         "TTLAB_SESSION_TTL",
                         format!("{}s", policy.ttl.as_secs()).into(),
@@ -384,7 +369,7 @@ impl Rig {
                 procs.push(p);
             }
         }
-        self.sim = Some(sim);
+        self.kube = Some(kube);
         let shared = Arc::new(Shared {
             settings: settings.clone(),
             urls,
@@ -405,29 +390,13 @@ impl Rig {
             }
         }
         // Faults and latency only once everything is up.
-        let sim = self.sim.as_ref().context("started")?;
-        sim.faults().set_latency(settings.latency);
-        if settings.fault_rate > 0.0 {
-            for (verb, status) in [
-                (Verb::Get, 500),
-                (Verb::List, 503),
-                (Verb::Create, 500),
-                (Verb::Delete, 503),
-            ] {
-                sim.faults().add(FaultRule {
-                    action: FaultAction::Fail {
-                        status,
-                        message: None,
-                    },
-                    ..FaultRule::fail(Some(verb), None, status).fraction(settings.fault_rate)
-                });
-            }
-        }
+        let kube = self.kube.as_ref().context("started")?;
+        kube.inject(settings);
         eprintln!(
-            "ttlabctl: soak: dev at {}, prod at {}, kube-sim at {}",
+            "ttlabctl: soak: dev at {}, prod at {}, {}",
             shared.urls[0],
             shared.urls[1],
-            sim.url()
+            kube.describe()
         );
         Ok(())
     }
@@ -454,8 +423,8 @@ impl Rig {
                 errors.push(format!("{e:#}"));
             }
         }
-        if let Some(sim) = self.sim.take() {
-            sim.shutdown().await;
+        if let Some(kube) = self.kube.take() {
+            kube.stop().await;
         }
         if let Some(data) = self.data.take() {
             let dir = data.path().display().to_string();
@@ -469,25 +438,6 @@ impl Rig {
             anyhow::bail!("{}", errors.join("; "))
         }
     }
-}
-
-async fn start_sim(
-    settings: &Settings,
-    timings: Timings,
-    guests: &Path,
-) -> anyhow::Result<KubeSim> {
-    let mut config = ttlab_kube_sim::SimConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
-    config.namespaces = vec!["default".into(), NAMESPACE.into()];
-    config.timings = timings;
-    config.guest_root = Some(guests.to_path_buf());
-    config.seed = settings.seed;
-    // The quota is the second layer here, and "server VM limit held" is about the first: with
-    // a real controller's recount lag (about 1 s) a VM just deleted still fills the quota
-    // while the servers already see its place free, and a multi-VM lab may need longer than
-    // the servers' recount retry. The lag itself is tested by kube-sim's and the cluster
-    // crate's quota tests and the saga's recount retry; the soak keeps it short.
-    config.quota_sync = Duration::from_millis(50);
-    KubeSim::start(config).await.context("starting kube-sim")
 }
 
 /// The soak's lessons: quick to set up, graded by commands that touch nothing.
@@ -526,54 +476,11 @@ async fn all_sessions(store: &Store) -> anyhow::Result<Vec<Session>> {
     Ok(out)
 }
 
-/// The kinds that must be gone after the drain, with their collection paths.
-const KINDS: [(&str, &str); 6] = [
-    (
-        "VirtualMachines",
-        "/apis/kubevirt.io/v1/namespaces/NS/virtualmachines",
-    ),
-    (
-        "VirtualMachineInstances",
-        "/apis/kubevirt.io/v1/namespaces/NS/virtualmachineinstances",
-    ),
-    ("Secrets", "/api/v1/namespaces/NS/secrets"),
-    ("Services", "/api/v1/namespaces/NS/services"),
-    (
-        "NetworkPolicies",
-        "/apis/networking.k8s.io/v1/namespaces/NS/networkpolicies",
-    ),
-    ("Pods", "/api/v1/namespaces/NS/pods"),
-];
-
-/// Objects of each kind still in the namespace: (kind, names).
-async fn leftovers(http: &HttpClient, sim_url: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
-    let mut out = Vec::new();
-    for (kind, path) in KINDS {
-        let url = format!("{sim_url}{}", path.replace("NS", NAMESPACE));
-        let (status, body) = client::send(http, Method::GET, &url, None, None).await?;
-        if !status.is_success() {
-            anyhow::bail!("listing {kind}: {status}");
-        }
-        let v: serde_json::Value = serde_json::from_slice(&body)?;
-        let names = v["items"]
-            .as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.push((kind.to_owned(), names));
-    }
-    Ok(out)
-}
-
 /// Waits until every row is final and the namespace is empty (or the timeout).
 async fn drain(
     shared: &Shared,
     store: &Store,
-    sim: &KubeSim,
+    kube: &Kube,
     timeout: Duration,
 ) -> Result<(), String> {
     let started = Instant::now();
@@ -587,7 +494,7 @@ async fn drain(
                 usize::MAX
             }
         };
-        let objects = match leftovers(&shared.http, sim.url()).await {
+        let objects = match kube.leftovers(&shared.http).await {
             Ok(l) => l.iter().map(|(_, n)| n.len()).sum(),
             Err(e) => {
                 last = format!("{e:#}");

@@ -205,3 +205,21 @@ pub async fn wait_gone(http: &Http, collection: &str, name: &str) {
     .await
     .expect("deleted in time");
 }
+
+/// Lets `users` do everything, as a ClusterRoleBinding to an all-verbs ClusterRole does.
+pub fn grant_everything(sim: &KubeSim, users: &[&str]) {
+    let subjects: Vec<_> = users
+        .iter()
+        .map(|u| json!({"kind": "User", "name": u}))
+        .collect();
+    sim.apply_rbac(&[
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "everything"},
+               "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "everything"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "everything"},
+               "subjects": subjects}),
+    ])
+    .expect("RBAC objects apply");
+}
