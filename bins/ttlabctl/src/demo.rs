@@ -74,9 +74,54 @@ pub struct DemoArgs {
     /// Simulated lab setup time inside the guest (Running → readiness marker).
     #[arg(long, env = "TTLAB_SIM_SETUP", default_value = "3s", value_parser = parse_duration)]
     pub sim_setup: Duration,
+    /// What a VM is: `sim` (simulated, ready in seconds) or `qemu` (a real Debian 12 guest
+    /// with systemd, booted by qemu: a minute or two under software emulation; needs
+    /// qemu-system-x86, genisoimage and the image of `ttlabctl guest-image`).
+    #[arg(long, env = "TTLAB_DEMO_GUEST", value_enum, default_value_t = GuestKind::Sim)]
+    pub guest: GuestKind,
+    /// The guest image directory for `--guest qemu` [default: the cached image of
+    /// `ttlabctl guest-image`].
+    #[arg(long, env = "TTLAB_GUEST_IMAGE", value_name = "DIR")]
+    pub guest_image: Option<PathBuf>,
     /// Validity of the printed login tokens.
     #[arg(long, env = "TTLAB_DEMO_TOKEN_TTL", default_value = "12h", value_parser = parse_duration)]
     pub token_ttl: Duration,
+}
+
+/// What the demo's VMs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuestKind {
+    /// kube-sim's simulated guest.
+    Sim,
+    /// Real qemu guests.
+    Qemu,
+}
+
+/// The guest backend for `--guest`: for qemu, the image named or cached, or an error that
+/// says how to build it.
+fn guest_backend(args: &DemoArgs) -> anyhow::Result<ttlab_kube_sim::guest::GuestBackend> {
+    use ttlab_kube_sim::guest::{GuestBackend, QemuSettings};
+    if args.guest == GuestKind::Sim {
+        return Ok(GuestBackend::Simulated);
+    }
+    let dir = match &args.guest_image {
+        Some(d) => d.clone(),
+        None => {
+            let cache = crate::guest_image::default_cache_dir()?;
+            let mirror = crate::guest_image::apt_mirror(Path::new("/etc/apt"))
+                .unwrap_or_else(|| "http://deb.debian.org/debian".to_owned());
+            match crate::guest_image::cached(&cache, &mirror) {
+                Some(i) => i.dir,
+                None => anyhow::bail!(
+                    "--guest qemu needs a guest image and none is cached in {}: build it with \
+                     `sudo ttlabctl guest-image` (about 3 minutes), or pass --guest-image DIR",
+                    cache.display()
+                ),
+            }
+        }
+    };
+    let image = ttlab_qemu_guest::GuestImage::open(&dir)?;
+    Ok(GuestBackend::Qemu(Box::new(QemuSettings::new(image))))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -194,7 +239,18 @@ impl Demo {
         timings.setup = args.sim_setup;
         timings.stop = Duration::from_secs(1);
         let guest_root = data_dir.join("guests");
-        let sim = stack::start_sim(&args.namespace, timings, &guest_root).await?;
+        let backend = guest_backend(args)?;
+        if let ttlab_kube_sim::guest::GuestBackend::Qemu(q) = &backend {
+            eprintln!(
+                "ttlabctl: VMs are real qemu guests of {} ({}); a VM takes one to five minutes to \
+                 be ready under software emulation (more on a loaded machine), much less under KVM",
+                q.image.dir.display(),
+                q.image.manifest.name
+            );
+            // A real guest shuts down within its grace period, not at once.
+            timings.stop = Duration::from_secs(30);
+        }
+        let sim = stack::start_sim_with(&args.namespace, timings, &guest_root, backend).await?;
         let golden = stack::create_golden_disks(&sim, &args.namespace, &lessons)?;
         let kubeconfig = data_dir.join("kubeconfig");
         sim.write_kubeconfig(&kubeconfig, &args.namespace)?;

@@ -6,7 +6,8 @@
 //!
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
 //! lesson would create), `token` (mint an API token); with the `dev-tools` feature (the
-//! default) also `sim`, `demo`, `bench` and `soak`, which bring kube-sim along. The production
+//! default) also `sim`, `demo`, `bench`, `soak` and `guest-image`, which bring kube-sim (and
+//! its qemu guests) along. The production
 //! image builds without it.
 
 #[cfg(feature = "dev-tools")]
@@ -14,6 +15,8 @@ mod bench;
 mod database;
 #[cfg(feature = "dev-tools")]
 mod demo;
+#[cfg(feature = "dev-tools")]
+mod guest_image;
 mod migrate;
 mod render;
 #[cfg(feature = "dev-tools")]
@@ -51,6 +54,10 @@ enum Command {
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
     #[cfg(feature = "dev-tools")]
     Demo(demo::DemoArgs),
+    /// Build (or take with `--from`) the Debian 12 image real qemu guests boot, cached under
+    /// the user's cache directory; prints its directory.
+    #[cfg(feature = "dev-tools")]
+    GuestImage(guest_image::GuestImageArgs),
     /// Prove reclamation holds: two environments under simulated students, injected faults
     /// and chaos, checked against the invariants (`--profile short` for about a minute).
     #[cfg(feature = "dev-tools")]
@@ -79,6 +86,8 @@ async fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args).await,
         #[cfg(feature = "dev-tools")]
         Command::Soak(args) => soak::run(args).await,
+        #[cfg(feature = "dev-tools")]
+        Command::GuestImage(args) => guest_image::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,8 +5,10 @@
 //!
 //! Nothing here talks to a cluster. The golden-disk state is simulated with `--golden` and fed
 //! through the same observation and decision code the server uses. The agent token is a fixed
-//! placeholder, never a real secret, and the hard deadline is computed from `--now` (fixed by
-//! default), so the output is the same on every run.
+//! placeholder, never a real secret, and the hard deadline is computed from `--now` (the
+//! present by default; pass a fixed `--now` for output that is the same on every run). A
+//! deadline that has already passed is refused unless `--allow-past-deadline` is given: a
+//! guest booted from that user-data would power itself off during its first boot.
 //!
 //! The stream is meant for `kubectl apply --server-side -f -` or `kubectl create -f -`: a
 //! cloud-init Secret carries the whole guest agent, more than the 256 KiB that client-side
@@ -35,9 +37,6 @@ use ttlab_lifespan::{Lifespan, Policy};
 use ttlab_model::labels::ObjectLabels;
 use ttlab_model::{EnvName, LessonId, Runtime, SessionId};
 use ttlab_vm_manifest::{SessionVms, secret_name};
-
-/// The `--now` used when none is given: output stays the same from run to run.
-pub const DEFAULT_NOW: &str = "2026-01-01T00:00:00Z";
 
 /// The agent token placed in rendered user-data: all zeroes, obviously not a secret.
 const PLACEHOLDER_TOKEN: [u8; AgentToken::BYTES] = [0; AgentToken::BYTES];
@@ -77,9 +76,14 @@ pub struct RenderArgs {
     /// The guest agent binary to embed [default: `ttlab-agent` next to this executable].
     #[arg(long, env = "TTLAB_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
-    /// The session's start (RFC 3339); the guest's hard-deadline power-off derives from it.
-    #[arg(long, default_value = DEFAULT_NOW)]
-    pub now: DateTime<Utc>,
+    /// The session's start (RFC 3339) [default: the present]; the guest's hard-deadline
+    /// power-off derives from it.
+    #[arg(long)]
+    pub now: Option<DateTime<Utc>>,
+    /// Render even when the hard deadline is already past (the guest would power itself off
+    /// during its first boot); a warning is printed instead of the refusal.
+    #[arg(long)]
+    pub allow_past_deadline: bool,
     /// Session time-to-live, as the server reads it (`60m`).
     #[arg(long, env = "TTLAB_SESSION_TTL")]
     pub session_ttl: Option<String>,
@@ -109,8 +113,17 @@ pub enum GoldenCase {
 
 /// Runs `ttlabctl render`, writing the stream to stdout (and how to apply it to stderr).
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let out = render(args)?;
+    let present = Utc::now();
+    let out = render(args, present)?;
     eprintln!("ttlabctl render: {APPLY_NOTE}");
+    let start = args.now.unwrap_or(present);
+    if let Some(deadline) = past_deadline(args, start, present)? {
+        eprintln!(
+            "ttlabctl render: warning: the hard-deadline power-off ({}) is already past: a \
+             guest booted from this user-data powers itself off during its first boot",
+            deadline.to_rfc3339_opts(SecondsFormat::Secs, true)
+        );
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(out.as_bytes())
@@ -122,8 +135,29 @@ pub fn run(args: &RenderArgs) -> Result<()> {
     }
 }
 
-/// Renders the YAML stream.
-pub fn render(args: &RenderArgs) -> Result<String> {
+/// The hard deadline when it is not after `present`, else `None`.
+fn past_deadline(
+    args: &RenderArgs,
+    start: DateTime<Utc>,
+    present: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>> {
+    let policy = policy(args)?;
+    let deadline = Lifespan::open(start, &policy).hard_deadline(&policy);
+    Ok((deadline <= present).then_some(deadline))
+}
+
+fn policy(args: &RenderArgs) -> Result<Policy> {
+    Policy::from_settings(
+        args.session_ttl.as_deref(),
+        args.session_max.as_deref(),
+        None,
+    )
+    .context("invalid session time settings")
+}
+
+/// Renders the YAML stream; `present` is the current time (the default `--now`, and what the
+/// hard deadline must lie after unless `--allow-past-deadline`).
+pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
     let lessons = LessonSet::load(&args.lessons).with_context(|| {
         format!(
             "cannot load lessons from {} (set --lessons or TTLAB_LESSONS)",
@@ -151,13 +185,20 @@ pub fn render(args: &RenderArgs) -> Result<String> {
     }
 
     let (disk, disk_note) = simulate_disk(lesson, args.golden, args.namespace.as_deref());
-    let policy = Policy::from_settings(
-        args.session_ttl.as_deref(),
-        args.session_max.as_deref(),
-        None,
-    )
-    .context("invalid session time settings")?;
-    let power_off_at = Lifespan::open(args.now, &policy).hard_deadline(&policy);
+    let policy = policy(args)?;
+    let start = args.now.unwrap_or(present);
+    if let Some(deadline) = past_deadline(args, start, present)?
+        && !args.allow_past_deadline
+    {
+        bail!(
+            "the hard-deadline power-off ({}, from --now {}) is already past: a guest booted \
+             from this user-data would power itself off during its first boot; give a later \
+             --now (default: the present), or --allow-past-deadline to render it anyway",
+            deadline.to_rfc3339_opts(SecondsFormat::Secs, true),
+            start.to_rfc3339_opts(SecondsFormat::Secs, true)
+        );
+    }
+    let power_off_at = Lifespan::open(start, &policy).hard_deadline(&policy);
 
     let agent_path = match &args.agent_binary {
         Some(p) => p.clone(),
@@ -221,7 +262,7 @@ pub fn render(args: &RenderArgs) -> Result<String> {
         "# agent token: a fixed placeholder (the server generates a random one per VM); \
          hard-deadline power-off at {} (from --now {})",
         power_off_at.to_rfc3339_opts(SecondsFormat::Secs, true),
-        args.now.to_rfc3339_opts(SecondsFormat::Secs, true)
+        start.to_rfc3339_opts(SecondsFormat::Secs, true)
     );
     let _ = writeln!(
         out,
@@ -831,12 +872,14 @@ mod tests {
             namespace: None,
             golden: None,
             agent_binary: Some(agent),
-            now: DEFAULT_NOW.parse().unwrap(),
+            now: Some("2026-01-01T00:00:00Z".parse().unwrap()),
+            allow_past_deadline: false,
             session_ttl: None,
             session_max: None,
         };
-        let stream = render(&args).unwrap();
-        assert_eq!(stream, render(&args).unwrap(), "deterministic");
+        let present = "2026-01-01T00:00:00Z".parse().unwrap();
+        let stream = render(&args, present).unwrap();
+        assert_eq!(stream, render(&args, present).unwrap(), "deterministic");
         for plain in [
             "ttlab.io/node: on",
             "ttlab.io/node: n",

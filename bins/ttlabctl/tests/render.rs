@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use chrono::SubsecRound as _;
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -42,10 +43,16 @@ fn ttlabctl(args: &[&str]) -> Output {
         .expect("ttlabctl runs")
 }
 
+/// A session start far enough ahead that its deadline is not past for decades: fixed, so the
+/// output is the same from run to run.
+const FIXED_NOW: &str = "2090-01-01T00:00:00Z";
+
 fn render(lesson: &str, golden: &str, agent: &Path) -> String {
     let lessons = lessons_dir();
     let out = ttlabctl(&[
         "render",
+        "--now",
+        FIXED_NOW,
         "--lesson",
         lesson,
         "--lessons",
@@ -187,8 +194,101 @@ fn output_is_deterministic_and_carries_only_the_placeholder_token() {
         "token shown as the zero placeholder"
     );
     assert!(
-        a.contains("hard-deadline power-off at 2026-01-01T03:15:00Z"),
+        a.contains("hard-deadline power-off at 2090-01-01T03:15:00Z"),
         "from the fixed --now"
+    );
+}
+
+/// The `hard-deadline power-off at …` instant in a rendered stream's header.
+fn rendered_deadline(stream: &str) -> chrono::DateTime<chrono::Utc> {
+    let at = stream
+        .split("hard-deadline power-off at ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no deadline in the header:\n{}", &stream[..400]));
+    at.parse().unwrap()
+}
+
+fn render_args(agent: &Path, extra: &[&str]) -> Output {
+    let lessons = lessons_dir();
+    let mut args = vec![
+        "render",
+        "--lesson",
+        "systemd-basics",
+        "--lessons",
+        lessons.to_str().unwrap(),
+        "--session-id",
+        SESSION,
+        "--env",
+        "dev",
+        "--agent-binary",
+        agent.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ttlabctl(&args)
+}
+
+#[test]
+fn without_now_the_session_starts_at_the_present() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    let before = chrono::Utc::now();
+    let out = render_args(&agent, &[]);
+    let after = chrono::Utc::now();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = rendered_deadline(&String::from_utf8(out.stdout).unwrap());
+    // The default policy: 180 min of lifetime at most, plus 15 min of grace.
+    let span = chrono::Duration::minutes(195);
+    assert!(
+        deadline >= (before + span).trunc_subsecs(0) && deadline <= after + span,
+        "deadline {deadline} is not 195 min after the present ({before} .. {after})"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_deadline_already_past_is_refused_unless_allowed_and_then_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    let out = render_args(&agent, &["--now", "2026-01-01T00:00:00Z"]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing rendered");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the hard-deadline power-off (2026-01-01T03:15:00Z, from --now 2026-01-01T00:00:00Z) is already past")
+            && stderr.contains("--allow-past-deadline"),
+        "{stderr}"
+    );
+
+    let out = render_args(
+        &agent,
+        &["--now", "2026-01-01T00:00:00Z", "--allow-past-deadline"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "warning: the hard-deadline power-off (2026-01-01T03:15:00Z) is already past"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        rendered_deadline(&String::from_utf8(out.stdout).unwrap()),
+        "2026-01-01T03:15:00Z"
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .unwrap()
     );
 }
 
@@ -200,6 +300,8 @@ fn bad_input_fails_clearly() {
     let base = |lesson: &str, session: &str, agent: &str| {
         ttlabctl(&[
             "render",
+            "--now",
+            FIXED_NOW,
             "--lesson",
             lesson,
             "--lessons",

@@ -25,7 +25,12 @@
 //!    every minute, and whenever started, i.e. at every boot) whose service compares the Unix
 //!    time with the deadline and powers off. Polling a fixed instant, rather than a one-shot
 //!    `shutdown` or a single calendar time, survives reboots, a deadline already past at boot,
-//!    and a guest clock corrected late by NTP; the run strategy keeps a powered-off VM off;
+//!    and a guest clock corrected late by NTP; the run strategy keeps a powered-off VM off.
+//!    First boot then starts that service itself (`systemctl start --no-block`), never the
+//!    check directly: the timer's run and this one are one systemd job, so a deadline already
+//!    past at first boot makes a single power-off request (two would race, and the forced
+//!    fallback of the loser would cut the power). The check leaves a shutdown already under
+//!    way alone;
 //! 2. checks glibc ≥ 2.34 and starts the agent (`systemctl enable --now`), before the long
 //!    setup; on an older image it writes the failure marker and says why on the console;
 //! 3. restarts the serial getty with root autologin;

@@ -273,7 +273,11 @@ fn poweroff_check(deadline_unix: i64, deadline: &DateTime<Utc>) -> String {
          now=$(date -u +%s) || exit 1\n\
          [ \"$now\" -ge \"$deadline\" ] || exit 0\n\
          echo \"ttlab: the session's hard deadline ({human}) has passed: powering off\" 2>/dev/null >/dev/console\n\
-         systemctl --no-block poweroff || /sbin/poweroff -f\n"
+         # A shutdown already under way is not hurried: forcing it would cut the power.\n\
+         case $(systemctl is-system-running 2>/dev/null) in stopping) exit 0 ;; esac\n\
+         systemctl --no-block poweroff && exit 0\n\
+         case $(systemctl is-system-running 2>/dev/null) in stopping) exit 0 ;; esac\n\
+         /sbin/poweroff -f\n"
     )
 }
 
@@ -369,9 +373,12 @@ mkdir -p "$(dirname "$READY")"
 rm -f "$READY" "$FAILED" "$READY.tmp" "$FAILED.tmp"
 systemctl daemon-reload
 
-# 1. The hard deadline, first: the guest powers itself off even if nothing else works.
+# 1. The hard deadline, first: the guest powers itself off even if nothing else works. The
+#    check runs only as the power-off unit, never beside it: started here as well as by the
+#    timer, systemd merges the two into one run, so a deadline already past at first boot
+#    makes one power-off request, not two that race.
 systemctl enable --now ttlab-poweroff.timer || say "could not arm the power-off timer"
-{POWEROFF_CHECK_PATH}
+systemctl start --no-block ttlab-poweroff.service || say "could not start the power-off check"
 
 # 2. The agent, before the long setup. It needs glibc >= {MIN_GLIBC}.
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed -n 's/^glibc \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p')

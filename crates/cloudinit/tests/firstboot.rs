@@ -126,7 +126,7 @@ fn a_successful_setup_ends_with_the_readiness_marker_after_everything_else() {
         [
             "systemctl daemon-reload",
             "systemctl enable --now ttlab-poweroff.timer",
-            "poweroff-check",
+            "systemctl start --no-block ttlab-poweroff.service",
             "systemctl enable --now ttlab-agent.service",
             "systemctl restart serial-getty@ttyS0.service",
             "setup on vm of systemd-basics",
@@ -196,7 +196,8 @@ fn a_guest_too_old_for_the_agent_fails_with_that_reason() {
         assert!(failed.contains(reason), "{glibc}: {failed}");
         assert!(o.console.contains(reason), "{glibc}: {}", o.console);
         assert!(
-            o.events.contains(&"poweroff-check".to_owned()),
+            o.events
+                .contains(&"systemctl start --no-block ttlab-poweroff.service".to_owned()),
             "the deadline is armed first"
         );
         assert!(
@@ -223,4 +224,155 @@ fn an_agent_that_does_not_start_fails_the_lab() {
         Some("the grading agent service did not start\n")
     );
     assert!(!o.events.contains(&"setup".to_owned()));
+}
+
+/// A guest whose `systemctl` behaves as systemd does for the power-off unit: enabling the
+/// timer fires it at once (`OnActiveSec=0`) and runs the unit; starting the unit while that
+/// run is queued or done merges into the same job; a second `poweroff` while one is under way
+/// fails with systemd's message, and `is-system-running` then says `stopping`. The real
+/// rendered power-off check runs, with `date` at one minute past the deadline and
+/// `/sbin/poweroff -f` recorded instead of cutting anything.
+fn boot_past_the_deadline() -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let parsed = common::parse(common::render(&samples::systemd_basics(), "vm").as_str());
+    let check = parsed
+        .text(POWEROFF_CHECK_PATH)
+        .replace(
+            "/sbin/poweroff -f",
+            &format!("echo 'forced power-off' >> {}", p("events")),
+        )
+        .replace("/dev/console", &p("console"));
+    write_exec(Path::new(&p("poweroff-check")), &check);
+    write_exec(
+        &bin.join("date"),
+        &format!("#!/bin/sh\necho {}\n", common::deadline().timestamp() + 60),
+    );
+    write_exec(
+        &bin.join("systemctl"),
+        &format!(
+            r#"#!/bin/sh
+events={events}
+run_unit() {{
+  if [ -e {dir}/unit-job ]; then echo "power-off unit: merged into the queued job" >> $events; return 0; fi
+  : > {dir}/unit-job
+  echo "power-off unit runs the check" >> $events
+  {check}
+}}
+case "$*" in
+  "enable --now ttlab-poweroff.timer") run_unit ;;
+  "start --no-block ttlab-poweroff.service") run_unit ;;
+  "--no-block poweroff")
+    if [ -e {dir}/stopping ]; then
+      echo "Call to PowerOff failed: There's already a shutdown or sleep operation in progress" >&2
+      echo "second power-off request refused" >> $events
+      exit 1
+    fi
+    : > {dir}/stopping
+    echo "power-off requested" >> $events ;;
+  is-system-running) if [ -e {dir}/stopping ]; then echo stopping; else echo running; fi ;;
+esac
+exit 0
+"#,
+            events = p("events"),
+            dir = dir.path().display(),
+            check = p("poweroff-check"),
+        ),
+    );
+    write_exec(&bin.join("getconf"), "#!/bin/sh\necho 'glibc 2.36'\n");
+    let script = parsed
+        .text(FIRSTBOOT_PATH)
+        .replace(READY_MARKER_PATH, &p("state/ready"))
+        .replace(FAILED_MARKER_PATH, &p("state/failed"))
+        .replace(POWEROFF_CHECK_PATH, &p("poweroff-check"))
+        .replace(SETUP_LOG_PATH, &p("setup.log"))
+        .replace(SETUP_PATH, &p("setup"))
+        .replace("/dev/console", &p("console"));
+    std::fs::write(p("firstboot"), script).unwrap();
+    write_exec(Path::new(&p("setup")), "#!/bin/sh\nexit 0\n");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("sh")
+        .arg(p("firstboot"))
+        .env("PATH", path)
+        .status()
+        .unwrap();
+    std::fs::read_to_string(p("events"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_deadline_already_past_at_first_boot_makes_one_clean_power_off_request() {
+    let events = boot_past_the_deadline();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| *e == "power-off unit runs the check")
+            .count(),
+        1,
+        "the check runs once, as the unit: {events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| *e == "power-off requested")
+            .count(),
+        1,
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| e == "second power-off request refused" || e == "forced power-off"),
+        "no racing request, no forced power cut: {events:?}"
+    );
+}
+
+#[test]
+fn the_power_off_check_leaves_a_shutdown_under_way_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let parsed = common::parse(common::render(&samples::systemd_basics(), "vm").as_str());
+    let check = parsed
+        .text(POWEROFF_CHECK_PATH)
+        .replace(
+            "/sbin/poweroff -f",
+            &format!("echo forced >> {}", p("events")),
+        )
+        .replace("/dev/console", &p("console"));
+    write_exec(Path::new(&p("check")), &check);
+    write_exec(
+        &bin.join("date"),
+        &format!("#!/bin/sh\necho {}\n", common::deadline().timestamp() + 60),
+    );
+    write_exec(
+        &bin.join("systemctl"),
+        &format!(
+            "#!/bin/sh\necho \"systemctl $*\" >> {}\ncase \"$*\" in is-system-running) echo stopping ;; *) exit 1 ;; esac\n",
+            p("events")
+        ),
+    );
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = Command::new("sh")
+        .arg(p("check"))
+        .env("PATH", path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let events = std::fs::read_to_string(p("events")).unwrap();
+    assert_eq!(events, "systemctl is-system-running\n", "{events}");
 }

@@ -159,7 +159,7 @@ fn first_boot_arms_the_deadline_then_the_agent_then_setup_then_the_marker_last()
     };
     let order = [
         pos("systemctl enable --now ttlab-poweroff.timer"),
-        pos(&format!("\n{POWEROFF_CHECK_PATH}\n")),
+        pos("\nsystemctl start --no-block ttlab-poweroff.service "),
         pos("getconf GNU_LIBC_VERSION"),
         pos("systemctl enable --now ttlab-agent.service"),
         pos("timeout --kill-after=10 300 /usr/local/lib/ttlab/setup"),
@@ -174,6 +174,10 @@ fn first_boot_arms_the_deadline_then_the_agent_then_setup_then_the_marker_last()
         "one place writes the marker"
     );
     assert!(script.contains("TTLAB_NODE=vm "));
+    assert!(
+        !script.contains(&format!("\n{POWEROFF_CHECK_PATH}")),
+        "the check runs as its unit only, never beside it"
+    );
 
     let timer = p.text(POWEROFF_TIMER_PATH);
     assert!(

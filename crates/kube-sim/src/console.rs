@@ -1,7 +1,8 @@
 //! The VMI serial console subresource: a WebSocket with subprotocol `plain.kubevirt.io`, raw
 //! bytes in binary frames both ways, one client per VMI (a new one closes the old), and behind
 //! it the simulated terminal of [`crate::terminal`] as root's autologin shell, with boot lines
-//! for the first client.
+//! for the first client. A qemu guest's console is its serial port instead: raw bytes both
+//! ways, and for the first client what the guest printed so far (the last 64 KiB).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +28,20 @@ pub const PROTOCOL: &str = "plain.kubevirt.io";
 
 struct Slot {
     uid: String,
-    terminal: Arc<Mutex<Terminal>>,
+    behind: Behind,
     current: Option<CancellationToken>,
+}
+
+/// What a console connects to.
+#[derive(Clone)]
+enum Behind {
+    /// The simulated terminal.
+    Sim(Arc<Mutex<Terminal>>),
+    /// A qemu guest's serial port; whether a client has connected before.
+    Qemu(
+        ttlab_qemu_guest::Console,
+        Arc<std::sync::atomic::AtomicBool>,
+    ),
 }
 
 /// The consoles of running VMIs.
@@ -56,7 +69,31 @@ impl Consoles {
             (ns.to_owned(), name.to_owned()),
             Slot {
                 uid: uid.to_owned(),
-                terminal: Arc::new(Mutex::new(Terminal::console(hostname))),
+                behind: Behind::Sim(Arc::new(Mutex::new(Terminal::console(hostname)))),
+                current: None,
+            },
+        );
+    }
+
+    /// A qemu guest started: its serial port is the console from now on.
+    pub(crate) fn boot_qemu(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        console: ttlab_qemu_guest::Console,
+    ) {
+        let mut slots = self.slots();
+        if let Some(old) = slots.remove(&(ns.to_owned(), name.to_owned()))
+            && let Some(c) = old.current
+        {
+            c.cancel();
+        }
+        slots.insert(
+            (ns.to_owned(), name.to_owned()),
+            Slot {
+                uid: uid.to_owned(),
+                behind: Behind::Qemu(console, Arc::default()),
                 current: None,
             },
         );
@@ -160,9 +197,9 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
         slots
             .get(&(ns.to_owned(), name.to_owned()))
             .filter(|s| vmi["metadata"]["uid"].as_str() == Some(s.uid.as_str()))
-            .map(|s| s.terminal.clone())
+            .map(|s| s.behind.clone())
     };
-    let Some(terminal) = slot.filter(|_| phase == "Running") else {
+    let Some(behind) = slot.filter(|_| phase == "Running") else {
         let shown = if phase.is_empty() {
             "Pending"
         } else {
@@ -199,8 +236,79 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
         }
     }
     let shutdown = sim.shutdown.clone();
-    ws.protocols([PROTOCOL])
-        .on_upgrade(move |socket| serve(socket, terminal, token, shutdown))
+    match behind {
+        Behind::Sim(terminal) => ws
+            .protocols([PROTOCOL])
+            .on_upgrade(move |socket| serve(socket, terminal, token, shutdown)),
+        Behind::Qemu(console, shown) => ws
+            .protocols([PROTOCOL])
+            .on_upgrade(move |socket| serve_serial(socket, console, shown, token, shutdown)),
+    }
+}
+
+/// Relays a qemu guest's serial port: its output as binary frames (what it printed before,
+/// for the first client), the client's frames typed on it.
+async fn serve_serial(
+    socket: WebSocket,
+    console: ttlab_qemu_guest::Console,
+    shown: Arc<std::sync::atomic::AtomicBool>,
+    token: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let mut output = console.subscribe();
+    let first = !shown.swap(true, std::sync::atomic::Ordering::SeqCst);
+    let history = if first { console.history() } else { Vec::new() };
+    let writer_token = token.clone();
+    let writer = tokio::spawn(async move {
+        if !history.is_empty()
+            && sink
+                .send(Message::Binary(Bytes::from(history)))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = writer_token.cancelled() => break,
+                msg = output.recv() => match msg {
+                    Ok(b) => if sink.send(Message::Binary(b)).await.is_err() { return },
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+        let _ = sink.close().await;
+    });
+    loop {
+        let msg = tokio::select! {
+            () = token.cancelled() => break,
+            () = shutdown.cancelled() => { token.cancel(); break }
+            m = stream.next() => m,
+        };
+        match msg {
+            Some(Ok(Message::Binary(b))) => {
+                if console.send(b).await.is_err() {
+                    break;
+                }
+            }
+            Some(Ok(Message::Text(t))) => {
+                if console
+                    .send(Bytes::copy_from_slice(t.as_bytes()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+        }
+    }
+    token.cancel();
+    let _ = writer.await;
 }
 
 async fn serve(

@@ -9,6 +9,8 @@
 //! answering agent. A real guest starts its agent later in cloud-init: clients must still
 //! retry an unreachable agent (`AgentClient::wait_ready` does). The agent is killed and
 //! reaped when its VMI ends, and at `KubeSim::shutdown` (awaited) or drop (SIGKILL).
+//!
+//! [`GuestBackend::Qemu`] replaces all of that with a real guest (see `ttlab-qemu-guest`).
 
 use std::io::Read as _;
 use std::net::Ipv4Addr;
@@ -18,6 +20,46 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::Value;
 use tokio::sync::oneshot;
+
+/// What a VMI's guest is.
+#[derive(Debug, Clone, Default)]
+pub enum GuestBackend {
+    /// A directory and the agent started on the host, markers after the setup delay: boots in
+    /// a moment.
+    #[default]
+    Simulated,
+    /// A real qemu guest booting the given image.
+    Qemu(Box<QemuSettings>),
+}
+
+/// How qemu guests are run.
+#[derive(Debug, Clone)]
+pub struct QemuSettings {
+    /// The image every guest boots (`ttlabctl guest-image` prints its directory).
+    pub image: ttlab_qemu_guest::GuestImage,
+    /// KVM or TCG; `None` probes once (KVM if a kernel boots under it within
+    /// [`QemuSettings::probe_timeout`]).
+    pub accel: Option<ttlab_qemu_guest::Accel>,
+    /// How long the KVM probe may take.
+    pub probe_timeout: Duration,
+    /// The most memory a guest gets, whatever its VMI asks for (MiB).
+    pub max_memory_mib: u64,
+    /// The most virtual CPUs a guest gets.
+    pub max_cpus: u32,
+}
+
+impl QemuSettings {
+    /// Guests of `image`, the accelerator probed, at most 2 GiB and 2 CPUs each.
+    pub fn new(image: ttlab_qemu_guest::GuestImage) -> Self {
+        Self {
+            image,
+            accel: None,
+            probe_timeout: Duration::from_secs(15),
+            max_memory_mib: 2048,
+            max_cpus: 2,
+        }
+    }
+}
 
 /// What applying a cloud-config produced.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -1,6 +1,14 @@
 //! The simulated KubeVirt: a VirtualMachine controller (run strategies, finalizer, status)
 //! and one task per VirtualMachineInstance taking it Pending → Scheduling → Scheduled →
 //! Running (launcher pod, guest boot with cloud-init and the agent), and to its end.
+//!
+//! The guest is simulated (a directory and the agent on the host, see [`crate::guest`]) unless
+//! [`crate::SimConfig::guest`] asks for qemu: then each VMI is a real qemu guest
+//! (`ttlab-qemu-guest`) whose root disk is an overlay on the image (a golden-disk VMI) or a
+//! copy of it (a container-disk VMI), whose cloud-init reads the Secret through a NoCloud
+//! seed, whose agent port is forwarded from the VMI's loopback address, and whose power-off
+//! ends the VMI as the run strategy says; deleting the VMI presses the ACPI power button and
+//! kills qemu after the termination grace.
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -60,6 +68,8 @@ pub(crate) struct Runtime {
     next_ip: AtomicU32,
     second_octet: u8,
     stop: tokio_util::sync::CancellationToken,
+    /// KVM or TCG for qemu guests, probed once.
+    accel: tokio::sync::OnceCell<ttlab_qemu_guest::Accel>,
 }
 
 impl Runtime {
@@ -71,6 +81,7 @@ impl Runtime {
             next_ip: AtomicU32::new(random_start()),
             second_octet,
             stop: tokio_util::sync::CancellationToken::new(),
+            accel: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -744,6 +755,27 @@ async fn run_vmi(
         return;
     }
     let _ = std::fs::create_dir_all(&dir);
+    if let crate::guest::GuestBackend::Qemu(settings) = &sim.config.guest {
+        let settings = (**settings).clone();
+        match run_qemu(
+            sim,
+            ns,
+            name,
+            uid,
+            &dir,
+            ip,
+            &vmi,
+            &settings,
+            &mut end_rx,
+            &mut rx,
+        )
+        .await
+        {
+            QemuRun::Stopped | QemuRun::Deleted => {}
+            QemuRun::Ended(how) => after_end(sim, ns, name, uid, &pod_name, how, &mut rx).await,
+        }
+        return;
+    }
     let userdata = {
         let store = sim.store();
         vmi["spec"]["volumes"]
@@ -865,6 +897,24 @@ async fn run_vmi(
         None => finish_deletion(sim, ns, name, uid).await,
         Some(how) => {
             sim.kubevirt.kill_agent(uid).await;
+            after_end(sim, ns, name, uid, &pod_name, how, &mut rx).await;
+        }
+    }
+}
+
+/// A guest that ended by itself: the VMI and its pod take the final phase, the VM controller
+/// applies the run strategy, and the VMI goes once deleted.
+async fn after_end(
+    sim: &Arc<Sim>,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    pod_name: &str,
+    how: GuestEnd,
+    rx: &mut tokio::sync::broadcast::Receiver<Arc<crate::store::Event>>,
+) {
+    {
+        {
             let phase = match how {
                 GuestEnd::PowerOff => "Succeeded",
                 GuestEnd::Crash => "Failed",
@@ -879,10 +929,10 @@ async fn run_vmi(
                     status["conditions"] = json!([]);
                     store.set_status(VMIS, ns, name, status);
                 }
-                if let Some(pod) = store.get(PODS, ns, &pod_name) {
+                if let Some(pod) = store.get(PODS, ns, pod_name) {
                     let mut ps = pod["status"].clone();
                     ps["phase"] = Value::from(phase);
-                    store.set_status(PODS, ns, &pod_name, ps);
+                    store.set_status(PODS, ns, pod_name, ps);
                 }
             }
             reconcile_vm(sim, ns, name);
@@ -893,7 +943,7 @@ async fn run_vmi(
                     Some(v) if is_deleting(&v) => break,
                     Some(_) => {}
                 }
-                if !changed(sim, &mut rx).await {
+                if !changed(sim, rx).await {
                     return;
                 }
             }
@@ -949,4 +999,170 @@ async fn finish_deletion(sim: &Arc<Sim>, ns: &str, name: &str, uid: &str) {
         sim.store().remove_finalizer(VMIS, ns, name, VMI_FINALIZER);
     }
     reconcile_vm(sim, ns, name);
+}
+
+/// How a qemu guest's life ended, for [`run_vmi`].
+enum QemuRun {
+    /// The simulation stopped (qemu is killed with the guest handle).
+    Stopped,
+    /// The VMI was deleted: the guest was shut down and the finalizer removed.
+    Deleted,
+    /// The guest ended by itself (or was ended by [`end_guest`]).
+    Ended(GuestEnd),
+}
+
+/// The user-data of the VMI's NoCloud Secret.
+fn vmi_user_data(sim: &Sim, ns: &str, vmi: &Value) -> Option<Vec<u8>> {
+    let store = sim.store();
+    vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|v| v["cloudInitNoCloud"]["secretRef"]["name"].as_str())
+        .and_then(|s| store.get(SECRETS, ns, s))
+        .and_then(|s| {
+            let d = &s["data"];
+            d["userdata"]
+                .as_str()
+                .or_else(|| d["userData"].as_str())
+                .map(str::to_owned)
+        })
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+}
+
+/// Boots the VMI as a qemu guest and follows it until it ends or the VMI is deleted.
+#[allow(clippy::too_many_arguments)]
+async fn run_qemu(
+    sim: &Arc<Sim>,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    dir: &std::path::Path,
+    ip: Ipv4Addr,
+    vmi: &Value,
+    settings: &crate::guest::QemuSettings,
+    end_rx: &mut watch::Receiver<Option<GuestEnd>>,
+    rx: &mut tokio::sync::broadcast::Receiver<Arc<crate::store::Event>>,
+) -> QemuRun {
+    use ttlab_qemu_guest::{Exit, Guest, GuestSpec, RootDisk, probe_accel};
+    let accel = match settings.accel {
+        Some(a) => a,
+        None => {
+            *sim.kubevirt
+                .accel
+                .get_or_init(|| probe_accel(&settings.image, settings.probe_timeout))
+                .await
+        }
+    };
+    let domain = &vmi["spec"]["domain"];
+    let memory_mib = Milli::from_json(&domain["resources"]["requests"]["memory"])
+        .or_else(|| Milli::from_json(&domain["memory"]["guest"]))
+        .map(|m| u64::try_from(m.0 / 1000 / (1 << 20)).unwrap_or(u64::MAX))
+        .unwrap_or(1024)
+        .clamp(256, settings.max_memory_mib);
+    let cpus = domain["cpu"]["cores"]
+        .as_u64()
+        .and_then(|c| u32::try_from(c).ok())
+        .unwrap_or(1)
+        .clamp(1, settings.max_cpus);
+    let golden = vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|v| v.get("ephemeral").is_some());
+    let hostname = name.to_owned();
+    let spec = GuestSpec {
+        image: settings.image.clone(),
+        root: if golden {
+            RootDisk::Overlay
+        } else {
+            RootDisk::Copy
+        },
+        dir: dir.to_owned(),
+        instance_id: uid.to_owned(),
+        hostname: hostname.clone(),
+        user_data: vmi_user_data(sim, ns, vmi).unwrap_or_default(),
+        memory_mib,
+        cpus,
+        accel,
+        forward_from: std::net::SocketAddr::from((ip, sim.config.agent_port)),
+        forward_to: ttlab_agent::protocol::PORT,
+    };
+    let started = std::time::Instant::now();
+    let mut guest = match Guest::start(spec).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(vmi = name, error = %e, "qemu guest did not start");
+            return QemuRun::Ended(GuestEnd::Crash);
+        }
+    };
+    tracing::info!(vmi = name, %accel, memory_mib, cpus, golden, pid = ?guest.pid(), "qemu guest started");
+    if let Some(g) = sim
+        .kubevirt
+        .guests()
+        .get_mut(&(ns.to_owned(), name.to_owned()))
+        && g.uid == uid
+    {
+        g.info.agent_pid = guest.pid();
+        g.running = true;
+    }
+    sim.consoles.boot_qemu(ns, name, uid, guest.console());
+    {
+        let mut store = sim.store();
+        let mut status = vmi_status(vmi, "Running");
+        status["nodeName"] = Value::from(NODE);
+        status["interfaces"] = json!([{"name": "default", "ipAddress": ip.to_string(), "ipAddresses": [ip.to_string()], "interfaceName": "eth0", "infoSource": "domain"}]);
+        status["conditions"] = json!([{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}]);
+        store.set_status(VMIS, ns, name, status);
+    }
+    reconcile_vm(sim, ns, name);
+    let grace = vmi["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .map(Duration::from_secs)
+        .unwrap_or(sim.config.timings.stop);
+    let outcome = loop {
+        match current(sim, ns, name, uid) {
+            None => break None,
+            Some(v) if is_deleting(&v) => break None,
+            Some(_) => {}
+        }
+        let ended = *end_rx.borrow_and_update();
+        if let Some(how) = ended {
+            guest.kill_now();
+            let _ = guest.exited().await;
+            break Some(how);
+        }
+        tokio::select! {
+            exit = guest.exited() => {
+                tracing::info!(vmi = name, ?exit, after = ?started.elapsed(), "qemu guest ended");
+                break Some(match exit { Exit::PoweredOff => GuestEnd::PowerOff, Exit::Failed(_) => GuestEnd::Crash });
+            }
+            ok = changed(sim, rx) => if !ok { return QemuRun::Stopped },
+            r = end_rx.changed() => if r.is_err() { return QemuRun::Stopped },
+        }
+    };
+    if let Some(g) = sim
+        .kubevirt
+        .guests()
+        .get_mut(&(ns.to_owned(), name.to_owned()))
+        && g.uid == uid
+    {
+        g.running = false;
+    }
+    sim.consoles.end(ns, name);
+    match outcome {
+        Some(how) => QemuRun::Ended(how),
+        None => {
+            let exit = tokio::select! {
+                e = guest.shutdown(grace) => e,
+                () = sim.shutdown.cancelled() => return QemuRun::Stopped,
+            };
+            tracing::info!(vmi = name, ?exit, "qemu guest shut down for the deletion");
+            if current(sim, ns, name, uid).is_some() {
+                sim.store().remove_finalizer(VMIS, ns, name, VMI_FINALIZER);
+            }
+            reconcile_vm(sim, ns, name);
+            QemuRun::Deleted
+        }
+    }
 }

@@ -228,6 +228,9 @@ pub struct SimConfig {
     /// at least the last 100 changes of each type). A watch from an older resourceVersion
     /// gets `410 Expired`, as does one from before [`KubeSim::compact_history`].
     pub watch_history: Duration,
+    /// What a VMI's guest is: simulated (the default, a moment to boot) or a real qemu guest
+    /// ([`guest::GuestBackend::Qemu`], a minute or more under TCG).
+    pub guest: guest::GuestBackend,
 }
 
 impl SimConfig {
@@ -247,6 +250,7 @@ impl SimConfig {
             exec_start: Duration::from_millis(150),
             quota_sync: Duration::from_secs(1),
             watch_history: store::HISTORY_WINDOW,
+            guest: guest::GuestBackend::Simulated,
         }
     }
 

@@ -76,6 +76,22 @@ pub(crate) async fn start_sim(
     timings: Timings,
     guest_root: &Path,
 ) -> anyhow::Result<KubeSim> {
+    start_sim_with(
+        namespace,
+        timings,
+        guest_root,
+        ttlab_kube_sim::guest::GuestBackend::Simulated,
+    )
+    .await
+}
+
+/// [`start_sim`] with the given guest backend (real qemu guests for `demo --guest qemu`).
+pub(crate) async fn start_sim_with(
+    namespace: &str,
+    timings: Timings,
+    guest_root: &Path,
+    guest: ttlab_kube_sim::guest::GuestBackend,
+) -> anyhow::Result<KubeSim> {
     let mut config = SimConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     config.namespaces = if namespace == "default" {
         vec!["default".into()]
@@ -84,6 +100,7 @@ pub(crate) async fn start_sim(
     };
     config.timings = timings;
     config.guest_root = Some(guest_root.to_path_buf());
+    config.guest = guest;
     KubeSim::start(config).await.context("starting kube-sim")
 }
 

@@ -1,0 +1,33 @@
+//! Real virtual machines for the simulated KubeVirt: one qemu process per guest.
+//!
+//! This crate owns what it takes to run a lab VM on one machine without a cluster: the guest
+//! image on disk and its manifest ([`GuestImage`]), the per-VM root disk (a qcow2
+//! copy-on-write overlay on the read-only base, or a fresh copy: [`RootDisk`]), the NoCloud
+//! `cidata` seed that hands cloud-init its user-data ([`write_seed`]), the choice of KVM or
+//! software emulation ([`probe_accel`], with a timeout: `/dev/kvm` can exist and hang), and
+//! the qemu process itself ([`Guest`]): its serial console as raw bytes both ways, the agent
+//! port forwarded from one loopback address, guest power-off observed as the process ending,
+//! and a shutdown that asks by ACPI first and kills after a grace.
+//!
+//! The guest's network is qemu's user-mode network with `restrict=on`: the guest reaches no
+//! address at all, on this machine or off it; only the forwarded agent port reaches the guest.
+//!
+//! It refuses to own Kubernetes: no objects, phases or run strategies (kube-sim and
+//! kubevirt-sim decide those), and it never builds images (`ttlabctl guest-image` does).
+
+mod accel;
+mod error;
+mod guest;
+mod image;
+mod seed;
+
+pub use accel::{Accel, probe_accel};
+pub use error::QemuError;
+pub use guest::{Console, Exit, Guest, GuestSpec, RootDisk};
+pub use image::{GuestImage, ImageManifest, MANIFEST_FILE};
+pub use seed::write_seed;
+
+/// The qemu system emulator this crate runs.
+pub const QEMU: &str = "qemu-system-x86_64";
+/// The disk image tool (overlays, conversions).
+pub const QEMU_IMG: &str = "qemu-img";
