@@ -4,7 +4,7 @@
 //! This file only parses the configuration and wires the parts together. Exit status: 0 after
 //! a clean shutdown or a `--once` cycle that ran (per-item failures are in its report);
 //! 1 when it could not start or the `--once` cycle could not run; 3 when `--once` found
-//! another reaper of the environment acting (it holds the leader lock).
+//! another reaper of the environment acting (it keeps the leader lease renewed).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,6 +51,25 @@ struct Args {
     /// Where to serve /metrics and /healthz.
     #[arg(long, env = "TTLAB_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     metrics_listen: SocketAddr,
+    /// /healthz fails (503) after the loop made no progress (a cycle as the leader, an
+    /// answered lock attempt as a standby) for this long. Default: three sweep intervals,
+    /// at least 30 s.
+    #[arg(long, env = "TTLAB_REAP_STALL_AFTER", value_parser = humantime::parse_duration)]
+    stall_after: Option<Duration>,
+    /// How long the leader lease lasts unless renewed: a standby takes over this long (plus
+    /// a second) after the leader vanished. Keep it well under the sweep interval.
+    #[arg(long, env = "TTLAB_LEADER_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
+    leader_lease: Duration,
+    /// The server cancels a statement running longer (`statement_timeout`).
+    #[arg(long, env = "TTLAB_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    db_statement_timeout: Duration,
+    /// The server gives up waiting for a lock this long (`lock_timeout`).
+    #[arg(long, env = "TTLAB_DB_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    db_lock_timeout: Duration,
+    /// A request that gets no byte of answer for this long fails and its connection is given
+    /// up (half-open connections, stalled servers).
+    #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
+    db_call_timeout: Duration,
     /// Run one cycle and exit (for a CronJob).
     #[arg(long, env = "TTLAB_REAP_ONCE")]
     once: bool,
@@ -103,6 +122,16 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &args.database_url,
         StoreOptions {
             max_connections: args.concurrency + 4,
+            timeouts: ttlab_store::Timeouts {
+                statement: args.db_statement_timeout,
+                lock: args.db_lock_timeout,
+                call: args.db_call_timeout,
+                ..ttlab_store::Timeouts::default()
+            },
+            leases: ttlab_store::LeaseTtls {
+                leader: args.leader_lease,
+                ..ttlab_store::LeaseTtls::default()
+            },
             ..StoreOptions::default()
         },
     )
@@ -119,7 +148,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     .context("building the Kubernetes client")?;
     let ctx =
         ReaperContext::new(store, Arc::new(cluster), args.env.clone()).with_settings(settings);
-    let metrics = Arc::new(Metrics::new());
+    let stall_after = args
+        .stall_after
+        .unwrap_or_else(|| (args.interval * 3).max(Duration::from_secs(30)));
+    let metrics = Arc::new(Metrics::new().with_stall_after(stall_after));
 
     if args.once {
         return Ok(match ttlab_reaper::run_once(&ctx, &metrics).await {

@@ -257,7 +257,8 @@ async fn once_exit_codes_say_whether_the_cycle_ran() {
     assert_eq!(h.status(s.id).await, SessionStatus::Finishing);
     h.sim().faults().clear();
 
-    // Another reaper holds the leader lock.
+    // Another reaper holds the leader lease (and renews it): `--once` waits out one lease
+    // duration, then gives up.
     let lock = h
         .store
         .try_leader_lock(&common::env("dev"))
@@ -357,4 +358,60 @@ async fn a_dry_run_prints_the_name_of_everything_it_would_reclaim() {
     assert_eq!(h.status(expired.id).await, SessionStatus::Running);
     assert_eq!(h.status(ghost.id).await, SessionStatus::Running);
     assert!(h.vm_alive(expired.id, "vm").await && h.vm_alive(orphan, "vm").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_connects_over_verified_tls_and_a_wrong_ca_fails_clearly() {
+    if ttlab_testkit::which("openssl").is_none() {
+        return ttlab_testkit::skip_or_fail("openssl is not on PATH (test certificates)");
+    }
+    let h = Harness::start().await;
+    let pg = tokio::task::spawn_blocking(ttlab_store::testing::TlsServer::start)
+        .await
+        .unwrap()
+        .expect("TLS-enabled throwaway PostgreSQL");
+    pg.create_database("ttlab", true).await.unwrap();
+    let url = |ca: &std::path::Path| {
+        pg.url(
+            "localhost",
+            "ttlab",
+            &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+        )
+    };
+
+    // The right CA: the cycle runs (and is recorded in that database).
+    let out = reaper(&h, "dev", &["--once"])
+        .env("DATABASE_URL", url(&pg.ca()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = ttlab_store::Store::connect(&url(&pg.ca()), Default::default())
+        .await
+        .unwrap();
+    let cycles = store.reaper_cycles().recent(None, 10).await.unwrap();
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+
+    // A CA that did not sign the server's certificate: exit 1 with a one-line reason.
+    let out = reaper(&h, "dev", &["--once"])
+        .env("DATABASE_URL", url(&pg.wrong_ca()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot connect to PostgreSQL at localhost:")
+            && err.contains("invalid peer certificate: UnknownIssuer"),
+        "{err}"
+    );
 }

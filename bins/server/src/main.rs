@@ -28,15 +28,36 @@ struct Args {
     /// Namespace of the VMs.
     #[arg(long, env = "TTLAB_NAMESPACE", default_value = "ttlab-vms")]
     namespace: String,
-    /// Address to listen on.
+    /// Address to listen on (students, admins, the web pages).
     #[arg(long, env = "TTLAB_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
+    /// Address of the ops port: /healthz, /readyz, /healthz/cluster and /metrics are served
+    /// there only, not on --listen. Unset: they are served on --listen.
+    #[arg(long, env = "TTLAB_OPS_LISTEN")]
+    ops_listen: Option<SocketAddr>,
+    /// Longest a request may take before it is answered 503 (e.g. 60s).
+    #[arg(long, env = "TTLAB_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    request_timeout: std::time::Duration,
+    /// Most requests answered at once; beyond, 503 `overloaded` at once.
+    #[arg(long, env = "TTLAB_MAX_CONCURRENT_REQUESTS", default_value_t = ttlab_api::DEFAULT_MAX_CONCURRENT_REQUESTS)]
+    max_concurrent_requests: usize,
+    /// Starts, extends and grades one user may send back to back (each counted apart).
+    #[arg(long, env = "TTLAB_USER_RATE_BURST", default_value_t = ttlab_api::limits::RateLimit::DEFAULT.burst)]
+    user_rate_burst: u32,
+    /// Then one per this long (e.g. 1s); 0s turns the per-user limit off.
+    #[arg(long, env = "TTLAB_USER_RATE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    user_rate_interval: std::time::Duration,
     /// HMAC secret of the bearer tokens (at least 32 bytes).
     #[arg(long, env = "TTLAB_AUTH_SECRET", hide_env_values = true)]
     auth_secret: String,
-    /// Trust this header, set by an authenticating proxy, as the student's user id.
+    /// Trust this header, set by an authenticating proxy, as the student's user id (only on
+    /// connections from --auth-proxies).
     #[arg(long, env = "TTLAB_AUTH_HEADER")]
     auth_header: Option<String>,
+    /// The authenticating proxy's addresses or CIDR blocks, comma-separated: the only peers
+    /// whose --auth-header is believed. Required with --auth-header.
+    #[arg(long, env = "TTLAB_AUTH_PROXIES")]
+    auth_proxies: Option<String>,
     /// Lesson file or directory.
     #[arg(long, env = "TTLAB_LESSONS")]
     lessons: PathBuf,
@@ -61,6 +82,31 @@ struct Args {
     /// Directory of the static web pages.
     #[arg(long, env = "TTLAB_WEB_DIR")]
     web_dir: Option<PathBuf>,
+    /// How long a session's provisioning lease lasts unless renewed: another server adopts
+    /// the session this long after its provisioner vanished.
+    #[arg(long, env = "TTLAB_PROVISIONING_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
+    provisioning_lease: std::time::Duration,
+    /// How long a "Start lab" waits behind another one counting capacity before it is told
+    /// to try again (503).
+    #[arg(long, env = "TTLAB_CAPACITY_LOCK_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    capacity_lock_timeout: std::time::Duration,
+    #[command(flatten)]
+    db: DbTimeouts,
+}
+
+/// Bounds on waiting for PostgreSQL (docs/postgres.md).
+#[derive(Debug, clap::Args)]
+struct DbTimeouts {
+    /// The server cancels a statement running longer (`statement_timeout`).
+    #[arg(long, env = "TTLAB_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    db_statement_timeout: std::time::Duration,
+    /// The server gives up waiting for a lock this long (`lock_timeout`).
+    #[arg(long, env = "TTLAB_DB_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    db_lock_timeout: std::time::Duration,
+    /// A request that gets no byte of answer for this long fails and its connection is given
+    /// up (half-open connections, stalled servers).
+    #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
+    db_call_timeout: std::time::Duration,
 }
 
 /// How this program names itself to the Kubernetes API server and to guest agents.
@@ -92,7 +138,16 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let mut auth = AuthConfig::new(AuthSecret::new(args.auth_secret.into_bytes())?);
     if let Some(header) = args.auth_header.as_deref().filter(|h| !h.trim().is_empty()) {
-        auth = auth.with_trusted_header(header)?;
+        let proxies = args
+            .auth_proxies
+            .as_deref()
+            .filter(|p| !p.trim().is_empty())
+            .context(
+                "TTLAB_AUTH_HEADER needs TTLAB_AUTH_PROXIES: the authenticating proxy's \
+                 addresses (the header is ignored from any other peer, the Ingress included)",
+            )?
+            .parse()?;
+        auth = auth.with_trusted_header(header, proxies)?;
     }
     let policy = Policy::from_settings(
         args.session_ttl.as_deref(),
@@ -114,7 +169,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let agent = ttlab_cloudinit::AgentPayload::new(&agent_bytes)?;
 
-    let store = Store::connect(&args.database_url, StoreOptions::default()).await?;
+    let store = Store::connect(
+        &args.database_url,
+        StoreOptions {
+            timeouts: ttlab_store::Timeouts {
+                statement: args.db.db_statement_timeout,
+                lock: args.db.db_lock_timeout,
+                call: args.db.db_call_timeout,
+                capacity_lock: args.capacity_lock_timeout,
+                ..ttlab_store::Timeouts::default()
+            },
+            leases: ttlab_store::LeaseTtls {
+                provisioning: args.provisioning_lease,
+                ..ttlab_store::LeaseTtls::default()
+            },
+            ..StoreOptions::default()
+        },
+    )
+    .await?;
     store.migrate().await?;
     let mut settings = ClusterSettings::in_namespace(args.namespace);
     settings.max_in_flight = args.kube_concurrency.max(1);
@@ -123,13 +195,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
     config.listen = args.listen;
+    config.ops_listen = args.ops_listen;
+    config.request_timeout = args.request_timeout;
+    config.max_concurrent_requests = args.max_concurrent_requests;
+    config.user_rate_limit = ttlab_api::limits::RateLimit {
+        burst: args.user_rate_burst.max(1),
+        interval: args.user_rate_interval,
+    };
     config.vm_limit = args.vm_limit;
     config.policy = policy;
     config.web_dir = args.web_dir;
     config.user_agent = USER_AGENT.to_owned();
     let server = Server::bind(config, store, Arc::new(cluster)).await?;
-    tracing::info!(addr = %server.local_addr(), "ttlab-server listening");
-    server.run(shutdown_signal()).await?;
+    tracing::info!(
+        addr = %server.local_addr(),
+        ops_addr = ?server.ops_addr(),
+        "ttlab-server listening"
+    );
+    // SIGTERM (a deploy) hands over first: new starts are refused, and the sessions being
+    // prepared are released to another replica; then open requests finish and it stops.
+    let state = server.state().clone();
+    server
+        .run(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: handing over the sessions being prepared");
+            ttlab_api::saga::hand_over(&state).await;
+        })
+        .await?;
     Ok(())
 }
 

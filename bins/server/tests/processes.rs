@@ -1,7 +1,9 @@
 //! `ttlab-server` as separate processes against kube-sim, a throwaway PostgreSQL and the real
-//! agent: two replicas receiving 50 concurrent clicks of one student open one session, and a
-//! server killed (SIGKILL) while provisioning leaves nothing behind once a server starts
-//! again.
+//! agent: two replicas receiving 50 concurrent clicks of one student open one session; a
+//! server killed (SIGKILL) while provisioning has its session resumed once it starts again; a
+//! server stopped (SIGTERM, a deploy) mid-provisioning hands its session to another replica,
+//! which finishes it; and a server cut off from PostgreSQL (half-open connections, through a
+//! `FaultProxy`) has its session taken over by another replica within 30 s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -86,11 +88,13 @@ impl World {
             .unwrap()
     }
 
-    /// Starts `ttlab-server` on a port of its choosing and waits for it to say where.
-    async fn server(&self) -> Server {
+    /// Starts `ttlab-server` on `database_url` with `settings` (more `TTLAB_*` variables) on
+    /// a port of its choosing, and waits for it to say where.
+    async fn server_with(&self, database_url: &str, settings: &[(&str, &str)]) -> Server {
         let agent = ttlab_agent::locate_binary().expect("cargo build -p ttlab-agent-bin");
         let mut child = Command::new(env!("CARGO_BIN_EXE_ttlab-server"))
-            .env("DATABASE_URL", self.db.url())
+            .envs(settings.iter().copied())
+            .env("DATABASE_URL", database_url)
             .env("TTLAB_LISTEN", "127.0.0.1:0")
             .env("TTLAB_AUTH_SECRET", SECRET)
             .env("TTLAB_LESSONS", self.path("lessons.yaml"))
@@ -246,7 +250,12 @@ impl Server {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_clicks_on_two_server_processes_open_one_session() {
     let w = World::new().await;
-    let (a, b) = tokio::join!(w.server(), w.server());
+    // The per-user rate limit would answer most of the clicks 429 before they race: off here.
+    let no_rate_limit = [("TTLAB_USER_RATE_INTERVAL", "0s")];
+    let (a, b) = tokio::join!(
+        w.server_with(w.db.url(), &no_rate_limit),
+        w.server_with(w.db.url(), &no_rate_limit)
+    );
     let alice = token("alice");
     let clicks = (0..50).map(|i| {
         let s = if i % 2 == 0 { &a } else { &b };
@@ -284,73 +293,220 @@ async fn fifty_clicks_on_two_server_processes_open_one_session() {
     tokio::join!(a.stop(), b.stop());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_server_killed_while_provisioning_leaks_nothing_after_a_restart() {
-    let w = World::new().await;
-    // Hold the guests, so the kill lands mid-provisioning.
-    w.sim.pause_kubevirt(true);
-    let first = w.server().await;
-    let alice = token("alice");
-    let (status, v) = first
-        .request(
-            "POST",
-            "/api/sessions",
-            &alice,
-            Some(json!({"lesson": "duo"})),
-        )
+/// Short leases, so the tests need not wait out the production ones.
+const SHORT_LEASE: &[(&str, &str)] = &[("TTLAB_PROVISIONING_LEASE", "2s")];
+
+/// Starts a session of the two-VM lesson on `server` and waits until its VMs exist (the guests
+/// are held by the caller, so provisioning is still under way).
+async fn start_duo(server: &Server, tok: &str) -> String {
+    let (status, v) = server
+        .request("POST", "/api/sessions", tok, Some(json!({"lesson": "duo"})))
         .await;
     assert_eq!(status, 202, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
-    first
-        .wait_session(&id, &alice, |v| v["stages"]["vm_created"].is_string())
+    server
+        .wait_session(&id, tok, |v| v["stages"]["vm_created"].is_string())
         .await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_killed_while_provisioning_has_its_session_resumed_after_a_restart() {
+    let w = World::new().await;
+    // Hold the guests, so the kill lands mid-provisioning.
+    w.sim.pause_kubevirt(true);
+    let first = w.server_with(w.db.url(), SHORT_LEASE).await;
+    let alice = token("alice");
+    let id = start_duo(&first, &alice).await;
     first.kill().await;
     w.sim.pause_kubevirt(false);
-    assert!(w.sim.stats().vms >= 1, "the kill left VMs to clean up");
+    assert!(w.sim.stats().vms >= 1, "the kill left VMs behind");
 
-    // The dead server's database connection (and its provisioning lock) goes away with it.
-    let store = w.db.store().await.unwrap();
-    let sid: ttlab_model::SessionId = id.parse().unwrap();
-    let mut free = false;
-    for _ in 0..200 {
-        if store.try_provisioning_lock(sid).await.unwrap().is_some() {
-            free = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(
-        free,
-        "the killed server's provisioning lock was never released"
-    );
-
-    let again = w.server().await;
+    // The restarted server finds the session unleased (the dead one's lease expired: nothing
+    // depended on its sockets) and resumes it: the student's lab is not failed by the crash.
+    let again = w.server_with(w.db.url(), SHORT_LEASE).await;
     let v = again
-        .wait_session(&id, &alice, |v| v["status"] == "failed")
+        .wait_session(&id, &alice, |v| v["status"] != "starting")
         .await;
+    assert_eq!(v["status"], "running", "{v}");
+    // Resumed, not duplicated: the VMs already there were adopted.
+    assert_eq!(w.sim.stats().peak_vms, 2, "{:?}", w.sim.stats());
     assert!(
-        v["failure_reason"].as_str().unwrap().contains("restarted"),
-        "{v}"
+        again
+            .log
+            .lock()
+            .unwrap()
+            .contains("adopting a session nobody is provisioning"),
+        "{}",
+        again.log.lock().unwrap()
     );
-    w.wait_empty().await;
-    assert_eq!(store.agent_tokens().count(sid).await.unwrap(), 0);
-    // The student starts again on the restarted server.
+    // The student can grade and finish as usual; nothing is left behind.
     let (status, v) = again
+        .request("DELETE", &format!("/api/sessions/{id}"), &alice, None)
+        .await;
+    assert!(status == 200 || status == 202, "{status} {v}");
+    w.wait_empty().await;
+    again.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_stopped_mid_provisioning_hands_its_session_to_another_server() {
+    let w = World::new().await;
+    w.sim.pause_kubevirt(true);
+    let (a, b) = tokio::join!(
+        w.server_with(w.db.url(), SHORT_LEASE),
+        w.server_with(w.db.url(), SHORT_LEASE)
+    );
+    let alice = token("alice");
+    let id = start_duo(&a, &alice).await;
+
+    // A rolling deploy stops `a` while the session is being prepared.
+    let log = a.log.clone();
+    let stopped = std::time::Instant::now();
+    a.stop().await;
+    let text = log.lock().unwrap().clone();
+    assert!(text.contains("handing over"), "{text}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(15),
+        "the hand-over took {:?}",
+        stopped.elapsed()
+    );
+    w.sim.pause_kubevirt(false);
+
+    // `b` adopts it and finishes it: the deploy failed nobody's lab.
+    let v = b
+        .wait_session(&id, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(v["failure_reason"].is_null(), "{v}");
+    assert_eq!(w.sim.stats().peak_vms, 2, "{:?}", w.sim.stats());
+    eprintln!(
+        "session {id} resumed by the other server and running {:.1}s after SIGTERM",
+        stopped.elapsed().as_secs_f64()
+    );
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_cut_off_from_the_database_has_its_session_taken_over_within_30_s() {
+    let w = World::new().await;
+    let upstream = match w.db.server_socket() {
+        ttlab_store::testing::ServerSocket::Unix(p) => ttlab_testkit::Upstream::Unix(p),
+        ttlab_store::testing::ServerSocket::Tcp(host, port) => {
+            use std::net::ToSocketAddrs as _;
+            ttlab_testkit::Upstream::Tcp(
+                (host.as_str(), port)
+                    .to_socket_addrs()
+                    .unwrap()
+                    .next()
+                    .unwrap(),
+            )
+        }
+    };
+    let proxy = ttlab_testkit::FaultProxy::start(upstream).unwrap();
+    w.sim.pause_kubevirt(true);
+    let cut_off_url = w.db.url_at(proxy.addr());
+    let settings = [
+        ("TTLAB_PROVISIONING_LEASE", "2s"),
+        ("TTLAB_DB_CALL_TIMEOUT", "1s"),
+    ];
+    let (a, b) = tokio::join!(
+        w.server_with(&cut_off_url, &settings),
+        w.server_with(w.db.url(), &settings)
+    );
+    let alice = token("alice");
+    let id = start_duo(&a, &alice).await;
+
+    // `a`'s connections go half-open: no reply, no RST, no FIN.
+    proxy.set_mode(ttlab_testkit::FaultMode::Blackhole);
+    let cut = std::time::Instant::now();
+    w.sim.pause_kubevirt(false);
+    let v = b
+        .wait_session(&id, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(
+        cut.elapsed() < Duration::from_secs(30),
+        "taken over after {:?}",
+        cut.elapsed()
+    );
+    eprintln!(
+        "session {id} taken over and running {:.1}s after its server was cut off",
+        cut.elapsed().as_secs_f64()
+    );
+    let b_log = b.log.lock().unwrap().clone();
+    assert!(
+        b_log.contains("adopting a session nobody is provisioning"),
+        "{b_log}"
+    );
+    a.kill().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_server_connects_over_verified_tls_and_a_wrong_ca_fails_clearly() {
+    if ttlab_testkit::which("openssl").is_none() {
+        return ttlab_testkit::skip_or_fail("openssl is not on PATH (test certificates)");
+    }
+    let w = World::new().await;
+    let pg = tokio::task::spawn_blocking(ttlab_store::testing::TlsServer::start)
+        .await
+        .unwrap()
+        .expect("TLS-enabled throwaway PostgreSQL");
+    pg.create_database("ttlab", false).await.unwrap();
+    let url = |ca: &std::path::Path| {
+        pg.url(
+            "localhost",
+            "ttlab",
+            &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+        )
+    };
+
+    // The right CA: it migrates, serves, and a lab reaches running.
+    let server = w.server_with(&url(&pg.ca()), &[]).await;
+    let alice = token("alice");
+    let (status, v) = server
         .request(
             "POST",
             "/api/sessions",
             &alice,
-            Some(json!({"lesson": "duo"})),
+            Some(json!({"lesson": "quick"})),
         )
         .await;
     assert_eq!(status, 202, "{v}");
-    let v = again
+    let v = server
         .wait_session(v["id"].as_str().unwrap(), &alice, |v| {
             v["status"] != "starting"
         })
         .await;
     assert_eq!(v["status"], "running", "{v}");
-    again.stop().await;
+    server.stop().await;
+
+    // A CA that did not sign the server's certificate: it exits at once with a clear reason.
+    let agent = ttlab_agent::locate_binary().expect("cargo build -p ttlab-agent-bin");
+    let out = tokio::time::timeout(
+        STARTUP,
+        Command::new(env!("CARGO_BIN_EXE_ttlab-server"))
+            .env("DATABASE_URL", url(&pg.wrong_ca()))
+            .env("TTLAB_LISTEN", "127.0.0.1:0")
+            .env("TTLAB_AUTH_SECRET", SECRET)
+            .env("TTLAB_LESSONS", w.path("lessons.yaml"))
+            .env("TTLAB_AGENT_BINARY", &agent)
+            .env("KUBECONFIG", w.path("kubeconfig"))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("it exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("cannot connect to PostgreSQL at localhost:")
+            && err.contains("invalid peer certificate: UnknownIssuer"),
+        "{err}"
+    );
 }
 
 #[test]

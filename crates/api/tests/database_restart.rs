@@ -48,6 +48,7 @@ async fn postgres_stopped_and_restarted_under_load() {
     let options = StoreOptions {
         max_connections: 8,
         acquire_timeout: Duration::from_secs(2),
+        ..StoreOptions::default()
     };
     let store = Store::connect(&url, options).await.unwrap();
     store.migrate().await.unwrap();

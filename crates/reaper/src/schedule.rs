@@ -2,8 +2,9 @@
 //! now" requests (answered with the cycle's report row); and, side by side with the sweeps, a
 //! database-only cycle at the next deadline (re-read whenever the server notifies a session
 //! change), so an expiry never waits for a sweep of a large cluster. Only the holder of the
-//! environment's leader lock acts; other replicas wait and take over when its connection
-//! drops.
+//! environment's leader lease acts (a row renewed on a heartbeat: `ttlab_store::leases`); it
+//! stops as soon as it cannot renew, and other replicas take over once the lease expired on
+//! the database clock — whatever the old leader's sockets do.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{CycleReport, Metrics, ReaperContext, ReaperError, reap_once, reap_sessions};
 
-/// How often a waiting replica tries to take the leader lock.
+/// How often a waiting replica tries to take the leader lease.
 pub const LEADER_RETRY: Duration = Duration::from_secs(1);
 /// The shortest pause between cycles when a deadline is already past (a row that could not
 /// even be moved to `finishing`), so a failing database is not hammered.
@@ -78,15 +79,27 @@ pub async fn run_cycle(
     RecordedCycle { report, row }
 }
 
-/// `--once`: takes the leader lock without waiting, runs one cycle and records it.
-/// [`OnceError::NotLeader`] when another reaper of the environment holds the lock.
+/// `--once`: takes the leader lease, runs one cycle and records it.
+/// [`OnceError::NotLeader`] when another reaper of the environment holds the lease. A lease
+/// held by a reaper that vanished runs out within its duration, so a held lease is tried
+/// again for that long: only one a live reaper keeps renewing means "another is acting".
 pub async fn run_once(ctx: &ReaperContext, metrics: &Metrics) -> Result<RecordedCycle, OnceError> {
-    let lock = ctx
-        .store
-        .try_leader_lock(&ctx.env)
-        .await
-        .map_err(|e| OnceError::Failed(e.into()))?
-        .ok_or(OnceError::NotLeader)?;
+    let patience = ctx.store.lease_ttls().leader + LEADER_RETRY;
+    let asked = Instant::now();
+    let lock = loop {
+        match ctx
+            .store
+            .try_leader_lock(&ctx.env)
+            .await
+            .map_err(|e| OnceError::Failed(e.into()))?
+        {
+            Some(lock) => break lock,
+            None if asked.elapsed() < patience => {
+                tokio::time::sleep(LEADER_RETRY.min(patience / 4)).await;
+            }
+            None => return Err(OnceError::NotLeader),
+        }
+    };
     let pending: Vec<CollectRequestId> = ctx
         .store
         .collect_requests()
@@ -110,8 +123,8 @@ pub async fn run_once(ctx: &ReaperContext, metrics: &Metrics) -> Result<Recorded
 /// Why `--once` did not run a cycle.
 #[derive(Debug, thiserror::Error)]
 pub enum OnceError {
-    /// Another reaper of this environment holds the leader lock.
-    #[error("another reaper of this environment is acting (it holds the leader lock)")]
+    /// Another reaper of this environment holds the leader lease (and keeps renewing it).
+    #[error("another reaper of this environment is acting (it holds the leader lease)")]
     NotLeader,
     /// The cycle could not run at all.
     #[error("{0}")]
@@ -125,7 +138,7 @@ pub enum OnceError {
 pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) {
     let interval = interval.max(Duration::from_millis(10));
     loop {
-        let Some(lock) = wait_for_lock(&ctx).await else {
+        let Some(lock) = wait_for_lock(&ctx, &metrics).await else {
             return;
         };
         tracing::info!(env = %ctx.env, "acting as the reaper of this environment");
@@ -140,10 +153,15 @@ pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) 
     }
 }
 
-async fn wait_for_lock(ctx: &ReaperContext) -> Option<LeaderLock> {
+async fn wait_for_lock(ctx: &ReaperContext, metrics: &Metrics) -> Option<LeaderLock> {
     let mut announced = false;
     loop {
-        match ctx.store.try_leader_lock(&ctx.env).await {
+        let tried = ctx.store.try_leader_lock(&ctx.env).await;
+        // The database answered: the standby's loop is alive (`/healthz`).
+        if tried.is_ok() {
+            metrics.beat();
+        }
+        match tried {
             Ok(Some(lock)) => return Some(lock),
             Ok(None) => {
                 if !announced {
@@ -225,9 +243,21 @@ async fn next_wakeup(
 /// idempotent and every transition is conditional, so overlapping is safe.
 async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: &Metrics) {
     let stop = ctx.shutdown.child_token();
+    // The lease is lost (a renewal refused, or none got through in time): stop at once, not
+    // at the next cycle's check, so a standby that takes over never acts beside us.
+    let watch_lease = async {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = lock.lost() => {
+                tracing::warn!(env = %ctx.env, "the leader lease could not be renewed; stopping");
+                stop.cancel();
+            }
+        }
+    };
     tokio::join!(
         sweeps(ctx, lock, interval, metrics, &stop),
         deadlines(ctx, lock, metrics, &stop),
+        watch_lease,
     );
 }
 

@@ -165,3 +165,114 @@ async fn an_expiry_is_reclaimed_on_time_while_other_sessions_change_all_the_time
         "{delays:?}"
     );
 }
+
+/// A store on the harness's database reached through `proxy`, with bounds short enough for a
+/// test: a 2 s leader lease and 1 s without an answer before a connection is given up.
+async fn store_behind(h: &Harness, proxy: &ttlab_testkit::FaultProxy) -> ttlab_store::Store {
+    ttlab_store::Store::connect(&h.db.url_at(proxy.addr()), short_bounds())
+        .await
+        .expect("store through the proxy")
+}
+
+fn short_bounds() -> ttlab_store::StoreOptions {
+    ttlab_store::StoreOptions {
+        acquire_timeout: Duration::from_secs(3),
+        timeouts: ttlab_store::Timeouts {
+            call: Duration::from_secs(1),
+            ..ttlab_store::Timeouts::default()
+        },
+        leases: ttlab_store::LeaseTtls {
+            leader: Duration::from_secs(2),
+            provisioning: Duration::from_secs(2),
+        },
+        ..ttlab_store::StoreOptions::default()
+    }
+}
+
+fn proxy_for(h: &Harness) -> ttlab_testkit::FaultProxy {
+    use ttlab_store::testing::ServerSocket;
+    let upstream = match h.db.server_socket() {
+        ServerSocket::Unix(path) => ttlab_testkit::Upstream::Unix(path),
+        ServerSocket::Tcp(host, port) => {
+            use std::net::ToSocketAddrs as _;
+            ttlab_testkit::Upstream::Tcp(
+                (host.as_str(), port)
+                    .to_socket_addrs()
+                    .expect("resolvable database host")
+                    .next()
+                    .expect("an address"),
+            )
+        }
+    };
+    ttlab_testkit::FaultProxy::start(upstream).expect("fault proxy")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_reclaims_on_time_when_the_leaders_database_connection_goes_half_open() {
+    let h = Harness::start().await;
+    let interval = Duration::from_secs(5);
+    let proxy = proxy_for(&h);
+    let leader = ttlab_reaper::ReaperContext {
+        store: store_behind(&h, &proxy).await,
+        ..h.ctx("dev")
+    };
+    let leader_metrics = Arc::new(Metrics::new());
+    let leader_task = tokio::spawn(ttlab_reaper::run(
+        leader.clone(),
+        interval,
+        leader_metrics.clone(),
+    ));
+    // The leader is acting (its startup sweep is recorded) before the standby starts.
+    h.wait_for_cycle("dev", ttlab_store::CycleTrigger::Startup)
+        .await;
+    let standby = ttlab_reaper::ReaperContext {
+        store: h.db.store_with(short_bounds()).await.unwrap(),
+        ..h.ctx("dev")
+    };
+    let standby_task = tokio::spawn(ttlab_reaper::run(
+        standby.clone(),
+        interval,
+        Arc::new(Metrics::new()),
+    ));
+
+    // A session expiring in 1.5 s; just before, the leader's connections go half-open (no
+    // reply, no RST, no FIN): it can no longer act, and the sockets alone would keep a
+    // session lock for hours.
+    let session = running_vm(&h, 1500).await;
+    proxy.set_mode(ttlab_testkit::FaultMode::Blackhole);
+    let cut = Instant::now();
+    while h.status(session.id).await != SessionStatus::Expired {
+        assert!(
+            cut.elapsed() < interval * 2,
+            "not reclaimed within two sweep intervals ({:?}) of the leader vanishing",
+            interval * 2
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "reclaimed by the standby {:.1}s after the leader's connections went half-open (bound: {:?})",
+        cut.elapsed().as_secs_f64(),
+        interval * 2
+    );
+    assert!(!h.vm_alive(session.id, "vm").await);
+    // The old leader knows it is no longer the leader (once its cycle in flight, whose
+    // statements each give up within a second, has ended).
+    while leader_metrics.leader.get() != 0 {
+        assert!(
+            cut.elapsed() < Duration::from_secs(30),
+            "the blackholed leader still believes it leads"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    leader.shutdown.cancel();
+    standby.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), standby_task)
+        .await
+        .expect("the standby stops")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), leader_task)
+        .await
+        .expect("the blackholed leader stops too: its waits are bounded")
+        .unwrap();
+}

@@ -2,7 +2,8 @@
 //! `postgres`; found on `PATH` or under `/usr/lib/postgresql/*/bin`), for tests and
 //! for `ttlabctl demo`. Nothing has to be installed or running beforehand.
 //!
-//! A cluster listens only on a unix socket in its own private directory, is tuned for
+//! A cluster listens only on a unix socket in its own private directory (one started with
+//! [`PgCluster::start_tls`] also on `127.0.0.1`, over TLS only), is tuned for
 //! throughput over durability (`fsync`, `synchronous_commit` and `full_page_writes` off), runs
 //! as a child process of ours, and is stopped (immediate shutdown) and deleted when its
 //! [`PgCluster`] is dropped.
@@ -266,10 +267,30 @@ impl Default for ClusterOptions {
     }
 }
 
+/// The certificate (PEM, with any intermediates) and private key (PEM) a TLS cluster serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// The certificate chain file.
+    pub cert: PathBuf,
+    /// The private key file.
+    pub key: PathBuf,
+}
+
+fn free_tcp_port() -> Result<u16, StoreError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| fail("choosing a TCP port", e.to_string()))
+}
+
 /// A running throwaway PostgreSQL cluster. Dropping it stops the server and deletes its
 /// directory.
 #[derive(Debug)]
 pub struct PgCluster {
+    /// The port (of the socket file name, and of TCP when `tcp`).
+    port: u16,
+    /// Whether it also listens on `127.0.0.1` (with TLS).
+    tcp: bool,
     root: Option<tempfile::TempDir>,
     data: PathBuf,
     socket_dir: PathBuf,
@@ -288,6 +309,25 @@ impl PgCluster {
 
     /// Starts a cluster from `binaries`.
     pub fn start_with(binaries: &PgBinaries, options: &ClusterOptions) -> Result<Self, StoreError> {
+        Self::start_inner(binaries, options, None)
+    }
+
+    /// Starts a cluster that also listens on `127.0.0.1` (a free port, [`PgCluster::tcp_port`])
+    /// and accepts TCP connections over TLS only, with `tls`'s certificate and key (the unix
+    /// socket stays open, without TLS, for setting up).
+    pub fn start_tls(
+        binaries: &PgBinaries,
+        options: &ClusterOptions,
+        tls: &ServerTls,
+    ) -> Result<Self, StoreError> {
+        Self::start_inner(binaries, options, Some(tls))
+    }
+
+    fn start_inner(
+        binaries: &PgBinaries,
+        options: &ClusterOptions,
+        tls: Option<&ServerTls>,
+    ) -> Result<Self, StoreError> {
         let run_as = RunAs::detect()?;
         let template = ensure_template(binaries, &run_as, &options.cache_dir)?;
 
@@ -312,19 +352,51 @@ impl PgCluster {
 
         let socket_dir = root.path().to_path_buf();
         let conf = data.join("postgresql.conf");
+        let port = match tls {
+            Some(_) => free_tcp_port()?,
+            None => SOCKET_PORT,
+        };
         let mut f = OpenOptions::new()
             .append(true)
             .open(&conf)
             .map_err(io_fail("configuring the cluster", &conf))?;
         writeln!(
             f,
-            "unix_socket_directories = '{}'\nport = {SOCKET_PORT}",
+            "unix_socket_directories = '{}'\nport = {port}",
             socket_dir.display().to_string().replace('\'', "''")
         )
         .map_err(io_fail("configuring the cluster", &conf))?;
+        if let Some(tls) = tls {
+            for (from, name, mode) in [
+                (&tls.cert, "server.crt", 0o644),
+                (&tls.key, "server.key", 0o600),
+            ] {
+                let to = data.join(name);
+                fs::copy(from, &to).map_err(io_fail("installing the TLS files", from))?;
+                fs::set_permissions(&to, fs::Permissions::from_mode(mode))
+                    .map_err(io_fail("installing the TLS files", &to))?;
+                run_as.hand_over(&to)?;
+            }
+            writeln!(
+                f,
+                "listen_addresses = '127.0.0.1'\nssl = on\nssl_cert_file = 'server.crt'\n\
+                 ssl_key_file = 'server.key'"
+            )
+            .map_err(io_fail("configuring the cluster", &conf))?;
+            // TCP over TLS only; the private socket as before.
+            let hba = data.join("pg_hba.conf");
+            fs::write(
+                &hba,
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            )
+            .map_err(io_fail("configuring the cluster", &hba))?;
+            run_as.hand_over(&hba)?;
+        }
         drop(f);
 
         let mut cluster = Self {
+            port,
+            tcp: tls.is_some(),
             data,
             socket_dir,
             server: None,
@@ -454,9 +526,15 @@ impl PgCluster {
     /// `postgres://postgres@%2Fdev%2Fshm%2Fttlab-pg-Ab12Cd:5432/ttlab`.
     pub fn url(&self, database: &str) -> String {
         format!(
-            "postgres://{SUPERUSER}@{}:{SOCKET_PORT}/{database}",
-            crate::url::encode_host_path(&self.socket_dir.display().to_string())
+            "postgres://{SUPERUSER}@{}:{}/{database}",
+            crate::url::encode_host_path(&self.socket_dir.display().to_string()),
+            self.port
         )
+    }
+
+    /// The TCP port on `127.0.0.1` of a cluster started with [`PgCluster::start_tls`].
+    pub fn tcp_port(&self) -> Option<u16> {
+        self.tcp.then_some(self.port)
     }
 
     /// Creates database `name` (owned by the superuser) and returns its [`PgCluster::url`].

@@ -92,6 +92,15 @@ pub enum StoreError {
         /// `host:port/database` of the server.
         target: String,
     },
+    /// A lock others take in turn stayed held by someone else for the whole allowed wait
+    /// (the capacity lock behind another "Start lab"); trying again shortly is safe.
+    #[error("{what} stayed busy for {:.1}s; try again", waited.as_secs_f64())]
+    Busy {
+        /// What was busy.
+        what: &'static str,
+        /// How long it was waited for.
+        waited: Duration,
+    },
     /// Waited longer than allowed.
     #[error("timed out after {:.1}s waiting for {what}", elapsed.as_secs_f64())]
     Timeout {
@@ -167,6 +176,16 @@ pub(crate) fn connect_reason(e: &tokio_postgres::Error) -> String {
     } else {
         innermost.to_string()
     };
+    let text = match text.find(" (os error") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    };
+    lowercase_first(&one_line(&text))
+}
+
+/// Why a socket could not be opened, in a few words.
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
     let text = match text.find(" (os error") {
         Some(i) => text[..i].to_owned(),
         None => text,

@@ -1,12 +1,17 @@
-//! Advisory locks: the migration lock, the reaper's leader lock (one reaper per environment
-//! acts at a time), the capacity lock that serialises "count, then open a session", and the
-//! provisioning lock a server holds on each session it is provisioning.
+//! Locks: the migration lock and the capacity lock that serialises "count, then open a
+//! session" (transaction-scoped advisory locks, which end with their transaction, bounded by
+//! `lock_timeout`), and the two rights held for longer — the reaper's leadership of an
+//! environment and a server's provisioning of a session — which are [leases](crate::leases)
+//! renewed on a heartbeat, so a holder that vanishes loses them within a lease's duration
+//! whatever its sockets do.
 //!
-//! Keys are the two-integer form `(class, key)`: the class says what the lock is for, the key
-//! which one (the environment's or session id's `hashtext`, or 0).
+//! Advisory keys are the two-integer form `(class, key)`: the class says what the lock is for.
+
+use std::time::Duration;
 
 use ttlab_model::EnvName;
 
+use crate::leases::{HeldLease, LeaseKind};
 use crate::sessions::{self, NewSession, Session};
 use crate::{Store, StoreError};
 
@@ -15,12 +20,8 @@ use crate::{Store, StoreError};
 pub(crate) enum LockKind {
     /// Applying migrations.
     Migrate = 1,
-    /// Being the acting reaper of an environment.
-    ReaperLeader = 2,
     /// Counting capacity and opening a session.
     Capacity = 3,
-    /// Provisioning one session (held by the server process doing it).
-    Provisioning = 4,
 }
 
 /// The `(class, key)` pair of a lock.
@@ -28,10 +29,11 @@ pub(crate) const fn lock_key(kind: LockKind, key: i32) -> (i32, i32) {
     (0x7474_0000 | kind as i32, key)
 }
 
-/// Being the acting reaper of one environment: a session-level advisory lock held on a
-/// dedicated connection. Dropping it (or losing the connection) releases the lock.
+/// Being the acting reaper of one environment: a [lease](crate::leases) of kind
+/// `reaper-leader` keyed by the environment, renewed on a heartbeat. Dropping it stops the
+/// heartbeat and releases it.
 pub struct LeaderLock {
-    client: tokio_postgres::Client,
+    lease: HeldLease,
     env: EnvName,
     target: String,
 }
@@ -40,6 +42,7 @@ impl std::fmt::Debug for LeaderLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaderLock")
             .field("env", &self.env)
+            .field("holder", self.lease.holder())
             .field("target", &self.target)
             .finish()
     }
@@ -47,28 +50,25 @@ impl std::fmt::Debug for LeaderLock {
 
 impl Store {
     /// Tries to become the acting reaper of `env`, without waiting. `None` means another
-    /// process holds the lock.
+    /// process holds the (unexpired) lease.
     pub async fn try_leader_lock(&self, env: &EnvName) -> Result<Option<LeaderLock>, StoreError> {
-        let client = self.url().connect().await?;
-        let (class, _) = lock_key(LockKind::ReaperLeader, 0);
-        let row = client
-            .query_one(
-                "SELECT pg_try_advisory_lock($1, hashtext($2))",
-                &[&class, &env.as_str()],
+        let lease = self
+            .leases()
+            .hold(
+                LeaseKind::ReaperLeader,
+                env.as_str(),
+                self.lease_ttls().leader,
             )
-            .await
-            .map_err(StoreError::query("taking the reaper leader lock"))?;
-        let got: bool = row
-            .try_get(0)
-            .map_err(StoreError::query("taking the reaper leader lock"))?;
-        Ok(got.then(|| LeaderLock {
-            client,
+            .await?;
+        Ok(lease.map(|lease| LeaderLock {
+            lease,
             env: env.clone(),
             target: self.target().to_owned(),
         }))
     }
 
-    /// Takes the capacity lock in a new transaction, waiting for whoever holds it. Count the
+    /// Takes the capacity lock in a new transaction, waiting for whoever holds it up to
+    /// [`Timeouts::capacity_lock`](crate::Timeouts) ([`StoreError::Busy`] then: retryable). Count the
     /// live VMs while holding it, then either [`CapacityGuard::insert_session`] (which commits
     /// and releases) or drop the guard (which rolls back and releases).
     pub async fn lock_capacity(&self) -> Result<CapacityGuard, StoreError> {
@@ -84,12 +84,31 @@ impl Store {
             .batch_execute("BEGIN")
             .await
             .map_err(StoreError::query("beginning the capacity transaction"))?;
+        // Bounded: behind a holder that vanished (or a slow one), a start is told to try again
+        // rather than left waiting for the connection's end.
+        let within = self.url().timeouts().capacity_lock;
         guard
+            .client()
+            .batch_execute(&format!(
+                "SET LOCAL lock_timeout = {}",
+                crate::net::millis(within)
+            ))
+            .await
+            .map_err(StoreError::query("bounding the capacity lock wait"))?;
+        match guard
             .client()
             .execute("SELECT pg_advisory_xact_lock($1, $2)", &[&class, &key])
             .await
-            .map_err(StoreError::query("taking the capacity lock"))?;
-        Ok(guard)
+        {
+            Ok(_) => Ok(guard),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                Err(StoreError::Busy {
+                    what: "the capacity lock (another start is counting capacity)",
+                    waited: within,
+                })
+            }
+            Err(e) => Err(StoreError::query("taking the capacity lock")(e)),
+        }
     }
 }
 
@@ -99,25 +118,11 @@ impl LeaderLock {
         &self.env
     }
 
-    /// Confirms the lock is still held. A reaper checks this before each cycle and stops
-    /// acting when it fails ([`StoreError::LockLost`], or a query error if the connection
-    /// is gone — which also released the lock).
+    /// Confirms the lease is still ours to act on, from the local clock alone (no query, so a
+    /// dead connection cannot make this wait). A reaper checks this before each cycle and
+    /// stops acting when it fails ([`StoreError::LockLost`]).
     pub async fn check(&self) -> Result<(), StoreError> {
-        let (class, _) = lock_key(LockKind::ReaperLeader, 0);
-        let row = self
-            .client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                 AND pid = pg_backend_pid() AND granted AND classid = $1::int::oid \
-                 AND objid = hashtext($2)::oid AND objsubid = 2)",
-                &[&class, &self.env.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("checking the reaper leader lock"))?;
-        let held: bool = row
-            .try_get(0)
-            .map_err(StoreError::query("checking the reaper leader lock"))?;
-        if held {
+        if self.lease.is_held() {
             Ok(())
         } else {
             Err(StoreError::LockLost {
@@ -127,108 +132,128 @@ impl LeaderLock {
         }
     }
 
-    /// Releases the lock now (dropping the value releases it too, when the connection closes).
+    /// Resolves once the lease is lost (a renewal refused, or none got through in time).
+    pub async fn lost(&self) {
+        self.lease.lost().await;
+    }
+
+    /// Releases the lease now (dropping the value releases it too, in the background).
     pub async fn release(self) -> Result<(), StoreError> {
-        let (class, _) = lock_key(LockKind::ReaperLeader, 0);
-        self.client
-            .execute(
-                "SELECT pg_advisory_unlock($1, hashtext($2))",
-                &[&class, &self.env.as_str()],
-            )
-            .await
-            .map_err(StoreError::query("releasing the reaper leader lock"))?;
-        Ok(())
+        self.lease.release().await.map(|_| ())
     }
 }
 
-/// The right to provision one session: a session-level advisory lock on a dedicated
-/// connection, held by the server process driving the session's provisioning. A server that
-/// starts and finds a `starting` session it cannot lock knows another replica is still on it;
-/// one it can lock was abandoned (its provisioner died, and its connection with it). Dropping
-/// the value (or losing the connection) releases the lock.
+/// How long the leases of this store last unless renewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTtls {
+    /// The reaper leader's lease (default 10 s): a standby takes over at most this long
+    /// (plus its one-second retry) after the leader stopped renewing.
+    pub leader: Duration,
+    /// A session's provisioning lease (default 10 s): another server may adopt the session
+    /// this long after its provisioner stopped renewing.
+    pub provisioning: Duration,
+}
+
+impl Default for LeaseTtls {
+    fn default() -> Self {
+        Self {
+            leader: Duration::from_secs(10),
+            provisioning: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The right to provision one session: a [lease](crate::leases) of kind `provisioning` keyed
+/// by the session id, held by the server process driving the session's provisioning and
+/// renewed on a heartbeat. A server that finds a `starting` session whose lease nobody holds
+/// knows its provisioner is gone (stopped, or cut off for longer than the lease) and may
+/// adopt it. Dropping the value stops the heartbeat and releases the lease.
 pub struct ProvisioningLock {
-    _client: tokio_postgres::Client,
+    lease: HeldLease,
 }
 
 impl std::fmt::Debug for ProvisioningLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProvisioningLock").finish_non_exhaustive()
+        f.debug_struct("ProvisioningLock")
+            .field("session", &self.lease.key())
+            .field("holder", self.lease.holder())
+            .finish()
     }
 }
 
+impl ProvisioningLock {
+    /// Whether it is still ours to act on (local clock only).
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// Resolves once the lease is lost: the provisioner must stop creating objects.
+    pub async fn lost(&self) {
+        self.lease.lost().await;
+    }
+
+    /// Releases the lease now, so another server may adopt the session at once.
+    pub async fn release(self) -> Result<(), StoreError> {
+        self.lease.release().await.map(|_| ())
+    }
+}
+
+/// How often a waiter looks whether a provisioning lease became free.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
 impl Store {
-    /// Tries to take the provisioning lock of session `id`, without waiting. `None` means
+    /// Tries to take the provisioning lease of session `id`, without waiting. `None` means
     /// another process holds it.
     pub async fn try_provisioning_lock(
         &self,
         id: ttlab_model::SessionId,
     ) -> Result<Option<ProvisioningLock>, StoreError> {
-        let client = self.url().connect().await?;
-        let (class, _) = lock_key(LockKind::Provisioning, 0);
-        let row = client
-            .query_one(
-                "SELECT pg_try_advisory_lock($1, hashtext($2))",
-                &[&class, &id.to_string()],
+        let lease = self
+            .leases()
+            .hold(
+                LeaseKind::Provisioning,
+                &id.to_string(),
+                self.lease_ttls().provisioning,
             )
-            .await
-            .map_err(StoreError::query("taking a provisioning lock"))?;
-        let got: bool = row
-            .try_get(0)
-            .map_err(StoreError::query("taking a provisioning lock"))?;
-        Ok(got.then_some(ProvisioningLock { _client: client }))
+            .await?;
+        Ok(lease.map(|lease| ProvisioningLock { lease }))
     }
 
-    /// Takes the provisioning lock of session `id`, waiting up to `within` for whoever holds
-    /// it to let go. `None` means it was still held when the time was up. Used by whoever ends
-    /// a session that was `starting`: once it holds the lock, no provisioner is creating
-    /// objects for the session any more, so what it deletes stays deleted.
+    /// Takes the provisioning lease of session `id`, waiting up to `within` for whoever holds
+    /// it to let go (or for it to expire). `None` means it was still held when the time was
+    /// up. Used by whoever ends a session that was `starting`: once it holds the lease, no
+    /// provisioner is creating objects for the session any more, so what it deletes stays
+    /// deleted.
     pub async fn wait_provisioning_lock(
         &self,
         id: ttlab_model::SessionId,
-        within: std::time::Duration,
+        within: Duration,
     ) -> Result<Option<ProvisioningLock>, StoreError> {
-        let client = self.url().connect().await?;
-        let (class, _) = lock_key(LockKind::Provisioning, 0);
-        let ms = within.as_millis().clamp(1, i32::MAX as u128);
-        client
-            .batch_execute(&format!("SET lock_timeout = {ms}"))
-            .await
-            .map_err(StoreError::query("waiting for a provisioning lock"))?;
-        match client
-            .execute(
-                "SELECT pg_advisory_lock($1, hashtext($2))",
-                &[&class, &id.to_string()],
-            )
-            .await
-        {
-            Ok(_) => Ok(Some(ProvisioningLock { _client: client })),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                Ok(None)
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(lock) = self.try_provisioning_lock(id).await? {
+                return Ok(Some(lock));
             }
-            Err(e) => Err(StoreError::query("waiting for a provisioning lock")(e)),
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(LEASE_POLL.min(deadline - now)).await;
         }
     }
 
-    /// Whether some process holds the provisioning lock of session `id` (a provisioner is
+    /// Whether some process holds the provisioning lease of session `id` (a provisioner is
     /// still running for it). The reaper leaves such a session to its provisioner, which ends
     /// it once it notices the session is no longer `starting`.
     pub async fn provisioning_in_progress(
         &self,
         id: ttlab_model::SessionId,
     ) -> Result<bool, StoreError> {
-        let (class, _) = lock_key(LockKind::Provisioning, 0);
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                 AND granted AND classid = $1::int::oid \
-                 AND objid = hashtext($2)::oid AND objsubid = 2)",
-                &[&class, &id.to_string()],
-            )
-            .await
-            .map_err(StoreError::query("looking for a provisioning lock"))?;
-        row.try_get(0)
-            .map_err(StoreError::query("looking for a provisioning lock"))
+        Ok(self
+            .leases()
+            .current(LeaseKind::Provisioning, &id.to_string())
+            .await?
+            .is_some())
     }
 }
 

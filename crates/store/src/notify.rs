@@ -166,11 +166,17 @@ impl Store {
 
 /// Receives notifications on a dedicated connection (never a pooled one: `LISTEN` belongs to
 /// the connection). Dropping it closes the connection.
+///
+/// An idle listening connection asks nothing, so nothing would notice it go half-open: it
+/// sends an empty query every half [call timeout](crate::Timeouts::call) (at least 1 s, at
+/// most 30 s), and a ping that gets no answer ends the connection, so [`Listener::recv`] fails
+/// and its owner opens a new one.
 pub struct Listener {
     // Held so the connection stays open; the driving task ends when it is dropped.
-    _client: tokio_postgres::Client,
+    _client: std::sync::Arc<tokio_postgres::Client>,
     rx: mpsc::UnboundedReceiver<Result<Notification, String>>,
     task: tokio::task::JoinHandle<()>,
+    ping: tokio::task::JoinHandle<()>,
     target: String,
 }
 
@@ -191,11 +197,7 @@ impl Store {
 
 impl Listener {
     pub(crate) async fn open(url: &DbUrl, channels: &[Channel]) -> Result<Self, StoreError> {
-        let (client, mut connection) = url
-            .config()
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| url.connect_error(&e))?;
+        let (client, mut connection) = url.open_connection().await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             loop {
@@ -225,10 +227,27 @@ impl Listener {
                 }
             }
         });
+        let client = std::sync::Arc::new(client);
+        let ping = {
+            let client = client.clone();
+            let every = (url.timeouts().call / 2).clamp(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(30),
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if client.simple_query("").await.is_err() {
+                        return;
+                    }
+                }
+            })
+        };
         let listener = Self {
             _client: client,
             rx,
             task,
+            ping,
             target: url.target().to_owned(),
         };
         let sql: String = channels
@@ -262,6 +281,7 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        self.ping.abort();
         self.task.abort();
     }
 }

@@ -145,6 +145,224 @@ impl TestDb {
     pub async fn store(&self) -> Result<Store, StoreError> {
         Store::connect(&self.url, StoreOptions::default()).await
     }
+
+    /// A store on this database with other options (short timeouts or leases, say).
+    pub async fn store_with(&self, options: StoreOptions) -> Result<Store, StoreError> {
+        Store::connect(&self.url, options).await
+    }
+
+    /// Where the server listens, for a proxy to forward to: the unix socket of a throwaway
+    /// cluster, or the (first) host and port of `DATABASE_URL`.
+    pub fn server_socket(&self) -> ServerSocket {
+        let config = self.db_url.config();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Unix(dir)) => {
+                ServerSocket::Unix(dir.join(format!(".s.PGSQL.{port}")))
+            }
+            Some(tokio_postgres::config::Host::Tcp(host)) => ServerSocket::Tcp(host.clone(), port),
+            None => ServerSocket::Tcp("127.0.0.1".into(), port),
+        }
+    }
+
+    /// This database's URL with its host and port replaced by `addr` (a proxy in front of the
+    /// server), everything else kept.
+    pub fn url_at(&self, addr: std::net::SocketAddr) -> String {
+        replace_host(&self.url, &addr.to_string())
+    }
+}
+
+/// A throwaway PostgreSQL that requires TLS on `127.0.0.1`, with a certificate for
+/// `localhost` signed by a certificate authority made for it at start (with the `openssl`
+/// command), and a second, unrelated authority to show what a wrong CA does. Dropping it
+/// stops the server and deletes the files.
+pub struct TlsServer {
+    cluster: PgCluster,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for TlsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsServer")
+            .field("port", &self.cluster.tcp_port())
+            .finish()
+    }
+}
+
+impl TlsServer {
+    /// Makes the authorities and the server certificate, and starts the server. Fails with
+    /// [`StoreError::Throwaway`] (step `openssl`) when the `openssl` command is missing: a
+    /// test then calls `ttlab_testkit::skip_or_fail`.
+    pub fn start() -> Result<Self, StoreError> {
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Throwaway {
+            step: "openssl",
+            detail: e.to_string(),
+        })?;
+        let d = dir.path();
+        let ext = d.join("server.ext");
+        std::fs::write(
+            &ext,
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(|e| StoreError::Throwaway {
+            step: "openssl",
+            detail: e.to_string(),
+        })?;
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, subject) in [
+            ("ca", "/CN=ttlab test CA"),
+            ("wrong-ca", "/CN=some other CA"),
+        ] {
+            openssl(
+                d,
+                &[
+                    &["req", "-x509"][..],
+                    &ec,
+                    &[
+                        "-keyout",
+                        &format!("{name}.key"),
+                        "-out",
+                        &format!("{name}.crt"),
+                        "-days",
+                        "2",
+                        "-subj",
+                        subject,
+                    ],
+                ]
+                .concat(),
+            )?;
+        }
+        openssl(
+            d,
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                    "-subj",
+                    "/CN=localhost",
+                ],
+            ]
+            .concat(),
+        )?;
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ],
+        )?;
+        let tls = crate::ephemeral::ServerTls {
+            cert: d.join("server.crt"),
+            key: d.join("server.key"),
+        };
+        let cluster = PgCluster::start_tls(
+            &crate::ephemeral::PgBinaries::locate()?,
+            &crate::ephemeral::ClusterOptions::default(),
+            &tls,
+        )?;
+        Ok(Self { cluster, dir })
+    }
+
+    /// The authority that signed the server's certificate (a PEM file).
+    pub fn ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// An authority that signed nothing here.
+    pub fn wrong_ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("wrong-ca.crt")
+    }
+
+    /// Creates database `name`, migrated when `migrated`, over the private socket.
+    pub async fn create_database(&self, name: &str, migrated: bool) -> Result<(), StoreError> {
+        let url = self.cluster.create_database(name).await?;
+        if migrated {
+            crate::migrate::migrate_url(&DbUrl::parse(&url)?).await?;
+        }
+        Ok(())
+    }
+
+    /// A URL of database `database` over TCP to `host` (`localhost`, `127.0.0.1`) with
+    /// `params` (e.g. `sslmode=verify-full&sslrootcert=/path/ca.crt`).
+    pub fn url(&self, host: &str, database: &str, params: &str) -> String {
+        let port = self.cluster.tcp_port().unwrap_or(5432);
+        format!(
+            "postgres://{}@{host}:{port}/{database}?{params}",
+            crate::ephemeral::SUPERUSER
+        )
+    }
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<(), StoreError> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| StoreError::Throwaway {
+            step: "openssl",
+            detail: format!("cannot run openssl: {e}"),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(StoreError::Throwaway {
+            step: "openssl",
+            detail: crate::error::one_line(&String::from_utf8_lossy(&out.stderr)),
+        })
+    }
+}
+
+/// Where a database server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerSocket {
+    /// A unix socket (its full path).
+    Unix(std::path::PathBuf),
+    /// A TCP host and port.
+    Tcp(String, u16),
+}
+
+/// `url` with its `host:port` replaced (URL or `key=value` form).
+fn replace_host(url: &str, host_port: &str) -> String {
+    let url = url.trim();
+    let Some(scheme_end) = url.find("://") else {
+        let (host, port) = host_port.rsplit_once(':').unwrap_or((host_port, "5432"));
+        return format!("{url} host={host} port={port}");
+    };
+    let rest_start = scheme_end + 3;
+    let rest = &url[rest_start..];
+    let after_userinfo = rest.rfind('@').map_or(0, |at| at + 1);
+    let tail = &rest[after_userinfo..];
+    let host_end = tail.find(['/', '?']).unwrap_or(tail.len());
+    format!(
+        "{}{host_port}{}",
+        &url[..rest_start + after_userinfo],
+        &tail[host_end..]
+    )
 }
 
 impl Drop for TestDb {
@@ -261,6 +479,25 @@ mod tests {
         assert_eq!(
             replace_database("host=h user=u dbname=old", "new"),
             "host=h user=u dbname=old dbname=new"
+        );
+    }
+
+    #[test]
+    fn host_is_replaced_in_every_url_form() {
+        assert_eq!(
+            replace_host(
+                "postgres://u:p@%2Ftmp%2Fpg:5432/db?sslmode=disable",
+                "127.0.0.1:6000"
+            ),
+            "postgres://u:p@127.0.0.1:6000/db?sslmode=disable"
+        );
+        assert_eq!(
+            replace_host("postgres://u@h", "127.0.0.1:1"),
+            "postgres://u@127.0.0.1:1"
+        );
+        assert_eq!(
+            replace_host("host=h user=u", "127.0.0.1:7"),
+            "host=h user=u host=127.0.0.1 port=7"
         );
     }
 }

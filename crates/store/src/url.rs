@@ -1,11 +1,14 @@
 //! Reading a database URL: parse it, describe where it points, and never show its password.
 
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::config::Host;
 
 use crate::StoreError;
+use crate::net::{Dial, PgConnection, SslMode, Timeouts, TlsSettings};
 
 /// How long a connection attempt may take unless the URL says otherwise (`connect_timeout`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -16,6 +19,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct DbUrl {
     config: tokio_postgres::Config,
     target: String,
+    tls: TlsSettings,
+    tls_config: Option<Arc<rustls::ClientConfig>>,
+    timeouts: Timeouts,
 }
 
 impl std::fmt::Debug for DbUrl {
@@ -46,8 +52,28 @@ impl DbUrl {
                 "expected postgres://user:password@host:port/database".into(),
             ));
         }
-        let mut config = tokio_postgres::Config::from_str(trimmed)
+        // `sslmode` (with libpq's verify-ca and verify-full, which the driver does not know)
+        // and `sslrootcert` are this crate's to read; the rest is the driver's.
+        let (rest, ssl) = take_ssl_params(trimmed, is_url);
+        let mut tls = TlsSettings::default();
+        for (key, value) in ssl {
+            if key == "sslmode" {
+                tls.mode = SslMode::parse(&value).ok_or_else(|| {
+                    invalid(format!(
+                        "sslmode must be disable, prefer, require, verify-ca or verify-full, not {value:?}"
+                    ))
+                })?;
+            } else {
+                tls.root_cert = Some(PathBuf::from(value));
+            }
+        }
+        if tls.mode == SslMode::Require && tls.root_cert.is_some() {
+            tls.mode = SslMode::VerifyCa;
+        }
+        let tls_config = tls.client_config().map_err(invalid)?;
+        let mut config = tokio_postgres::Config::from_str(&rest)
             .map_err(|e| invalid(crate::error::pg_reason(&e)))?;
+        config.ssl_mode(tls.mode.driver());
         if config.get_hosts().is_empty() {
             return Err(invalid("no host given".into()));
         }
@@ -61,7 +87,29 @@ impl DbUrl {
             config.application_name("ttlab");
         }
         let target = describe(&config);
-        Ok(Self { config, target })
+        Ok(Self {
+            config,
+            target,
+            tls,
+            tls_config,
+            timeouts: Timeouts::default(),
+        })
+    }
+
+    /// The same URL with other bounds on waiting (see [`Timeouts`]).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// The bounds every connection of this URL waits within.
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
+    }
+
+    /// The TLS mode (`sslmode`, libpq's default `prefer` when the URL names none).
+    pub fn ssl_mode(&self) -> SslMode {
+        self.tls.mode
     }
 
     /// `host:port/database`, for messages.
@@ -82,7 +130,11 @@ impl DbUrl {
         let mut config = self.config.clone();
         config.dbname(database);
         let target = describe(&config);
-        Self { config, target }
+        Self {
+            config,
+            target,
+            ..self.clone()
+        }
     }
 
     /// The driver's configuration.
@@ -90,18 +142,32 @@ impl DbUrl {
         &self.config
     }
 
+    /// Opens one connection (TLS, keepalives, session timeouts, the answer watchdog: see
+    /// [`crate::net`]) and returns it undriven.
+    pub(crate) async fn open_connection(
+        &self,
+    ) -> Result<(tokio_postgres::Client, PgConnection), StoreError> {
+        self.dial().connect().await.map_err(|e| match e {
+            Ok(e) => self.connect_error(&e),
+            Err(reason) => StoreError::Connect {
+                target: self.target.clone(),
+                reason,
+            },
+        })
+    }
+
+    pub(crate) fn dial(&self) -> Dial<'_> {
+        Dial {
+            config: &self.config,
+            tls: self.tls_config.as_ref(),
+            timeouts: &self.timeouts,
+        }
+    }
+
     /// Opens one connection outside any pool and drives it on a spawned task.
     pub(crate) async fn connect(&self) -> Result<tokio_postgres::Client, StoreError> {
-        let (client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| self.connect_error(&e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %crate::error::pg_reason(&e), "database connection ended");
-            }
-        });
+        let (client, connection) = self.open_connection().await?;
+        tokio::spawn(crate::net::drive(connection));
         Ok(client)
     }
 
@@ -140,6 +206,62 @@ fn describe(config: &tokio_postgres::Config) -> String {
         .or(config.get_user())
         .unwrap_or_default();
     format!("{}/{db}", hosts.join(","))
+}
+
+/// Splits `sslmode` and `sslrootcert` off a URL (`?a=b&…`) or `key=value` string.
+fn take_ssl_params(s: &str, is_url: bool) -> (String, Vec<(String, String)>) {
+    let is_ssl = |k: &str| k == "sslmode" || k == "sslrootcert";
+    let mut taken = Vec::new();
+    if is_url {
+        let Some((base, query)) = s.split_once('?') else {
+            return (s.to_owned(), taken);
+        };
+        let mut kept = Vec::new();
+        for part in query.split('&') {
+            match part.split_once('=') {
+                Some((k, v)) if is_ssl(k) => taken.push((k.to_owned(), percent_decode(v))),
+                _ => kept.push(part),
+            }
+        }
+        let rest = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        (rest, taken)
+    } else {
+        let mut kept = Vec::new();
+        for part in s.split_whitespace() {
+            match part.split_once('=') {
+                Some((k, v)) if is_ssl(k) => {
+                    taken.push((k.to_owned(), v.trim_matches('\'').to_owned()));
+                }
+                _ => kept.push(part),
+            }
+        }
+        (kept.join(" "), taken)
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The URL with any password replaced by `***`, for messages. Works on malformed input too.

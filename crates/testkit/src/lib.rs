@@ -17,6 +17,14 @@
 //! }
 //! needs_kubectl();
 //! ```
+//!
+//! It also holds [`FaultProxy`] ([`fault_proxy`]), a loopback TCP proxy that passes,
+//! blackholes (half-open: no reply, no RST, no FIN), stalls or closes connections on command,
+//! for suites that test what a process does when the network under it goes bad.
+
+pub mod fault_proxy;
+
+pub use fault_proxy::{FaultMode, FaultProxy, Upstream};
 
 use std::path::PathBuf;
 

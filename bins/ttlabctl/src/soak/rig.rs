@@ -289,6 +289,7 @@ impl Rig {
                 StoreOptions {
                     max_connections: 4,
                     acquire_timeout: Duration::from_secs(5),
+                    ..StoreOptions::default()
                 },
             )
             .await?,

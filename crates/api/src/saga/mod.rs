@@ -3,10 +3,10 @@
 //! [`open_session`] runs inside the request: capacity under the database's capacity lock,
 //! then the `starting` row (one live row per user is the database's rule). Everything after
 //! the 202 runs in a task per session ([`spawn_provisioning`]) holding the session's
-//! provisioning lock; its state is the row. Any failure deletes everything created for the
-//! session and marks it `failed` with a reason a student can read. A server that starts
-//! finds the `starting` sessions nobody holds the lock of and cleans them up
-//! ([`recover`]).
+//! provisioning lease; its state is the row. Any failure deletes everything created for the
+//! session and marks it `failed` with a reason a student can read. Every live server adopts
+//! the `starting` sessions nobody holds the lease of and resumes them ([`recover`]); a server
+//! told to stop hands its sessions over ([`hand_over`]).
 
 mod disk;
 mod open;
@@ -78,15 +78,30 @@ where
 const QUOTA_RETRY_FIRST: Duration = Duration::from_millis(250);
 const QUOTA_RETRY_MAX: Duration = Duration::from_secs(4);
 
-/// Creates one object of `session` with `create`. A create refused only because a
-/// ResourceQuota has not been counted yet ([`ClusterError::QuotaPending`]: a quota or resource
-/// type that appeared moments ago; nothing was created) is tried again with backoff and
-/// jitter for at most [`crate::ApiConfig::quota_settle_wait`]; one refused as exceeded
-/// ([`ClusterError::QuotaExceeded`]) for at most [`crate::ApiConfig::quota_recount_wait`]
-/// (the server's own count admitted the session; the quota recounts what deletions freed a
-/// moment later). Both stop if the session left `starting` meanwhile. Any other failure ends
-/// provisioning at once: a create that may have happened (a timeout, a lost connection) is
-/// never repeated.
+/// First and longest pause between attempts of a cluster call that failed transiently (a 5xx,
+/// 429, a timeout, a lost connection), jittered like the quota pauses. kube-rs has already
+/// retried 429, 503 and 504 inside the call, honouring `Retry-After`, before such a failure
+/// reaches this loop; it retries nothing else.
+const FAULT_RETRY_FIRST: Duration = Duration::from_millis(200);
+const FAULT_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Creates one object of `session` with `create`.
+///
+/// A create is safe to repeat: the cluster adopts an object of the same name that carries this
+/// session's labels (a create whose reply was lost, or that kube-rs retried after it was
+/// applied), and refuses one that is not this session's as a conflict. So a create that failed
+/// transiently ([`ClusterError::is_retryable`]: a 5xx, 429, a timeout, a lost connection) is
+/// tried again with jittered backoff for at most [`crate::ApiConfig::cluster_retry_budget`],
+/// then fails with a reason that names the object and how many attempts failed.
+///
+/// A create refused only because a ResourceQuota has not been counted yet
+/// ([`ClusterError::QuotaPending`]: a quota or resource type that appeared moments ago;
+/// nothing was created) is tried again for at most [`crate::ApiConfig::quota_settle_wait`];
+/// one refused as exceeded ([`ClusterError::QuotaExceeded`]) for at most
+/// [`crate::ApiConfig::quota_recount_wait`] (the server's own count admitted the session; the
+/// quota recounts what deletions freed a moment later). Every retry stops if the session left
+/// `starting` meanwhile. Any other failure (a foreign object holding the name, a missing
+/// permission, an invalid object) ends provisioning at once.
 pub(crate) async fn create_object<T, F, Fut>(
     state: &AppState,
     session: &Session,
@@ -99,12 +114,27 @@ where
 {
     let start = tokio::time::Instant::now();
     let mut pause = QUOTA_RETRY_FIRST;
+    let mut fault_pause = FAULT_RETRY_FIRST;
     let mut refusals = 0u32;
+    let mut faults = 0u32;
     loop {
         let (e, budget) = match create().await {
             Ok(created) => return Ok(created),
             Err(e @ ClusterError::QuotaPending { .. }) => (e, state.config().quota_settle_wait),
             Err(e @ ClusterError::QuotaExceeded { .. }) => (e, state.config().quota_recount_wait),
+            Err(e) if e.is_retryable() => {
+                faults += 1;
+                let wait = jittered(fault_pause);
+                if start.elapsed() + wait > state.config().cluster_retry_budget {
+                    tracing::warn!(what, faults, error = %e, "the cluster kept failing; giving up");
+                    return Err(gave_up(&format!("create the {what}"), faults, start, &e));
+                }
+                tracing::info!(what, faults, error = %e, "the create failed transiently; retrying");
+                tokio::time::sleep(wait).await;
+                fault_pause = (fault_pause * 2).min(FAULT_RETRY_MAX);
+                ensure_starting(state, session).await?;
+                continue;
+            }
             Err(e) => return Err(create_failed(what, &e)),
         };
         refusals += 1;
@@ -126,6 +156,15 @@ where
         pause = (pause * 2).min(QUOTA_RETRY_MAX);
         ensure_starting(state, session).await?;
     }
+}
+
+/// The final reason of a call that kept failing transiently.
+fn gave_up(what: &str, attempts: u32, start: tokio::time::Instant, last: &ClusterError) -> Stop {
+    Stop::Failed(format!(
+        "could not {what}: the cluster failed {attempts} times in {} s (last: {last}); try \
+         again in a few minutes",
+        start.elapsed().as_secs().max(1)
+    ))
 }
 
 /// Between half and all of `pause`, at random.
@@ -174,24 +213,103 @@ pub(crate) async fn record_stage(
     .await
 }
 
-/// Starts provisioning `session` in the background.
+/// Starts provisioning `session` in the background, holding its provisioning lease (renewed
+/// on a heartbeat) for as long as it works on it. Whoever holds the lease provisions; without
+/// it (another server has it, or the database could not be asked) nothing is done here, and
+/// the session is adopted by whichever live server finds it unleased ([`recover`]).
+///
+/// The task stops at once — dropping the step in flight; every step is safe to repeat — when
+/// the lease is lost (its renewals did not get through: another server may take the session
+/// over) or this server hands over ([`hand_over`]: the lease is released first, so another
+/// replica resumes the session without waiting for it to expire).
 pub fn spawn_provisioning(state: &AppState, session: Session) {
+    if state.is_draining() {
+        tracing::info!(session = %session.id, "handing over: left for another server to adopt");
+        return;
+    }
     let st = state.clone();
+    let tracked = state.handover().track();
     state.spawn(async move {
+        let _tracked = tracked;
         let lock = match with_db(|| st.store().try_provisioning_lock(session.id)).await {
-            Ok(Some(lock)) => Some(lock),
+            Ok(Some(lock)) => lock,
             Ok(None) => {
                 tracing::info!(session = %session.id, "another server is provisioning it");
                 return;
             }
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %e, "no provisioning lock; going on");
-                None
+                tracing::warn!(session = %session.id, error = %e, "cannot take the provisioning lease; a live server will adopt the session");
+                return;
             }
         };
-        provision(&st, &session).await;
-        drop(lock);
+        let stopping = st.handover().stopping();
+        tokio::select! {
+            () = provision(&st, &session) => {
+                if let Err(e) = lock.release().await {
+                    tracing::debug!(session = %session.id, error = %e, "provisioning lease not released; it expires");
+                }
+            }
+            () = lock.lost() => {
+                tracing::warn!(session = %session.id, "the provisioning lease could not be renewed; stopping (another server resumes the session)");
+            }
+            () = stopping => {
+                tracing::info!(session = %session.id, "handing over: provisioning stops here and resumes on another server");
+                if let Err(e) = lock.release().await {
+                    tracing::warn!(session = %session.id, error = %e, "provisioning lease not released; another server adopts the session once it expires");
+                }
+            }
+        }
     });
+}
+
+/// How often a server looks for `starting` sessions nobody provisions (their provisioner
+/// stopped or vanished), to adopt them.
+pub const ADOPT_EVERY: Duration = Duration::from_secs(5);
+/// How long a server handing over waits for its provisioning tasks to let go of their
+/// sessions.
+pub const HAND_OVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Begins a graceful hand-over (on SIGTERM): new starts are refused (503 with `Retry-After`),
+/// adoption stops, and every provisioning task releases its session's lease and stops, so
+/// another replica (or this server, restarted) resumes the session where it stands. Returns
+/// once the tasks stopped, or after [`HAND_OVER_WAIT`].
+pub async fn hand_over(state: &AppState) {
+    state.handover().begin();
+    if state.handover().idle(HAND_OVER_WAIT).await {
+        tracing::info!("handed over every session being prepared");
+    } else {
+        tracing::warn!("some provisioning tasks did not stop in time; their leases expire");
+    }
+}
+
+/// The agent tokens of a session being provisioned: those already stored when every node has
+/// one (a session resumed after its provisioner stopped: its Secrets may carry them already,
+/// and a Secret found in place is adopted, not rewritten), else fresh ones.
+pub(crate) async fn resume_tokens(
+    state: &AppState,
+    session: &Session,
+    nodes: &[NodeName],
+) -> Result<Vec<ttlab_agent::protocol::AgentToken>, Stop> {
+    let mut stored = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let token =
+            with_db(|| async { state.store().agent_tokens().get(session.id, node).await }).await?;
+        match token
+            .as_deref()
+            .and_then(ttlab_agent::protocol::AgentToken::parse)
+        {
+            Some(t) => stored.push(t),
+            None => break,
+        }
+    }
+    if stored.len() == nodes.len() {
+        return Ok(stored);
+    }
+    nodes
+        .iter()
+        .map(|_| tokens::fresh())
+        .collect::<Result<_, _>>()
+        .map_err(|e| Stop::Failed(e.to_string()))
 }
 
 #[tracing::instrument(skip_all, fields(session = %session.id, lesson = %session.lesson))]
@@ -394,41 +512,15 @@ pub(crate) async fn complete(state: &AppState, row: Session) -> Result<Session, 
     }
 }
 
-/// At start-up: `starting` sessions of this environment whose provisioner is gone (nobody
-/// holds their provisioning lock) are cleaned up and failed — the student starts again —
-/// and `finishing` ones are finished. Sessions another replica is provisioning are left
-/// alone.
+/// At start-up, and from then on every [`ADOPT_EVERY`]: `starting` sessions of this
+/// environment nobody holds the provisioning lease of (their provisioner stopped — a deploy —
+/// or vanished and its lease expired) are adopted and their provisioning resumed (every step
+/// is safe to repeat: objects are created under deterministic names and adopted when already
+/// there); at start-up `finishing` ones are also finished. Sessions another replica is
+/// provisioning are left alone. Returns how many sessions it took on at start-up.
 pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
-    const REASON: &str =
-        "the server restarted while the lab was being prepared; please start it again";
     let env = state.config().env.clone();
-    let mut handled = 0;
-    let mut after = None;
-    loop {
-        let page = state
-            .store()
-            .sessions()
-            .list_in_status(&env, SessionStatus::Starting, after, 100)
-            .await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        for s in page {
-            let Some(lock) = state.store().try_provisioning_lock(s.id).await? else {
-                continue;
-            };
-            tracing::info!(session = %s.id, "cleaning up a session abandoned during provisioning");
-            end_session(
-                state,
-                &s,
-                &[SessionStatus::Starting],
-                FinalStatus::Failed,
-                Some(REASON),
-            )
-            .await?;
-            drop(lock);
-            handled += 1;
-        }
-    }
+    let mut handled = adopt_abandoned(state).await?;
     let finishing = state
         .store()
         .sessions()
@@ -438,7 +530,55 @@ pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
         complete(state, s).await?;
         handled += 1;
     }
+    start_adopting(state);
     Ok(handled)
+}
+
+/// Resumes provisioning of every `starting` session nobody provisions; how many.
+async fn adopt_abandoned(state: &AppState) -> Result<usize, ApiError> {
+    if state.is_draining() {
+        return Ok(0);
+    }
+    let env = state.config().env.clone();
+    let ids = state.store().leases().unleased_starting(&env, 100).await?;
+    let mut adopted = 0;
+    for id in ids {
+        let Some(s) = state.store().sessions().get(id).await? else {
+            continue;
+        };
+        if s.status != SessionStatus::Starting {
+            continue;
+        }
+        tracing::info!(session = %s.id, "adopting a session nobody is provisioning; resuming it");
+        spawn_provisioning(state, s);
+        adopted += 1;
+    }
+    Ok(adopted)
+}
+
+/// Starts the background adoption loop (once per server).
+fn start_adopting(state: &AppState) {
+    if state
+        .handover()
+        .adopting
+        .swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        return;
+    }
+    let st = state.clone();
+    state.spawn(async move {
+        let stopping = st.handover().stopping();
+        tokio::pin!(stopping);
+        loop {
+            tokio::select! {
+                () = &mut stopping => return,
+                () = tokio::time::sleep(ADOPT_EVERY) => {}
+            }
+            if let Err(e) = adopt_abandoned(&st).await {
+                tracing::warn!(error = %e, "cannot look for sessions to adopt");
+            }
+        }
+    });
 }
 
 #[cfg(test)]

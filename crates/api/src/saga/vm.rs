@@ -96,12 +96,9 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     };
     let power_off_at = lifespan.hard_deadline(&state.config().policy);
 
-    // ③ a fresh agent token per VM, stored before any Secret carries it.
-    let tokens: Vec<AgentToken> = nodes
-        .iter()
-        .map(|_| super::tokens::fresh())
-        .collect::<Result<_, _>>()
-        .map_err(|e| Stop::Failed(e.to_string()))?;
+    // ③ a fresh agent token per VM (those already stored, for a resumed session), stored
+    // before any Secret carries it.
+    let tokens: Vec<AgentToken> = super::resume_tokens(state, session, &nodes).await?;
     let pairs: Vec<(NodeName, &str)> = nodes
         .iter()
         .cloned()
@@ -245,7 +242,10 @@ async fn observe_stage(state: &AppState, session: &Session, stage: &str) {
 
 fn vmi_failed(e: &ClusterError, readiness: Duration) -> Stop {
     match e {
-        ClusterError::WaitTimedOut { last, .. } => {
+        ClusterError::WaitTimedOut {
+            last, watch_faults, ..
+        } => {
+            // What held the VMI, else why it could not be watched.
             let why = last
                 .as_deref()
                 .and_then(|s| s.blocking_condition())
@@ -256,6 +256,7 @@ fn vmi_failed(e: &ClusterError, readiness: Duration) -> Stop {
                         c.message.as_deref().unwrap_or("")
                     )
                 })
+                .or_else(|| watch_faults.as_ref().map(|f| format!(" ({f})")))
                 .unwrap_or_default();
             Stop::Failed(format!(
                 "VM did not start within {} s{why}",

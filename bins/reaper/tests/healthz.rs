@@ -1,0 +1,137 @@
+//! The `ttlab-reaper` binary's `/healthz` is its loop's heartbeat: healthy while it reclaims,
+//! 503 once the loop has made no progress for `TTLAB_REAP_STALL_AFTER` (here: its PostgreSQL
+//! stopped), healthy again once the loop moves.
+
+#[path = "../../../crates/reaper/tests/common/mod.rs"]
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Harness;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::process::Command;
+use ttlab_store::ephemeral::PgCluster;
+use ttlab_store::{Store, StoreOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ttlab-reaper");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The status line and body of `GET path` on the reaper's metrics port.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Some((status, body))
+}
+
+/// Waits (polling a state that has no notification) until `f` holds, or fails the test.
+async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within {secs} s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healthz_fails_while_the_loop_is_stuck_and_recovers_after() {
+    let h = Harness::start().await;
+    let mut pg = tokio::task::spawn_blocking(PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let url = pg.create_database("ttlab").await.unwrap();
+    let store = Store::connect(&url, StoreOptions::default()).await.unwrap();
+    store.migrate().await.unwrap();
+    store.close();
+
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("DATABASE_URL", &url)
+        .env("KUBECONFIG", h.kubeconfig())
+        .env("TTLAB_ENV", "dev")
+        .env("TTLAB_NAMESPACE", common::NS)
+        .env("TTLAB_REAP_INTERVAL", "1s")
+        .env("TTLAB_REAP_STALL_AFTER", "3s")
+        .env("TTLAB_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the reaper starts");
+
+    eventually("the reaper leads and says it is healthy", 60, || async {
+        let healthy = get(port, "/healthz").await.is_some_and(|(s, _)| s == 200);
+        let leads = get(port, "/metrics")
+            .await
+            .is_some_and(|(_, m)| m.lines().any(|l| l.trim() == "ttlab_reaper_leader 1"));
+        healthy && leads
+    })
+    .await;
+    // Healthy for a while with nothing to do: the timer's cycles are the heartbeat.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (status, body) = get(port, "/healthz").await.expect("an answer");
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // Its database stops: no cycle runs, no lock attempt is answered.
+    let stopped = Instant::now();
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        if let Some((503, body)) = get(port, "/healthz").await {
+            break body;
+        }
+        assert!(
+            Instant::now() < until,
+            "/healthz never failed while the loop stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(body.contains("no progress"), "{body}");
+    // Not before the stall time (3 s after the last cycle, which ran at most one 1 s interval
+    // before the database stopped): one missed cycle is not a stall.
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(2),
+        "unhealthy after {:?}",
+        stopped.elapsed()
+    );
+
+    // Back: the loop moves again, and so does /healthz.
+    tokio::task::block_in_place(|| pg.resume()).unwrap();
+    eventually("/healthz recovers with the database", 60, || async {
+        get(port, "/healthz").await.is_some_and(|(s, _)| s == 200)
+    })
+    .await;
+
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
+    tokio::task::block_in_place(|| pg.stop()).unwrap();
+}
