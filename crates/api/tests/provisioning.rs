@@ -1,5 +1,7 @@
 //! Provisioning against kube-sim: one session per user across replicas, the VM limit, the
-//! disk decision, failures that leave nothing behind, and a crash mid-provisioning.
+//! disk decision, failures that leave nothing behind, a crash mid-provisioning, and transient
+//! faults (500s, lost replies, failing watches) ridden out by retries and creates that adopt
+//! this session's own objects — while a foreign object or a fault that persists fails clearly.
 
 mod support;
 
@@ -30,8 +32,11 @@ async fn fifty_clicks_on_two_replicas_open_one_session() {
         .collect();
     assert_eq!(accepted.len(), 1, "{results:?}");
     for (status, v) in &results {
+        // Fifty clicks at once also meet the per-user rate limit (429) on each replica.
         assert!(
-            *status == 202 || (*status == 409 && v["error"] == "session_exists"),
+            *status == 202
+                || (*status == 409 && v["error"] == "session_exists")
+                || (*status == 429 && v["error"] == "rate_limited"),
             "{status} {v}"
         );
     }
@@ -292,7 +297,7 @@ async fn a_vmi_stuck_pending_fails_the_session_and_leaves_nothing() {
 }
 
 #[tokio::test]
-async fn a_server_killed_while_provisioning_leaks_nothing_after_restart() {
+async fn a_server_killed_while_provisioning_is_resumed_after_restart_and_leaks_nothing() {
     let w = World::new().await;
     // Hold the guests before they run, so the crash happens mid-provisioning.
     w.sim.pause_kubevirt(true);
@@ -309,13 +314,16 @@ async fn a_server_killed_while_provisioning_leaks_nothing_after_restart() {
     assert!(w.sim.stats().vms >= 1);
 
     let again = w.server(policy(3600, 7200, 3), 8).await;
+    // The restarted server resumes the session where it stood: the VMs and Secrets already
+    // created are adopted (same names, this session's labels), not made twice.
     let v = again
-        .wait_session(&sid, &alice, |v| v["status"] == "failed")
+        .wait_session(&sid, &alice, |v| v["status"] != "starting")
         .await;
-    assert!(
-        v["failure_reason"].as_str().unwrap().contains("restarted"),
-        "{v}"
-    );
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(w.sim.stats().vms, 2, "{:?}", w.sim.stats());
+    // And when it ends, nothing is left.
+    let (status, v) = again.delete(&format!("/api/sessions/{sid}"), &alice).await;
+    assert!(status == 200 || status == 202, "{status} {v}");
     w.wait_empty().await;
     // And the student can start again.
     let (status, v) = again
@@ -635,5 +643,335 @@ async fn the_capacity_refusal_counts_vms_still_shutting_down_apart_from_open_lab
         "No VM capacity right now: 1 of 4 VMs is in use by open labs, plus 2 VMs still \
          shutting down; this lab needs 2. Try again in a few minutes."
     );
+    s.stop().await;
+}
+
+/// The failure reason of session `sid` as an admin reads it (a student sees only its first
+/// sentence).
+async fn admin_reason(s: &support::Running, sid: &str) -> String {
+    let (status, v) = s
+        .get(&format!("/api/sessions/{sid}"), &token("root", Role::Admin))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v["failure_reason"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Calls of `verb` on `resource` that kube-sim answered with `status`.
+fn answered(w: &World, verb: ttlab_kube_sim::Verb, resource: &str, status: u16) -> usize {
+    w.sim
+        .calls()
+        .iter()
+        .filter(|c| c.verb == verb && c.resource == resource && c.status == status)
+        .count()
+}
+
+#[tokio::test]
+async fn a_cluster_failing_a_third_of_creates_reads_and_watches_still_brings_labs_up() {
+    use ttlab_kube_sim::{FaultRule, Verb};
+    let w = World::new().await;
+    for (verb, resource) in [
+        (Verb::Create, "virtualmachines"),
+        (Verb::Create, "secrets"),
+        (Verb::Create, "services"),
+        (Verb::Create, "networkpolicies"),
+        (Verb::List, "virtualmachineinstances"),
+        (Verb::Watch, "virtualmachineinstances"),
+    ] {
+        w.sim
+            .faults()
+            .add(FaultRule::fail(Some(verb), Some(resource), 500).fraction(0.34));
+    }
+    // And some replies lost after the create was applied.
+    w.sim
+        .faults()
+        .add(FaultRule::lose_reply(Some(Verb::Create), Some("virtualmachines")).fraction(0.3));
+    w.sim
+        .faults()
+        .add(FaultRule::lose_reply(Some(Verb::Create), Some("secrets")).fraction(0.3));
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let students: Vec<(String, &str)> = (0..6)
+        .map(|i| {
+            let lesson = if i % 3 == 0 { "duo" } else { "quick" };
+            (token(&format!("student{i}"), Role::Student), lesson)
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for (t, lesson) in &students {
+        let (status, v) = s.post("/api/sessions", t, json!({"lesson": lesson})).await;
+        assert_eq!(status, 202, "{v}");
+        ids.push(id(&v));
+    }
+    for ((t, _), sid) in students.iter().zip(&ids) {
+        let v = s.wait_session(sid, t, |v| v["status"] != "starting").await;
+        assert_eq!(v["status"], "running", "{v}");
+    }
+    assert!(
+        answered(&w, Verb::Create, "virtualmachines", 500) > 0,
+        "the faults were injected: {:?}",
+        w.sim.faults().rules()
+    );
+    // Two lessons of one VM and two of two: one VM per node, however many attempts.
+    assert_eq!(w.sim.stats().vms, 8, "{:?}", w.sim.stats());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_create_whose_reply_was_lost_is_adopted_and_the_lab_starts() {
+    use ttlab_kube_sim::{FaultRule, Verb};
+    let w = World::new().await;
+    w.sim
+        .faults()
+        .add(FaultRule::lose_reply(Some(Verb::Create), Some("virtualmachines")).times(1));
+    w.sim
+        .faults()
+        .add(FaultRule::lose_reply(Some(Verb::Create), Some("secrets")).times(1));
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let v = s
+        .wait_session(&sid, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    // Each create was applied, its reply lost, and the repeat found it (409) and adopted it.
+    assert_eq!(answered(&w, Verb::Create, "virtualmachines", 409), 1);
+    assert_eq!(answered(&w, Verb::Create, "secrets", 409), 1);
+    assert_eq!(w.sim.stats().vms, 1, "{:?}", w.sim.stats());
+    // The Secret is owned by the VM that was adopted (its uid came from the adoption).
+    let session: ttlab_model::SessionId = sid.parse().unwrap();
+    let node: ttlab_model::NodeName = "vm".parse().unwrap();
+    let vm = w
+        .sim
+        .get(
+            "virtualmachines",
+            NS,
+            &ttlab_vm_manifest::vm_name(session, &node),
+        )
+        .expect("the VM");
+    let secret = w
+        .sim
+        .get(
+            "secrets",
+            NS,
+            &ttlab_vm_manifest::secret_name(session, &node),
+        )
+        .expect("the Secret");
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["uid"], vm["metadata"]["uid"],
+        "{secret}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_object_of_someone_else_under_the_name_fails_the_lab_clearly() {
+    use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
+    let w = World::new().await;
+    // The server's VM create is held back while someone else's VM takes the name.
+    w.sim.faults().add(FaultRule {
+        action: FaultAction::Delay { millis: 3000 },
+        ..FaultRule::fail(Some(Verb::Create), Some("virtualmachines"), 500).times(1)
+    });
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let session: ttlab_model::SessionId = sid.parse().unwrap();
+    let name = ttlab_vm_manifest::vm_name(session, &"vm".parse().unwrap());
+    let other = ttlab_model::SessionId::new_random();
+    w.sim
+        .create(json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": {
+                    "app.kubernetes.io/managed-by": "ttlab",
+                    "ttlab.io/env": "dev",
+                    "ttlab.io/session": other.to_string(),
+                    "ttlab.io/lesson": "quick",
+                },
+            },
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}},
+        }))
+        .expect("the other VM");
+    let v = s
+        .wait_session(&sid, &alice, |v| {
+            v["status"] != "starting" && v["status"] != "finishing"
+        })
+        .await;
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(
+        v["failure_reason"], "could not create the VM (the operators have the details)",
+        "{v}"
+    );
+    let reason = admin_reason(&s, &sid).await;
+    assert!(
+        reason.contains("could not create the VM")
+            && reason.contains("already exists and is not this session's")
+            && reason.contains(&other.to_string()),
+        "{reason}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_create_that_keeps_failing_fails_the_lab_within_the_budget_saying_so() {
+    use ttlab_kube_sim::{FaultRule, Verb};
+    let w = World::new().await;
+    w.sim.faults().add(FaultRule::fail(
+        Some(Verb::Create),
+        Some("virtualmachines"),
+        500,
+    ));
+    let mut config = w.config(policy(3600, 7200, 3), 8).await;
+    config.cluster_retry_budget = std::time::Duration::from_secs(3);
+    let s = w.serve(config).await;
+    let alice = token("alice", Role::Student);
+    let started = std::time::Instant::now();
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let v = s
+        .wait_session(&sid, &alice, |v| {
+            v["status"] != "starting" && v["status"] != "finishing"
+        })
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(v["status"], "failed", "{v}");
+    let attempts = answered(&w, Verb::Create, "virtualmachines", 500);
+    let reason = admin_reason(&s, &sid).await;
+    assert!(
+        reason.contains("could not create the VM: the cluster failed")
+            && reason.contains(&format!("failed {attempts} times"))
+            && reason.contains("500"),
+        "{reason} ({attempts} attempts)"
+    );
+    assert!(
+        (3..=20).contains(&attempts),
+        "retried, within bounds: {attempts}"
+    );
+    assert!(
+        (std::time::Duration::from_millis(1500)..std::time::Duration::from_secs(30))
+            .contains(&waited),
+        "gave up after about the budget: {waited:?}"
+    );
+    w.wait_empty().await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_admin_capacity_names_what_is_still_terminating() {
+    use ttlab_cluster::Cluster as _;
+    let w = World::new().await;
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    s.wait_session(&sid, &alice, |v| v["status"] == "running")
+        .await;
+    // KubeVirt stops acting (as for a VM on a dead node): its finalizer stays on the VM once
+    // it is deleted, and the reaper found it still there and recorded it so.
+    let session: ttlab_model::SessionId = sid.parse().unwrap();
+    let vm = ttlab_vm_manifest::vm_name(session, &"vm".parse().unwrap());
+    w.sim.pause_kubevirt(true);
+    let cluster = w.cluster().await;
+    let store = w.db.store().await.unwrap();
+    store
+        .sessions()
+        .begin_finishing(
+            session,
+            &[ttlab_model::SessionStatus::Running],
+            ttlab_model::FinalStatus::Expired,
+            None,
+        )
+        .await
+        .unwrap()
+        .expect("finishing");
+    cluster
+        .delete(
+            ttlab_cluster::Kind::VirtualMachine,
+            &vm,
+            ttlab_cluster::Propagation::Background,
+        )
+        .await
+        .unwrap();
+    assert!(
+        store
+            .sessions()
+            .record_terminating(session, &[format!("VirtualMachine/{vm}")])
+            .await
+            .unwrap()
+    );
+
+    let admin = token("root", Role::Admin);
+    let (status, cap) = s.get("/api/admin/capacity", &admin).await;
+    assert_eq!(status, 200, "{cap}");
+    assert_eq!(cap["terminating_vms"], json!([vm]), "{cap}");
+    assert_eq!(cap["live_vms"], 1, "still counted: {cap}");
+    let terminating = cap["terminating"].as_array().expect("a list");
+    assert_eq!(terminating.len(), 1, "{cap}");
+    assert_eq!(terminating[0]["session"], sid.as_str());
+    assert_eq!(terminating[0]["env"], "dev");
+    assert_eq!(terminating[0]["lesson"], "quick");
+    assert_eq!(terminating[0]["finishing_to"], "expired");
+    assert_eq!(
+        terminating[0]["objects"],
+        json!([format!("VirtualMachine/{vm}")])
+    );
+    assert!(terminating[0]["since"].is_string(), "{cap}");
+    // The student's one session is still live while it goes.
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 409, "{v}");
+    w.sim.pause_kubevirt(false);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_vmi_that_cannot_be_watched_fails_the_lab_saying_why() {
+    use ttlab_kube_sim::{FaultRule, Verb};
+    let w = World::new().await;
+    for verb in [Verb::List, Verb::Watch] {
+        w.sim.faults().add(FaultRule::fail(
+            Some(verb),
+            Some("virtualmachineinstances"),
+            500,
+        ));
+    }
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let v = s
+        .wait_session(&sid, &alice, |v| {
+            v["status"] != "starting" && v["status"] != "finishing"
+        })
+        .await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let reason = admin_reason(&s, &sid).await;
+    assert!(
+        reason.starts_with("VM did not start within 5 s (the watch failed ")
+            && reason.contains("times (last: ")
+            && reason.contains("500"),
+        "{reason}"
+    );
+    w.wait_empty().await;
     s.stop().await;
 }

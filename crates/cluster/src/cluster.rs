@@ -26,7 +26,11 @@ pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
 ///
 /// Conventions: a missing object is `Ok(None)` / [`Deleted::AlreadyGone`] where absence is an
 /// answer (get, delete), and [`ClusterError::NotFound`] where it is a failure (the VMI of a
-/// console). Creates never update: an existing object is [`ClusterError::Conflict`].
+/// console). Creates never update, and are safe to repeat: an object already holding the
+/// name that carries the same environment and session labels (`ttlab_model::labels`) as the
+/// one to create, and is not being deleted, is adopted — the create returns it as if it had
+/// made it (a create whose reply was lost, or that the client retried after it was applied);
+/// any other holder of the name is a [`ClusterError::Conflict`] that names whose it is.
 pub trait Cluster: Send + Sync {
     /// The namespace every call works in.
     fn namespace(&self) -> &str;
@@ -54,6 +58,16 @@ pub trait Cluster: Send + Sync {
     /// Reads one object's metadata by name; `Ok(None)` if it does not exist (the reaper's
     /// direct get before it declares a session a ghost).
     fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>>;
+
+    /// Looks for one object by name, to confirm it is gone after its deletion was accepted:
+    /// `Ok(None)` once it is absent, its summary (with [`ObjectSummary::deleting`]) while it
+    /// lingers — a VM whose guest is still shutting down, an object held by a finalizer.
+    /// [`KubeCluster`](crate::KubeCluster) reads it with a metadata-only `list` pinned to the
+    /// name, which both Roles grant on every kind ttlab creates; the default is
+    /// [`Cluster::get`].
+    fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
+        self.get(kind, name)
+    }
 
     /// Reads one page of the objects of `kind` matching the label `selector`, starting at
     /// `continue_token` (`None` for the first page). The page size is the client's setting.

@@ -69,8 +69,9 @@ pub enum ClusterError {
         message: String,
     },
     /// The VMI did not reach `Running` in time. Carries the last state seen (for instance
-    /// `Pending` with a `FailedPvcNotFound` condition), or `None` if no VMI ever appeared.
-    #[error("VMI {name} not Running after {waited:?}; last seen: {}", describe_last(last.as_deref()))]
+    /// `Pending` with a `FailedPvcNotFound` condition), or `None` if no VMI ever appeared, and
+    /// what went wrong with the watch meanwhile, if anything did.
+    #[error("VMI {name} not Running after {waited:?}; last seen: {}{}", describe_last(last.as_deref()), describe_faults(watch_faults.as_deref()))]
     WaitTimedOut {
         /// The VMI waited for.
         name: String,
@@ -78,6 +79,10 @@ pub enum ClusterError {
         waited: Duration,
         /// The last state observed.
         last: Option<Box<VmiState>>,
+        /// How often listing or watching the VMI failed transiently during the wait, and the
+        /// last such failure (`the watch failed 3 times (last: HTTP 500: …)`); `None` if it
+        /// never did.
+        watch_faults: Option<String>,
     },
     /// The VMI ended (`Succeeded` or `Failed`) while it was being waited for: it will not
     /// become `Running` by itself.
@@ -108,6 +113,10 @@ fn describe_last(last: Option<&VmiState>) -> String {
         Some(state) => state.describe(),
         None => "no VMI".to_owned(),
     }
+}
+
+fn describe_faults(faults: Option<&str>) -> String {
+    faults.map(|f| format!("; {f}")).unwrap_or_default()
 }
 
 impl ClusterError {

@@ -1,7 +1,8 @@
 //! The [`Cluster`] trait and its kube-rs implementation, [`KubeCluster`]: the only code in
 //! ttlab that talks to Kubernetes.
 //!
-//! It owns the API calls the server and the reaper make — creating VirtualMachines, their
+//! It owns the API calls the server and the reaper make — creating (or, after a lost reply,
+//! adopting an object of the same session under the same name) VirtualMachines, their
 //! cloud-init Secrets (created after the VM, owned by it, never updated), Services,
 //! NetworkPolicies and Pods; getting, listing by label selector page by page, and deleting
 //! (a missing object is already deleted, which is success); counting the live VMs; observing
@@ -53,7 +54,7 @@ pub use pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaS
 pub use settings::{ClusterSettings, DEFAULT_USER_AGENT};
 pub use teardown::{
     LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,
-    teardown_session,
+    teardown_session, teardown_session_within,
 };
 pub use terminal::{ByteSink, ByteStream, Terminal};
 pub use types::{

@@ -12,8 +12,9 @@ pub struct ClusterSettings {
     /// kubeconfig context's namespace, or the service account's namespace in a pod).
     pub namespace: Option<String>,
     /// The most API calls in flight at once from this client (a semaphore around every
-    /// call; a watch holds a permit only while it is being opened). Default 16, so a reaper
-    /// cycle cannot flood the API server. Values below 1 are treated as 1.
+    /// call but the list and watch of a VMI or Pod wait, which kube-rs' watcher makes, one
+    /// per session being provisioned). Default 16, so a reaper cycle cannot flood the API
+    /// server. Values below 1 are treated as 1.
     pub max_in_flight: usize,
     /// Objects per page when listing (`limit`). Default 500, as kubectl uses.
     pub page_size: u32,

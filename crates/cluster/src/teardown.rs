@@ -9,10 +9,17 @@
 //! labelled with the session and environment. A missing object is already deleted: success.
 //!
 //! Every deletion is attempted even when an earlier one failed, and the report says, object by
-//! object, what happened; the caller marks the session final only when
-//! [`TeardownReport::all_deleted`] holds.
+//! object, what happened. An accepted deletion is not the end: real KubeVirt keeps a VM through
+//! its guest's shutdown grace (and for ever on a dead node), and finalizers hold any object. So
+//! every object whose deletion was accepted is then looked for once more
+//! ([`Cluster::find`]): absent, it is confirmed gone; still there, it is
+//! [`Outcome::Terminating`]. Objects found already terminating by the label sweep are deleted
+//! again (an accepted no-op that retries them) and looked for like the others. The caller
+//! marks the session final only when [`TeardownReport::all_gone`] holds; until then the
+//! session stays live (and its VMs, still listed, count against capacity).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use ttlab_model::labels::session_selector;
 use ttlab_model::{EnvName, NodeName, Runtime, SessionId};
@@ -47,18 +54,28 @@ pub struct SessionTarget<'a> {
 /// What happened to one object.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The deletion was accepted (the object may linger while finalizers run).
+    /// The deletion was accepted and the object is confirmed gone (a look right after found
+    /// nothing).
     Deleted,
     /// It did not exist: someone already deleted it, or it was never created.
     AlreadyGone,
-    /// The deletion (or the list that looks for labelled leftovers) failed.
+    /// The deletion was accepted, but the object is still there, being deleted (a guest
+    /// shutting down, a finalizer not yet removed). Deleted again on the next attempt.
+    Terminating,
+    /// The deletion (or the list that looks for labelled leftovers, or the look that confirms
+    /// an object gone) failed.
     Failed(ClusterError),
 }
 
 impl Outcome {
-    /// Whether the object is deleted or gone.
+    /// Whether the deletion was accepted or the object is gone (it may still be terminating).
     pub fn is_success(&self) -> bool {
         !matches!(self, Outcome::Failed(_))
+    }
+
+    /// Whether the object is confirmed gone.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Outcome::Deleted | Outcome::AlreadyGone)
     }
 }
 
@@ -81,10 +98,23 @@ pub struct TeardownReport {
 }
 
 impl TeardownReport {
-    /// Whether every deletion succeeded (or found the object gone): only then may the session
-    /// be marked final.
+    /// Whether every deletion was accepted (or found the object gone); some objects may still
+    /// be terminating ([`TeardownReport::all_gone`] says whether they are gone).
     pub fn all_deleted(&self) -> bool {
         self.objects.iter().all(|o| o.outcome.is_success())
+    }
+
+    /// Whether every object of the session is confirmed gone: only then may the session be
+    /// marked final.
+    pub fn all_gone(&self) -> bool {
+        self.objects.iter().all(|o| o.outcome.is_gone())
+    }
+
+    /// The objects still terminating, in order.
+    pub fn terminating(&self) -> impl Iterator<Item = &ObjectOutcome> {
+        self.objects
+            .iter()
+            .filter(|o| matches!(o.outcome, Outcome::Terminating))
     }
 
     /// The failures, in order.
@@ -95,11 +125,11 @@ impl TeardownReport {
         })
     }
 
-    /// How many deletions were accepted (objects that existed).
+    /// How many deletions were accepted (objects that existed, gone or still terminating).
     pub fn deleted(&self) -> usize {
         self.objects
             .iter()
-            .filter(|o| matches!(o.outcome, Outcome::Deleted))
+            .filter(|o| matches!(o.outcome, Outcome::Deleted | Outcome::Terminating))
             .count()
     }
 
@@ -148,9 +178,48 @@ pub fn named_objects(target: &SessionTarget<'_>) -> Vec<(Kind, String)> {
     out
 }
 
-/// Deletes every object of one session, in the order described in the module docs, and
-/// reports each outcome. Never stops at a failure: every object is attempted.
+/// Deletes every object of one session, in the order described in the module docs, looks
+/// once more for each whose deletion was accepted, and reports each outcome. Never stops at a
+/// failure: every object is attempted.
 pub async fn teardown_session(
+    cluster: &dyn Cluster,
+    target: &SessionTarget<'_>,
+    sweep: LabelSweep,
+) -> TeardownReport {
+    let mut report = delete_all(cluster, target, sweep).await;
+    confirm_gone(cluster, &mut report, &[]).await;
+    report
+}
+
+/// [`teardown_session`], then, while some object is still terminating, looks again with a
+/// growing pause (50 ms, doubling up to 250 ms) for at most `gone_within`: a VM whose guest
+/// stops quickly is confirmed gone in the same teardown. An object still there after that is
+/// [`Outcome::Terminating`]. Objects of the kinds in `get_kinds` are looked for with
+/// [`Cluster::get`] (for a caller whose Role grants `get` on them: the reaper's, for
+/// VirtualMachines and Pods), the others with [`Cluster::find`].
+pub async fn teardown_session_within(
+    cluster: &dyn Cluster,
+    target: &SessionTarget<'_>,
+    sweep: LabelSweep,
+    gone_within: Duration,
+    get_kinds: &[Kind],
+) -> TeardownReport {
+    let mut report = delete_all(cluster, target, sweep).await;
+    confirm_gone(cluster, &mut report, get_kinds).await;
+    let start = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(50);
+    while report.terminating().next().is_some() && start.elapsed() + pause <= gone_within {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
+        look_again(cluster, &mut report, get_kinds, |o| {
+            matches!(o, Outcome::Terminating)
+        })
+        .await;
+    }
+    report
+}
+
+async fn delete_all(
     cluster: &dyn Cluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
@@ -181,7 +250,9 @@ pub async fn teardown_session(
         match cluster.list_all(kind, &selector).await {
             Ok(items) => {
                 for item in items {
-                    if item.deleting || already.contains(&(kind, item.name.as_str())) {
+                    // One being deleted already is deleted again: an accepted no-op that
+                    // retries it, and the look after says whether it is gone by now.
+                    if already.contains(&(kind, item.name.as_str())) {
                         continue;
                     }
                     // A VM's launcher pod carries the session labels too; KubeVirt owns it.
@@ -202,6 +273,40 @@ pub async fn teardown_session(
         }
     }
     report
+}
+
+/// Looks once more for every object whose deletion was accepted: absent, it stays
+/// [`Outcome::Deleted`]; still there, it becomes [`Outcome::Terminating`]; a failed look is
+/// [`Outcome::Failed`] (nothing is confirmed).
+async fn confirm_gone(cluster: &dyn Cluster, report: &mut TeardownReport, get_kinds: &[Kind]) {
+    look_again(cluster, report, get_kinds, |o| {
+        matches!(o, Outcome::Deleted)
+    })
+    .await;
+}
+
+/// Looks for every object whose outcome satisfies `which`, as [`confirm_gone`] does.
+async fn look_again(
+    cluster: &dyn Cluster,
+    report: &mut TeardownReport,
+    get_kinds: &[Kind],
+    which: impl Fn(&Outcome) -> bool,
+) {
+    for object in &mut report.objects {
+        if !which(&object.outcome) {
+            continue;
+        }
+        let found = if get_kinds.contains(&object.kind) {
+            cluster.get(object.kind, &object.name).await
+        } else {
+            cluster.find(object.kind, &object.name).await
+        };
+        object.outcome = match found {
+            Ok(None) => Outcome::Deleted,
+            Ok(Some(_)) => Outcome::Terminating,
+            Err(e) => Outcome::Failed(e),
+        };
+    }
 }
 
 #[cfg(test)]

@@ -281,8 +281,9 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
                 "kube-sim is shutting down",
             ));
         }
-        Some(FaultAction::Delay { .. }) | None => {}
+        Some(FaultAction::Delay { .. } | FaultAction::LoseReply) | None => {}
     }
+    let lose_reply = decision.outcome == Some(FaultAction::LoseReply);
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -340,7 +341,21 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
     };
     sim.faults
         .record_as(arrived, &key, user, response.status().as_u16());
+    if lose_reply {
+        return lost_reply(response);
+    }
     response
+}
+
+/// `response` with its body replaced by one that fails at once: the status line and headers
+/// go out, then the connection breaks ([`FaultAction::LoseReply`]).
+fn lost_reply(response: Response) -> Response {
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let broken = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("kube-sim lost the reply"))
+    });
+    Response::from_parts(parts, Body::from_stream(broken))
 }
 
 struct Call<'a> {

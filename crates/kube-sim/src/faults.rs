@@ -63,6 +63,11 @@ pub enum FaultAction {
         /// Milliseconds to wait.
         millis: u64,
     },
+    /// Serve the call (a create, update or delete takes effect), then lose the reply: the
+    /// status line goes out and the connection breaks before the body, so the client learns
+    /// nothing of the outcome (a reply lost on the way back after the change was applied). API
+    /// calls only: a console or exec connection it matches is served normally.
+    LoseReply,
 }
 
 /// A fault rule: which calls it matches and what it does to them.
@@ -117,6 +122,15 @@ impl FaultRule {
     pub fn hang(verb: Option<Verb>, resource: Option<&str>) -> Self {
         Self {
             action: FaultAction::Hang,
+            ..Self::fail(verb, resource, 500)
+        }
+    }
+
+    /// A rule serving every matching call and then losing its reply
+    /// ([`FaultAction::LoseReply`]).
+    pub fn lose_reply(verb: Option<Verb>, resource: Option<&str>) -> Self {
+        Self {
+            action: FaultAction::LoseReply,
             ..Self::fail(verb, resource, 500)
         }
     }
@@ -176,7 +190,8 @@ pub struct CallKey<'a> {
 pub struct Decision {
     /// Wait this long first.
     pub delay: Duration,
-    /// Then fail with (status, message), or hang, instead of serving.
+    /// Then fail with (status, message), hang instead of serving, or serve and lose the
+    /// reply.
     pub outcome: Option<FaultAction>,
 }
 
@@ -429,6 +444,18 @@ mod tests {
         let c = call(Verb::List, "virtualmachines", None);
         let hits = (0..4000).filter(|_| f.decide(&c).outcome.is_some()).count();
         assert!((800..1200).contains(&hits), "{hits}");
+    }
+
+    #[test]
+    fn lost_replies_are_an_outcome_of_their_own() {
+        let f = Faults::new(1, 100);
+        f.add(FaultRule::lose_reply(Some(Verb::Create), Some("virtualmachines")).times(1));
+        let c = call(Verb::Create, "virtualmachines", Some("a"));
+        assert_eq!(f.decide(&c).outcome, Some(FaultAction::LoseReply));
+        assert_eq!(f.decide(&c).outcome, None);
+        let json: FaultRule =
+            serde_json::from_str(r#"{"verb":"create","action":{"kind":"lose_reply"}}"#).unwrap();
+        assert_eq!(json.action, FaultAction::LoseReply);
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //!   rows left `finishing`. Each goes to `finishing` recording its final status, its objects
 //!   are deleted by its recorded runtime ([`ttlab_cluster::teardown_session`]: VMs, then each
 //!   cloud-init Secret by name, the session Service and NetworkPolicy, or the Pod), and only
-//!   when every deletion succeeded does the row become final, with `reclaimed_at`.
+//!   when every object is confirmed gone — looked for again after its deletion was accepted —
+//!   does the row become final, with `reclaimed_at` and `objects_gone_at`. An object still
+//!   terminating (a guest shutting down, a finalizer) keeps the row `finishing`: it is
+//!   recorded on the row, named in the [`CycleReport`] (`terminating`) and the
+//!   `ttlab_reaper_objects_terminating` gauge, and deleted and looked for again every cycle.
 //! - **Orphans**: objects labelled as ttlab's *and* with this reaper's environment whose
 //!   session is not live, older than a minimum age. Each session is read again just before
 //!   its objects are deleted. Objects without labels or of another environment are never
@@ -50,7 +54,7 @@ pub use context::{
 };
 pub use error::{ReaperError, cluster_error_kind, store_error_kind};
 pub use metrics::{Metrics, serve_metrics};
-pub use report::{Action, CycleReport};
+pub use report::{Action, CycleReport, TerminatingObject};
 pub use scan::{ORPHAN_KINDS, OrphanCandidate};
 pub use schedule::{LEADER_RETRY, MIN_PAUSE, OnceError, RecordedCycle, run, run_cycle, run_once};
 

@@ -1,9 +1,16 @@
 //! Prometheus metrics of the reaper (counters per direction and outcome, cycle durations,
 //! leadership) and the small HTTP endpoint serving them with `/healthz`.
+//!
+//! `/healthz` is the loop's heartbeat, not just "the process answers": it fails (503) when
+//! the reaper's loop has not made progress for the configured stall time
+//! ([`Metrics::with_stall_after`]) — as the leader, a cycle that ran; as a standby, a leader
+//! lock attempt the database answered. A reaper stuck on a hung call, or cut off from its
+//! database, is then restarted by its liveness probe instead of silently reclaiming nothing.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -75,6 +82,13 @@ impl From<CycleTrigger> for TriggerLabel {
 }
 
 /// Labels of [`Metrics::cycles`].
+/// Labels of the objects still terminating: their kind (`VirtualMachine`, `Secret`, …).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The object's kind.
+    pub kind: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct CycleLabels {
     /// What started the cycle.
@@ -96,6 +110,13 @@ pub struct Metrics {
     pub leader: Gauge<i64, AtomicI64>,
     /// `ttlab_reaper_last_cycle_timestamp_seconds`.
     pub last_cycle: Gauge<f64, AtomicU64>,
+    /// Objects whose deletion was accepted but that were still there at the last cycle's look,
+    /// by kind (their sessions stay finishing).
+    pub objects_terminating: Family<KindLabels, Gauge>,
+    /// When the loop last made progress (start-up counts as progress).
+    heartbeat: Mutex<Instant>,
+    /// How long without progress `/healthz` tolerates; `None`: it always says ok.
+    stall_after: Option<Duration>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -120,6 +141,7 @@ impl Metrics {
         let cycle_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let leader = Gauge::<i64, AtomicI64>::default();
         let last_cycle = Gauge::<f64, AtomicU64>::default();
+        let objects_terminating = Family::<KindLabels, Gauge>::default();
         registry.register(
             "items",
             "Items handled by the reaper, by direction and outcome",
@@ -146,6 +168,12 @@ impl Metrics {
             "Unix time at which the last cycle ended",
             last_cycle.clone(),
         );
+        registry.register(
+            "objects_terminating",
+            "Objects whose deletion was accepted but that were still there at the last cycle's \
+             look (their sessions stay finishing), by kind",
+            objects_terminating.clone(),
+        );
         Self {
             registry,
             items,
@@ -154,6 +182,37 @@ impl Metrics {
             cycle_duration,
             leader,
             last_cycle,
+            objects_terminating,
+            heartbeat: Mutex::new(Instant::now()),
+            stall_after: None,
+        }
+    }
+
+    /// Makes `/healthz` fail once the loop has made no progress for `stall_after`.
+    pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
+        self.stall_after = Some(stall_after);
+        self
+    }
+
+    /// Records that the loop made progress (a cycle ran, or the database answered a standby's
+    /// lock attempt).
+    pub fn beat(&self) {
+        *self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    /// Ok while the loop made progress within the stall time; otherwise how long it has not.
+    pub fn health(&self) -> Result<(), Duration> {
+        let since = self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed();
+        match self.stall_after {
+            Some(limit) if since > limit => Err(since),
+            _ => Ok(()),
         }
     }
 
@@ -163,6 +222,7 @@ impl Metrics {
             self.cycles_not_run.inc();
             return;
         }
+        self.beat();
         self.cycles
             .get_or_create(&CycleLabels {
                 trigger: trigger.into(),
@@ -188,6 +248,21 @@ impl Metrics {
                     .inc_by(u64::from(n));
             }
         }
+        // A gauge per kind ttlab creates, so a kind whose last object went reads 0 again.
+        // A sessions-only cycle looks at fewer sessions: it only raises the gauges.
+        let mut by_kind = std::collections::BTreeMap::<String, i64>::new();
+        for t in &report.terminating {
+            *by_kind.entry(t.kind.name().to_owned()).or_default() += 1;
+        }
+        for kind in crate::ORPHAN_KINDS {
+            let n = by_kind.get(kind.name()).copied().unwrap_or(0);
+            let gauge = self.objects_terminating.get_or_create(&KindLabels {
+                kind: kind.name().to_owned(),
+            });
+            if !report.sessions_only || n > gauge.get() {
+                gauge.set(n);
+            }
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -204,8 +279,9 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` and `GET /healthz` on `addr` until `shutdown` is cancelled. Binds
-/// before returning, so a taken port fails at once.
+/// Serves `GET /metrics` and `GET /healthz` ([`Metrics::health`]: 200 `ok`, or 503 when the
+/// loop stalled) on `addr` until `shutdown` is cancelled. Binds before returning, so a taken
+/// port fails at once.
 pub async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -218,6 +294,7 @@ pub async fn serve_metrics(
     let bound = listener
         .local_addr()
         .map_err(|source| ReaperError::Metrics { addr, source })?;
+    let health = metrics.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -234,7 +311,24 @@ pub async fn serve_metrics(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route(
+            "/healthz",
+            get(move || {
+                let health = health.clone();
+                async move {
+                    match health.health() {
+                        Ok(()) => (axum::http::StatusCode::OK, "ok\n".to_owned()),
+                        Err(since) => (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "stalled: the reaper loop has made no progress for {} s\n",
+                                since.as_secs()
+                            ),
+                        ),
+                    }
+                }
+            }),
+        );
     let task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(e) = serve.await {

@@ -20,6 +20,19 @@ pub struct Action {
     pub what: String,
 }
 
+/// An object whose deletion was accepted but that was still there when looked for again (a
+/// VM whose guest is shutting down, an object held by a finalizer). Its session stays
+/// `finishing`, and the object is deleted and looked for again on every cycle until it is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminatingObject {
+    /// The session it belongs to.
+    pub session: String,
+    /// Its kind.
+    pub kind: ttlab_cluster::Kind,
+    /// Its name.
+    pub name: String,
+}
+
 /// What one cycle did. Counts are per item: a session reclaimed, an orphan object deleted, a
 /// ghost marked. In a dry run, `done` counts what would have been done.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +58,9 @@ pub struct CycleReport {
     pub errors: Vec<CycleError>,
     /// What was done (or, in a dry run, would be done), in order.
     pub actions: Vec<Action>,
+    /// Objects still terminating after their deletion was accepted, in order; each is also in
+    /// `errors` as a note (not counted as a failure), so the recorded report names it.
+    pub terminating: Vec<TerminatingObject>,
     /// Whether the cluster could be listed (orphans and ghosts need it).
     pub cluster_listed: bool,
     /// Whether only the database-driven directions ran ([`crate::reap_sessions`]: a deadline
@@ -67,6 +83,7 @@ impl CycleReport {
             stuck: DirectionCount::default(),
             errors: Vec::new(),
             actions: Vec::new(),
+            terminating: Vec::new(),
             cluster_listed: false,
             sessions_only: false,
             fatal: None,
@@ -126,6 +143,29 @@ impl CycleReport {
             direction,
             subject,
             message,
+        });
+    }
+
+    /// An object of `session` still terminating: kept, and noted in the errors (not counted).
+    pub(crate) fn still_terminating(
+        &mut self,
+        direction: Direction,
+        session: String,
+        kind: ttlab_cluster::Kind,
+        name: String,
+    ) {
+        self.note(
+            direction,
+            format!("{kind}/{name}"),
+            format!(
+                "still terminating after its deletion was accepted (session {session} stays \
+                 finishing; deleted and looked for again next cycle)"
+            ),
+        );
+        self.terminating.push(TerminatingObject {
+            session,
+            kind,
+            name,
         });
     }
 
@@ -201,6 +241,15 @@ impl CycleReport {
                 out.push_str(&format!("  {}  {}\n", a.subject, a.what));
             }
         }
+        if !self.terminating.is_empty() {
+            out.push_str(&format!(
+                "objects still terminating: {}\n",
+                self.terminating.len()
+            ));
+            for t in &self.terminating {
+                out.push_str(&format!("  {}/{}  session {}\n", t.kind, t.name, t.session));
+            }
+        }
         if self.errors.is_empty() {
             out.push_str("failures: none\n");
         } else {
@@ -221,7 +270,7 @@ impl CycleReport {
     /// One line for logs.
     pub fn summary(&self) -> String {
         format!(
-            "{}cycle in {} ms: expired {}/{} failed, stuck {}/{} failed, orphans {}/{} failed, ghosts {}/{} failed{}",
+            "{}cycle in {} ms: expired {}/{} failed, stuck {}/{} failed, orphans {}/{} failed, ghosts {}/{} failed{}{}",
             if self.dry_run { "dry-run " } else { "" },
             self.duration.as_millis(),
             self.expired.done,
@@ -232,6 +281,10 @@ impl CycleReport {
             self.orphans.failed,
             self.ghosts.done,
             self.ghosts.failed,
+            match self.terminating.len() {
+                0 => String::new(),
+                n => format!(", {n} objects still terminating"),
+            },
             if self.sessions_only {
                 " (sessions only)"
             } else if self.cluster_listed {

@@ -1,17 +1,28 @@
 //! The database-driven directions: finishing rows retried, starting rows past their readiness
 //! deadline, and running rows whose lifespan says expired. Each session goes to `finishing`
 //! (recording where it lands) before its objects are deleted, and to its final status only
-//! after every deletion succeeded.
+//! once every object is confirmed gone (looked for again after its deletion was accepted), with
+//! `objects_gone_at`. Objects still terminating are recorded on the row and in the report, and
+//! the session stays `finishing` — retried, deleted again and looked for again, every cycle.
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
-use ttlab_cluster::{SessionTarget, named_objects, teardown_session};
+use std::time::Duration;
+
+use ttlab_cluster::{Kind, SessionTarget, named_objects, teardown_session_within};
 use ttlab_lifespan::Lifespan;
 use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{Direction, Session};
 
 use crate::error::{cluster_error_kind, store_error_kind};
 use crate::{CycleReport, ReaperContext};
+
+/// How long the teardown of a session keeps looking for objects whose deletion was accepted
+/// before it leaves them terminating for the next cycle: a guest that shuts down within a
+/// second or two is confirmed gone in the same cycle. Short, because a session being looked
+/// at holds one of the cycle's concurrent slots, and a real guest's shutdown grace (30 s by
+/// default) is longer anyway: such a session is completed by a later cycle.
+const GONE_WITHIN: Duration = Duration::from_secs(3);
 
 /// How a session enters `finishing`.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +43,9 @@ enum Item {
     Skipped,
     /// Failed; the row stays live for the next cycle.
     Failed(String),
+    /// Every deletion was accepted, but these objects are still there (kind, name): the row
+    /// stays `finishing` for the next cycle.
+    Terminating(Vec<(ttlab_cluster::Kind, String)>),
 }
 
 fn nodes_of(session: &Session) -> Vec<NodeName> {
@@ -102,8 +116,9 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
     if !matches!(begin, Begin::Expire { .. }) {
         // A provisioner still running for the session may be creating objects: deleting now
         // could leave one behind a final row. Moving the row to `finishing` made it stop at its
-        // next step, and it completes the session itself; a provisioner that died let go of
-        // its lock with its connection, so the session is reclaimed on a later cycle.
+        // next step, and it completes the session itself; a provisioner that died or was cut
+        // off stops renewing its provisioning lease, which expires within the lease's
+        // duration, so the session is reclaimed on a later cycle (not hours later).
         match ctx.store.provisioning_in_progress(id).await {
             Ok(false) => {}
             Ok(true) => {
@@ -123,7 +138,18 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
         runtime: session.runtime,
         nodes: &nodes,
     };
-    let report = teardown_session(ctx.cluster.as_ref(), &target, ctx.settings.label_sweep).await;
+    // A moment for the objects to go: a guest that shuts down within a second or two is
+    // confirmed gone in this cycle. VMs and Pods are looked for with a direct get, which the
+    // reaper's Role grants (it reads them so before declaring a ghost), the other kinds with
+    // a list pinned to the name.
+    let report = teardown_session_within(
+        ctx.cluster.as_ref(),
+        &target,
+        ctx.settings.label_sweep,
+        GONE_WITHIN,
+        &[Kind::VirtualMachine, Kind::Pod],
+    )
+    .await;
     if !report.all_deleted() {
         let failures: Vec<String> = report
             .failures()
@@ -134,7 +160,19 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
         }
         return Item::Failed(failures.join("; "));
     }
-    match sessions.complete_finishing(id).await {
+    if !report.all_gone() {
+        let left: Vec<(ttlab_cluster::Kind, String)> = report
+            .terminating()
+            .map(|o| (o.kind, o.name.clone()))
+            .collect();
+        let names: Vec<String> = left.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+        tracing::info!(session = %id, objects = %names.join(", "), "deletions accepted, objects still terminating; the session stays finishing");
+        if let Err(e) = sessions.record_terminating(id, &names).await {
+            tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot record the objects still terminating");
+        }
+        return Item::Terminating(left);
+    }
+    match sessions.complete_objects_gone(id).await {
         Ok(Some(done)) => Item::Reclaimed(format!(
             "lesson {}, {}: {} ({} objects deleted)",
             session.lesson,
@@ -172,6 +210,11 @@ async fn handle_rows(
             Item::Reclaimed(what) => report.done(direction, id.to_string(), what),
             Item::Skipped => {}
             Item::Failed(message) => report.failed(direction, id.to_string(), message),
+            Item::Terminating(objects) => {
+                for (kind, name) in objects {
+                    report.still_terminating(direction, id.to_string(), kind, name);
+                }
+            }
         }
     }
 }

@@ -363,19 +363,44 @@ async fn an_unlisted_cluster_still_gets_what_the_database_alone_allows() {
         .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
         .await;
     h.create_vms("dev", expired.id, &["vm"], true).await;
-    h.sim()
+    // (A 500: kube-rs itself retries a 503 for as long as the request timeout.)
+    let fault = h
+        .sim()
         .faults()
-        .add(FaultRule::fail(Some(Verb::List), None, 503));
+        .add(FaultRule::fail(Some(Verb::List), None, 500));
     let report = reap_once(&ctx).await;
     assert!(report.ran() && !report.cluster_listed);
-    assert_eq!(report.expired.done, 1, "{report:?}");
     assert!(
         report
             .errors
             .iter()
             .any(|e| e.direction == Direction::Orphans)
     );
+    // Its objects are deleted, but without a list nothing confirms them gone: the row stays
+    // finishing, a failure of this cycle, until a look finds them absent.
+    assert!(!h.vm_alive(expired.id, "vm").await);
+    assert_eq!(
+        (report.expired.done, report.expired.failed),
+        (0, 1),
+        "{report:?}"
+    );
+    assert_eq!(h.status(expired.id).await, SessionStatus::Finishing);
+    assert!(h.sim().faults().remove(fault));
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.stuck.done, report.stuck.failed),
+        (1, 0),
+        "{report:?}"
+    );
     assert_eq!(h.status(expired.id).await, SessionStatus::Expired);
+    assert!(
+        h.store
+            .sessions()
+            .objects_gone_at(expired.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 on_both_backends!(a_stuck_start_whose_provisioner_still_runs_is_left_to_it_until_it_lets_go);
@@ -452,4 +477,128 @@ async fn a_dry_run_reports_and_deletes_nothing(h: Harness) {
     assert_eq!(h.status(expired.id).await, SessionStatus::Running);
     assert_eq!(h.status(ghost.id).await, SessionStatus::Running);
     assert!(h.vm_alive(expired.id, "vm").await && h.vm_alive(orphan, "vm").await);
+}
+
+on_both_backends!(a_vm_stuck_terminating_keeps_its_session_finishing_until_it_is_gone);
+async fn a_vm_stuck_terminating_keeps_its_session_finishing_until_it_is_gone(h: Harness) {
+    const HOLD: &str = "test.ttlab.io/node-unreachable";
+    let ctx = h.ctx("dev");
+    let stuck = h
+        .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+        .await;
+    h.create_vms_held("dev", stuck.id, &["vm"], true, Some(HOLD))
+        .await;
+    let vm = vm_name(stuck.id, &node("vm"));
+    // A session whose VM goes at once, beside it: reclaimed in the same cycle.
+    let fine = h
+        .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+        .await;
+    h.create_vms("dev", fine.id, &["vm"], true).await;
+
+    let report = reap_once(&ctx).await;
+    assert_eq!(
+        (report.expired.done, report.expired.failed),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(h.status(fine.id).await, SessionStatus::Expired);
+    // The stuck one: its deletion was accepted, but the VM is still there, so the row stays
+    // finishing (live) and the VM is named in the report, its errors (not counted as a
+    // failure) and the metrics.
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Finishing);
+    let named: Vec<(Kind, &str, &str)> = report
+        .terminating
+        .iter()
+        .map(|t| (t.kind, t.name.as_str(), t.session.as_str()))
+        .collect();
+    let stuck_id = stuck.id.to_string();
+    assert_eq!(
+        named,
+        [(Kind::VirtualMachine, vm.as_str(), stuck_id.as_str())],
+        "{report:?}"
+    );
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.subject == format!("VirtualMachine/{vm}")
+                && e.message.contains("still terminating")),
+        "{report:?}"
+    );
+    assert!(report.details().contains(&format!(
+        "objects still terminating: 1\n  VirtualMachine/{vm}  session {stuck_id}\n"
+    )));
+    let metrics = ttlab_reaper::Metrics::new();
+    metrics.observe(&report, ttlab_store::CycleTrigger::Timer);
+    let text = metrics.render();
+    assert!(
+        text.contains("ttlab_reaper_objects_terminating{kind=\"VirtualMachine\"} 1"),
+        "{text}"
+    );
+    // Recorded on the row, for the admin page.
+    let terminating = h
+        .store
+        .sessions()
+        .list_terminating(Some(&"dev".parse().unwrap()), 10)
+        .await
+        .unwrap();
+    assert_eq!(terminating.len(), 1, "{terminating:?}");
+    assert_eq!(terminating[0].id, stuck.id);
+    assert_eq!(terminating[0].objects, [format!("VirtualMachine/{vm}")]);
+    assert!(
+        h.store
+            .sessions()
+            .objects_gone_at(stuck.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // It still counts against capacity: the cluster still lists it.
+    let counted = h.fixtures.count_live_vms().await.unwrap();
+    assert!(counted >= 1, "{counted}");
+    assert!(
+        h.fixtures
+            .get(Kind::VirtualMachine, &vm)
+            .await
+            .unwrap()
+            .is_some_and(|o| o.deleting)
+    );
+
+    // Every cycle deletes it again and looks again; it stays finishing meanwhile.
+    let mark = h.mark();
+    let again = reap_once(&ctx).await;
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Finishing);
+    assert_eq!(again.terminating.len(), 1, "{again:?}");
+    assert_eq!((again.stuck.done, again.stuck.failed), (0, 0), "{again:?}");
+    assert!(
+        h.reaper_calls_since(mark)
+            .iter()
+            .any(|c| c.verb == "delete" && c.name.as_deref() == Some(vm.as_str())),
+        "the deletion is retried"
+    );
+
+    // Once the VM is gone, the next cycle confirms it and the row goes final, with the time.
+    let released_at = h.now().await;
+    h.release(&vm, HOLD).await;
+    h.wait_gone(Kind::VirtualMachine, &vm).await;
+    let last = reap_once(&ctx).await;
+    assert_eq!((last.stuck.done, last.stuck.failed), (1, 0), "{last:?}");
+    assert!(last.terminating.is_empty(), "{last:?}");
+    assert_eq!(h.status(stuck.id).await, SessionStatus::Expired);
+    let gone_at = h
+        .store
+        .sessions()
+        .objects_gone_at(stuck.id)
+        .await
+        .unwrap()
+        .expect("the time its objects were confirmed gone");
+    assert!(gone_at >= released_at, "{gone_at} < {released_at}");
+    assert!(
+        h.store
+            .sessions()
+            .list_terminating(None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -1,6 +1,10 @@
 //! The PostgreSQL store: the schema (embedded migrations), the queries — one module per table —
-//! the LISTEN/NOTIFY channels and the advisory locks through which the server and the reaper
-//! talk. It is the only channel between them, and the only crate that holds SQL.
+//! the LISTEN/NOTIFY channels, the [leases](leases) (the reaper's leadership, a server's
+//! provisioning of a session) and the transaction-scoped locks through which the server and
+//! the reaper talk. It is the only channel between them, and the only crate that holds SQL.
+//! Every connection it opens is bounded (keepalives, `TCP_USER_TIMEOUT`, statement, lock and
+//! idle-in-transaction timeouts, and a client-side watchdog on every request: [`Timeouts`])
+//! and speaks TLS as `sslmode` in the URL says ([`SslMode`]).
 //!
 //! It owns persistence and nothing else: it never decides *when* a session expires (that is
 //! `ttlab-lifespan`, fed with [`Store::db_now`]), never talks to Kubernetes, and refuses any
@@ -37,8 +41,10 @@ pub mod collect_requests;
 pub mod console_tickets;
 pub mod ephemeral;
 mod error;
+pub mod leases;
 pub mod locks;
 mod migrate;
+mod net;
 pub mod notify;
 pub mod reaper_cycles;
 pub mod sessions;
@@ -55,14 +61,18 @@ pub use agent_tokens::AgentTokens;
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
 pub use console_tickets::{ConsoleTicket, ConsoleTickets, TicketDigest};
 pub use error::StoreError;
-pub use locks::{CapacityGuard, LeaderLock, ProvisioningLock};
+pub use leases::{HeldLease, Lease, LeaseHolder, LeaseKind, Leases};
+pub use locks::{CapacityGuard, LeaderLock, LeaseTtls, ProvisioningLock};
 pub use migrate::{MigrationReport, SCHEMA_VERSION};
+pub use net::{SslMode, Timeouts};
 pub use notify::{Channel, ConsoleTaken, Listener, Notification};
 pub use reaper_cycles::{
     CycleError, CycleId, CycleTrigger, Direction, DirectionCount, NewCycle, ReaperCycle,
     ReaperCycles,
 };
-pub use sessions::{DiskKind, NewSession, Session, SessionTimes, SessionVm, Sessions, Stage};
+pub use sessions::{
+    DiskKind, NewSession, Session, SessionTimes, SessionVm, Sessions, Stage, TerminatingSession,
+};
 pub use url::{DEFAULT_CONNECT_TIMEOUT, DbUrl, redact};
 
 /// Pool settings.
@@ -72,6 +82,11 @@ pub struct StoreOptions {
     pub max_connections: usize,
     /// How long a caller waits for a free connection before failing (default 10 s).
     pub acquire_timeout: Duration,
+    /// Every other bound on waiting for the server (statement, lock, idle-in-transaction and
+    /// call timeouts, keepalives): see [`Timeouts`].
+    pub timeouts: Timeouts,
+    /// How long the reaper leader's and provisioners' leases last unless renewed.
+    pub leases: LeaseTtls,
 }
 
 impl Default for StoreOptions {
@@ -79,6 +94,8 @@ impl Default for StoreOptions {
         Self {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(10),
+            timeouts: Timeouts::default(),
+            leases: LeaseTtls::default(),
         }
     }
 }
@@ -88,6 +105,7 @@ impl Default for StoreOptions {
 pub struct Store {
     pool: Pool,
     url: Arc<DbUrl>,
+    lease_ttls: LeaseTtls,
 }
 
 impl std::fmt::Debug for Store {
@@ -114,21 +132,11 @@ impl Store {
                 "max_connections must be at least 1",
             ));
         }
-        // Statements are prepared once per connection (`prepare_cached`); each execution is
-        // still planned with its parameters, because the partial indexes on `status` serve
-        // only plans that know the statuses asked for (a generic plan, which PostgreSQL
-        // switches to after five executions, walks the whole table instead).
-        let mut config = url.config().clone();
-        let server_options = match config.get_options() {
-            Some(given) if !given.is_empty() => {
-                format!("{given} -c plan_cache_mode=force_custom_plan")
-            }
-            _ => "-c plan_cache_mode=force_custom_plan".to_owned(),
-        };
-        config.options(&server_options);
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
+        options.timeouts.validate()?;
+        let url = url.with_timeouts(options.timeouts.clone());
+        let manager = Manager::from_connect(
+            url.config().clone(),
+            net::PoolConnect(url.clone()),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -151,12 +159,18 @@ impl Store {
         Ok(Self {
             pool,
             url: Arc::new(url),
+            lease_ttls: options.leases,
         })
     }
 
     /// `host:port/database` of the server, for messages and logs.
     pub fn target(&self) -> &str {
         self.url.target()
+    }
+
+    /// How long this store's leases last unless renewed.
+    pub fn lease_ttls(&self) -> LeaseTtls {
+        self.lease_ttls
     }
 
     /// The URL the store was opened with.
@@ -184,6 +198,31 @@ impl Store {
             .map_err(StoreError::query("reading the database clock"))?;
         row.try_get(0)
             .map_err(StoreError::query("reading the database clock"))
+    }
+
+    /// The settings this store's connections run with (`statement_timeout`, `lock_timeout`,
+    /// `idle_in_transaction_session_timeout`, `plan_cache_mode`), as the server reports them
+    /// for a pooled connection: what an operator checks behind a pooler.
+    pub async fn session_settings(&self) -> Result<Vec<(String, String)>, StoreError> {
+        const WHAT: &str = "reading the session settings";
+        let client = self.client().await?;
+        let mut out = Vec::new();
+        for name in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+            "plan_cache_mode",
+        ] {
+            let row = client
+                .query_one("SELECT current_setting($1)", &[&name])
+                .await
+                .map_err(StoreError::query(WHAT))?;
+            out.push((
+                name.to_owned(),
+                row.try_get(0).map_err(StoreError::query(WHAT))?,
+            ));
+        }
+        Ok(out)
     }
 
     /// Queries on the `sessions` table.

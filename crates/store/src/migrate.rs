@@ -10,7 +10,7 @@ mod embedded {
 }
 
 /// The newest schema version this build knows (the highest `V<n>` migration).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// What a migration run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +30,19 @@ impl Store {
     }
 }
 
+/// How long a migration (a statement, a wait for the migration lock another process holds,
+/// a silence of the server) may take: an index build on a large table is slow, and a replica
+/// starting beside another one waits for its migrations. Bounded all the same.
+const MIGRATION_BOUND: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// Applies the migrations on a dedicated connection (not from a pool) to `url`.
 pub(crate) async fn migrate_url(url: &DbUrl) -> Result<MigrationReport, StoreError> {
+    let url = &url.clone().with_timeouts(crate::Timeouts {
+        call: MIGRATION_BOUND + std::time::Duration::from_secs(60),
+        statement: MIGRATION_BOUND,
+        lock: MIGRATION_BOUND,
+        ..url.timeouts().clone()
+    });
     let mut client = url.connect().await?;
     let (class, key) = lock_key(LockKind::Migrate, 0);
     client

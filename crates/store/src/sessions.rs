@@ -998,6 +998,148 @@ impl<'a> Sessions<'a> {
     }
 }
 
+/// A finishing session whose objects' deletions were accepted but that are still there
+/// (`sessions.terminating_objects`, schema version 6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminatingSession {
+    /// The session.
+    pub id: SessionId,
+    /// Its environment.
+    pub env: EnvName,
+    /// Its lesson.
+    pub lesson: LessonId,
+    /// The final status it is heading for.
+    pub finishing_to: Option<FinalStatus>,
+    /// Its objects still terminating at the last look, as `Kind/name`.
+    pub objects: Vec<String>,
+    /// Since when some object of it has been seen terminating (database clock).
+    pub since: DateTime<Utc>,
+}
+
+/// Gone means gone (schema version 6): a finishing session goes final only once its objects
+/// are confirmed absent, and the ones still terminating are recorded meanwhile.
+impl Sessions<'_> {
+    /// finishing → its recorded final status, once every cluster object of the session was
+    /// looked for after its deletion and found absent. Sets `reclaimed_at` and
+    /// `objects_gone_at`, and clears what was recorded as terminating.
+    pub async fn complete_objects_gone(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = finishing_to, finishing_to = NULL, \
+             reclaimed_at = now(), objects_gone_at = now(), terminating_objects = '{}', \
+             updated_at = now() \
+             WHERE id = $1 AND status = $2 AND finishing_to = ANY($3)",
+            returning_and_notify!()
+        );
+        for target in FinalStatus::ALL {
+            ensure(&[SessionStatus::Finishing], target.status())?;
+        }
+        let targets: Vec<&str> = FinalStatus::ALL.iter().map(|t| t.as_str()).collect();
+        self.query_opt(
+            "completing a session whose objects are gone",
+            SQL,
+            &[&id.as_uuid(), &SessionStatus::Finishing.as_str(), &targets],
+        )
+        .await
+    }
+
+    /// Records which objects (`Kind/name`) of a finishing session are still terminating after
+    /// their deletions were accepted; `terminating_since` keeps the first time any was seen.
+    /// `false` if the session is not finishing.
+    pub async fn record_terminating(
+        &self,
+        id: SessionId,
+        objects: &[String],
+    ) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE sessions SET terminating_objects = $2, \
+             terminating_since = COALESCE(terminating_since, now()), updated_at = now() \
+             WHERE id = $1 AND status = $3";
+        self.execute(
+            "recording objects still terminating",
+            SQL,
+            &[&id.as_uuid(), &objects, &SessionStatus::Finishing.as_str()],
+        )
+        .await
+    }
+
+    /// When the objects of session `id` were confirmed gone (`None`: not (yet) confirmed, or
+    /// no such session).
+    pub async fn objects_gone_at(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        const SQL: &str = "SELECT objects_gone_at FROM sessions WHERE id = $1";
+        const WHAT: &str = "reading when a session's objects were gone";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let row = client
+            .query_opt(&statement, &[&id.as_uuid()])
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        match row {
+            Some(row) => row
+                .try_get("objects_gone_at")
+                .map_err(|e| StoreError::corrupt("objects_gone_at", crate::error::pg_reason(&e))),
+            None => Ok(None),
+        }
+    }
+
+    /// The finishing sessions with objects still terminating (of `env`, or of every
+    /// environment), longest-terminating first, at most `n`.
+    pub async fn list_terminating(
+        &self,
+        env: Option<&EnvName>,
+        n: u32,
+    ) -> Result<Vec<TerminatingSession>, StoreError> {
+        const SQL: &str = "SELECT id, env, lesson, finishing_to, terminating_objects, \
+             terminating_since FROM sessions \
+             WHERE status = $1 AND terminating_since IS NOT NULL \
+             AND cardinality(terminating_objects) > 0 AND ($2::text IS NULL OR env = $2) \
+             ORDER BY terminating_since, id LIMIT $3";
+        const WHAT: &str = "listing sessions with objects still terminating";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let env = env.map(ToString::to_string);
+        let rows = client
+            .query(
+                &statement,
+                &[&SessionStatus::Finishing.as_str(), &env, &limit(n)],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter()
+            .map(|row| {
+                fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+                    row: &'a Row,
+                    column: &'static str,
+                ) -> Result<T, StoreError> {
+                    row.try_get(column)
+                        .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
+                }
+                let id: Uuid = get(row, "id")?;
+                let env: &str = get(row, "env")?;
+                let lesson: &str = get(row, "lesson")?;
+                let to: Option<&str> = get(row, "finishing_to")?;
+                Ok(TerminatingSession {
+                    id: SessionId::from_uuid(id),
+                    env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
+                    lesson: lesson
+                        .parse()
+                        .map_err(|e| StoreError::corrupt("lesson", e))?,
+                    finishing_to: to
+                        .map(|t| {
+                            t.parse()
+                                .map_err(|e| StoreError::corrupt("finishing_to", e))
+                        })
+                        .transpose()?,
+                    objects: get(row, "terminating_objects")?,
+                    since: get(row, "terminating_since")?,
+                })
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,9 @@ async fn migrating_twice_applies_once() {
             "V1__initial_schema",
             "V2__agent_tokens",
             "V3__console_tickets",
-            "V4__live_sessions_by_id"
+            "V4__live_sessions_by_id",
+            "V5__leases",
+            "V6__objects_gone"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -558,7 +558,8 @@ async fn ending_a_starting_session_waits_for_its_provisioner_to_let_go() {
     assert!(waited.is_none(), "the provisioner still holds it");
     assert!(started.elapsed() >= std::time::Duration::from_millis(300));
 
-    // Once the provisioner lets go (here: its connection ends), the waiter gets it at once.
+    // Once the provisioner lets go (here: dropping its lease releases it), the waiter gets it
+    // at once.
     let waiter = {
         let store = store.clone();
         tokio::spawn(async move {

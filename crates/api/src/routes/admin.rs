@@ -71,7 +71,39 @@ async fn capacity(
     State(state): State<AppState>,
     _admin: AdminUser,
 ) -> Result<Json<Value>, ApiError> {
-    let live = state.cluster().count_live_vms().await;
+    // Every VM ttlab manages counts, those being deleted too (their guests hold memory until
+    // they are gone); the ones being deleted are named.
+    let listed = state
+        .cluster()
+        .list_all(
+            ttlab_cluster::Kind::VirtualMachine,
+            &ttlab_model::labels::managed_selector(),
+        )
+        .await;
+    let live = listed.as_ref().map(Vec::len).map_err(Clone::clone);
+    let terminating_vms: Option<Vec<&str>> = listed.as_ref().ok().map(|vms| {
+        vms.iter()
+            .filter(|v| v.deleting)
+            .map(|v| v.name.as_str())
+            .collect()
+    });
+    // Sessions left finishing because some object of theirs is still terminating after its
+    // deletion was accepted, as the reaper last saw them (every environment: they all share
+    // the namespace and its capacity).
+    let terminating_sessions = state.store().sessions().list_terminating(None, 500).await?;
+    let terminating: Vec<Value> = terminating_sessions
+        .iter()
+        .map(|t| {
+            json!({
+                "session": t.id.to_string(),
+                "env": t.env.as_str(),
+                "lesson": t.lesson.to_string(),
+                "finishing_to": t.finishing_to.map(|f| f.as_str()),
+                "objects": t.objects,
+                "since": t.since,
+            })
+        })
+        .collect();
     let starting = state
         .store()
         .sessions()
@@ -102,6 +134,8 @@ async fn capacity(
         "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
         "namespace": state.cluster().namespace(),
         "quota": quota,
+        "terminating_vms": terminating_vms,
+        "terminating": terminating,
         "error": error,
         "quota_error": quota_error,
     })))

@@ -20,6 +20,10 @@ pub async fn open_session(
     user: &UserId,
     lesson: &Lesson,
 ) -> Result<Session, ApiError> {
+    // Handing over (SIGTERM): new starts go to another replica.
+    if state.is_draining() {
+        return Err(ApiError::ShuttingDown);
+    }
     // Cheap early answer for a double click; the database's unique index decides anyway.
     if let Some(open) = state.store().sessions().live_for_user(user).await? {
         return Err(ApiError::SessionExists {
@@ -112,24 +116,42 @@ async fn open_vm_session(
 /// How old a listing of the namespace's VMs the capacity check may use.
 const LISTING_MAX_AGE: Duration = Duration::from_secs(1);
 
+/// How long a failed listing is the answer, before the next start tries the cluster again.
+const FAILURE_MAX_AGE: Duration = Duration::from_secs(5);
+
 /// The VMs ttlab manages in the namespace (whatever their environment), from a listing at
-/// most [`LISTING_MAX_AGE`] old, taken again when older.
+/// most [`LISTING_MAX_AGE`] old, taken again when older. Single-flight: one request of this
+/// process lists, the others wait for its answer; a failure (the 5 s timeout included) is
+/// the answer for [`FAILURE_MAX_AGE`], so starts behind a slow cluster do not each wait out
+/// the timeout in turn.
 async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
     let mut cached = state.listed_vms().lock().await;
-    if let Some((at, names)) = cached.as_ref()
-        && at.elapsed() <= LISTING_MAX_AGE
-    {
-        return Ok(names.clone());
+    match cached.as_ref() {
+        Some((at, Ok(names))) if at.elapsed() <= LISTING_MAX_AGE => return Ok(names.clone()),
+        Some((at, Err(why))) if at.elapsed() <= FAILURE_MAX_AGE => {
+            return Err(ApiError::ClusterUnavailable(why.clone()));
+        }
+        _ => {}
     }
     let selector = ttlab_model::labels::managed_selector();
-    let listed = tokio::time::timeout(
+    let answer = tokio::time::timeout(
         Duration::from_secs(5),
         state
             .cluster()
             .list_all(ttlab_cluster::Kind::VirtualMachine, &selector),
     )
-    .await
-    .map_err(|_| ApiError::ClusterUnavailable("listing VMs took longer than 5 s".into()))??;
+    .await;
+    let listed = match answer {
+        Ok(Ok(listed)) => listed,
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => e.to_string(),
+                _ => "listing VMs took longer than 5 s".to_owned(),
+            };
+            *cached = Some((tokio::time::Instant::now(), Err(why.clone())));
+            return Err(ApiError::ClusterUnavailable(why));
+        }
+    };
     let names = Arc::new(
         listed
             .into_iter()
@@ -139,7 +161,7 @@ async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
             })
             .collect::<Vec<_>>(),
     );
-    *cached = Some((tokio::time::Instant::now(), names.clone()));
+    *cached = Some((tokio::time::Instant::now(), Ok(names.clone())));
     Ok(names)
 }
 

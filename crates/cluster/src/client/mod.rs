@@ -5,6 +5,7 @@ mod convert;
 mod exec;
 mod pod;
 mod wait;
+mod watch;
 
 use std::fmt;
 use std::future::Future;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
     PropagationPolicy,
@@ -153,11 +155,43 @@ impl KubeCluster {
         what: &str,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ClusterError> {
+        self.call_raw(what, request)
+            .await?
+            .map_err(ClusterError::from_kube)
+    }
+
+    /// [`KubeCluster::call`], leaving the API server's answer unmapped (the outer error is a
+    /// timeout or the semaphore).
+    async fn call_raw<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, kube::Error>, ClusterError> {
         let _permit = self.permit().await?;
         let timeout = self.inner.settings.request_timeout;
         match tokio::time::timeout(timeout, request).await {
-            Ok(result) => result.map_err(ClusterError::from_kube),
+            Ok(result) => Ok(result),
             Err(_) => Err(ClusterError::timed_out(what, timeout)),
+        }
+    }
+
+    /// Runs a create; an answer of `409 AlreadyExists` adopts the object holding the name if
+    /// it is this session's ([`KubeCluster::adopt`]).
+    async fn create_or_adopt<T>(
+        &self,
+        kind: Kind,
+        wanted: &ObjectMeta,
+        request: impl Future<Output = Result<T, kube::Error>>,
+        created: impl FnOnce(&T) -> Result<Created, ClusterError>,
+    ) -> Result<Created, ClusterError> {
+        match self.call_raw(&format!("create {kind}"), request).await? {
+            Ok(object) => created(&object),
+            Err(kube::Error::Api(status))
+                if status.code == 409 && status.reason == "AlreadyExists" =>
+            {
+                self.adopt(kind, wanted, status.message).await
+            }
+            Err(other) => Err(ClusterError::from_kube(other)),
         }
     }
 
@@ -225,10 +259,70 @@ impl KubeCluster {
         self.claim_namespace(kind, &mut object.meta_mut().namespace)?;
         let api: Api<K> = Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
         let pp = self.post_params();
-        let created = self
-            .call(&format!("create {kind}"), api.create(&pp, &object))
+        self.create_or_adopt(kind, object.meta(), api.create(&pp, &object), |c: &K| {
+            convert::created(kind, c.meta())
+        })
+        .await
+    }
+
+    /// After a create answered `409 AlreadyExists`: reads the object that holds the name and
+    /// adopts it when its labels say it is the same session's (same environment and session
+    /// as the object that was to be created) and it is not being deleted — a create whose
+    /// reply was lost, or one made twice, ends as if it had been made once. Any other holder
+    /// of the name is a [`ClusterError::Conflict`] that says whose it is.
+    async fn adopt(
+        &self,
+        kind: Kind,
+        wanted: &ObjectMeta,
+        conflict: String,
+    ) -> Result<Created, ClusterError> {
+        let Some(name) = wanted.name.as_deref() else {
+            return Err(ClusterError::Conflict { message: conflict });
+        };
+        let existing = self.find_by_name(kind, name).await?;
+        let Some(existing) = existing else {
+            // It went between the create and the get: nothing to adopt, the create may now
+            // succeed.
+            return Err(ClusterError::Transient {
+                message: format!(
+                    "create {kind} {name}: it existed ({conflict}) and was gone a moment later"
+                ),
+            });
+        };
+        match adoptable(wanted, &existing) {
+            Ok(()) => {
+                tracing::info!(%kind, name, uid = %existing.uid, "adopted an object this session created before");
+                Ok(Created {
+                    kind,
+                    name: existing.name,
+                    uid: existing.uid,
+                })
+            }
+            Err(why) => Err(ClusterError::Conflict {
+                message: format!("{kind} {name} already exists and {why}"),
+            }),
+        }
+    }
+
+    /// Reads one object's metadata by name with a metadata-only list pinned to the name
+    /// (`fieldSelector metadata.name=…`): the `list` both Roles grant on every kind ttlab
+    /// creates is all the access it takes (the server may not `get` a Secret).
+    async fn find_by_name(
+        &self,
+        kind: Kind,
+        name: &str,
+    ) -> Result<Option<ObjectSummary>, ClusterError> {
+        check_name(kind.name(), name)?;
+        let api = self.dynamic(kind);
+        let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = self
+            .call(&format!("list {kind} {name}"), api.list_metadata(&lp))
             .await?;
-        convert::created(kind, created.meta())
+        Ok(list
+            .items
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(name))
+            .map(|o| convert::summary(kind, &o.metadata)))
     }
 
     async fn observe<T>(
@@ -243,6 +337,36 @@ impl KubeCluster {
             Err(other) => Err(other),
         }
     }
+}
+
+/// Whether `existing`, found under the name of the object `wanted` was to create, is that
+/// object made before: both labelled with the same environment and session
+/// (`ttlab_model::labels`), and not being deleted. `Err` says why not.
+fn adoptable(wanted: &ObjectMeta, existing: &ObjectSummary) -> Result<(), String> {
+    use ttlab_model::labels::{ENV, SESSION};
+    let label = |key: &str| wanted.labels.as_ref().and_then(|l| l.get(key));
+    let (Some(env), Some(session)) = (label(ENV), label(SESSION)) else {
+        return Err("the new one carries no session labels to recognise it by".to_owned());
+    };
+    let theirs = |key: &str| {
+        existing
+            .labels
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or("none")
+    };
+    if existing.labels.get(ENV) != Some(env) || existing.labels.get(SESSION) != Some(session) {
+        return Err(format!(
+            "is not this session's (it belongs to session {} of environment {}, this is session \
+             {session} of environment {env})",
+            theirs(SESSION),
+            theirs(ENV),
+        ));
+    }
+    if existing.deleting {
+        return Err("is being deleted".to_owned());
+    }
+    Ok(())
 }
 
 /// The `User-Agent` header value of `agent`, refused when it could not be sent as a header.
@@ -302,10 +426,13 @@ impl Cluster for KubeCluster {
             self.claim_namespace(kind, &mut object.metadata.namespace)?;
             let api = self.dynamic(kind);
             let pp = self.post_params();
-            let created = self
-                .call("create VirtualMachine", api.create(&pp, &object))
-                .await?;
-            convert::created(kind, &created.metadata)
+            self.create_or_adopt(
+                kind,
+                &object.metadata,
+                api.create(&pp, &object),
+                |c: &DynamicObject| convert::created(kind, &c.metadata),
+            )
+            .await
         })
     }
 
@@ -336,6 +463,10 @@ impl Cluster for KubeCluster {
                 .await?;
             Ok(found.map(|o| convert::summary(kind, &o.metadata)))
         })
+    }
+
+    fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
+        Box::pin(self.find_by_name(kind, name))
     }
 
     fn list_page<'a>(

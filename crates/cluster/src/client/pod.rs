@@ -1,21 +1,19 @@
-//! Pod labs: a Pod's state, waiting for it to run (by watching, like the VMI wait), a command
+//! Pod labs: a Pod's state, waiting for it to run (by watching with kube-rs' runtime watcher,
+//! like the VMI wait), a command
 //! run without a TTY (grading), and the namespace's ResourceQuotas.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
-use kube::api::{Api, AttachParams, ListParams, WatchEvent, WatchParams};
+use kube::api::{Api, AttachParams, ListParams};
+use kube::runtime::watcher::Event;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::KubeCluster;
 use crate::ClusterError;
 use crate::pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaSummary};
-
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const WATCH_SECONDS: u32 = 290;
 
 pub(super) fn pod_state(pod: &Pod) -> PodState {
     let status = pod.status.as_ref();
@@ -65,109 +63,41 @@ async fn follow(
     name: &str,
     last: &mut Option<PodState>,
 ) -> Result<PodWait, ClusterError> {
-    let api: Api<Pod> = cluster.pods();
-    let field = format!("metadata.name={name}");
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        let list = match cluster
-            .call(
-                &format!("list Pod {name}"),
-                api.list(&ListParams::default().fields(&field)),
-            )
-            .await
-        {
-            Ok(list) => list,
-            Err(e) if e.is_retryable() => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
-        for pod in list
-            .items
-            .iter()
-            .filter(|p| p.metadata.name.as_deref() == Some(name))
-        {
-            let state = pod_state(pod);
-            if let Some(done) = judge(state.clone()) {
-                return Ok(done);
-            }
-            *last = Some(state);
-        }
-        'watch: loop {
-            let wp = WatchParams::default().fields(&field).timeout(WATCH_SECONDS);
-            let stream = match cluster
-                .call(&format!("watch Pod {name}"), api.watch(&wp, &version))
-                .await
-            {
-                Ok(stream) => stream,
-                Err(e) if e.is_retryable() => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue 'watch;
+    let mut events = std::pin::pin!(super::watch::watch_named(cluster.pods(), name));
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
+                if pod.metadata.name.as_deref() != Some(name) {
+                    continue;
                 }
-                Err(e) => return Err(e),
-            };
-            let mut stream = std::pin::pin!(stream.map_err(ClusterError::from_kube));
-            let mut saw_event = false;
-            while let Some(event) = stream.next().await {
-                let event = match event {
-                    Ok(event) => event,
-                    Err(e) if e.is_retryable() => break,
-                    Err(e) => return Err(e),
-                };
-                saw_event = true;
-                backoff = FIRST_BACKOFF;
-                match event {
-                    WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                        if let Some(v) = &pod.metadata.resource_version {
-                            version.clone_from(v);
-                        }
-                        if pod.metadata.name.as_deref() != Some(name) {
-                            continue;
-                        }
-                        let state = pod_state(&pod);
-                        if let Some(done) = judge(state.clone()) {
-                            return Ok(done);
-                        }
-                        *last = Some(state);
-                    }
-                    WatchEvent::Deleted(pod) => {
-                        if let Some(v) = &pod.metadata.resource_version {
-                            version.clone_from(v);
-                        }
-                        if pod.metadata.name.as_deref() == Some(name) {
-                            // A deleted Pod never comes back by itself (nothing recreates a
-                            // lab Pod): the wait is over.
-                            let mut state = pod_state(&pod);
-                            state.deleting = true;
-                            return Ok(PodWait::Ended(state));
-                        }
-                    }
-                    WatchEvent::Bookmark(bookmark) => {
-                        version = bookmark.metadata.resource_version;
-                    }
-                    WatchEvent::Error(status) => {
-                        if status.code == 410 || status.reason == "Expired" {
-                            break 'watch;
-                        }
-                        let err =
-                            ClusterError::from_status(status.code, &status.reason, &status.message);
-                        if err.is_retryable() {
-                            break;
-                        }
-                        return Err(err);
-                    }
+                let state = pod_state(&pod);
+                if let Some(done) = judge(state.clone()) {
+                    return Ok(done);
+                }
+                *last = Some(state);
+            }
+            Ok(Event::Delete(pod)) => {
+                if pod.metadata.name.as_deref() == Some(name) {
+                    // A deleted Pod never comes back by itself (nothing recreates a lab Pod):
+                    // the wait is over.
+                    let mut state = pod_state(&pod);
+                    state.deleting = true;
+                    return Ok(PodWait::Ended(state));
                 }
             }
-            if !saw_event {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+            Ok(Event::Init | Event::InitDone) => {}
+            Err(e) => {
+                let err = super::watch::watch_error(&format!("watch Pod {name}"), e);
+                if !err.is_retryable() {
+                    return Err(err);
+                }
+                tracing::debug!(pod = name, error = %err, "watching the Pod failed; the watcher recovers");
             }
         }
     }
+    Err(ClusterError::Unexpected {
+        message: format!("the watch of Pod {name} ended"),
+    })
 }
 
 /// Reads `reader` to its end, keeping at most [`EXEC_OUTPUT_LIMIT`] bytes.

@@ -61,13 +61,29 @@ async fn a_vm_is_created_found_by_label_and_deleted_once(h: &Harness) {
         "another environment's selector sees nothing: {prod:?}"
     );
 
-    // Creating it again is a conflict, never an update.
-    let again = h
+    // Creating it again for the same session (a create whose reply was lost) adopts it,
+    // never updates it; another session's create under the name is a conflict that says so.
+    let again = h.cluster.create_vm(common::vm("lab-a", &l)).await.unwrap();
+    assert_eq!(again, created, "adopted as it is");
+    let other = common::labels("dev");
+    let theirs = h
         .cluster
-        .create_vm(common::vm("lab-a", &l))
+        .create_vm(common::vm("lab-a", &other))
         .await
         .unwrap_err();
-    assert!(matches!(again, ClusterError::Conflict { .. }), "{again:?}");
+    match &theirs {
+        ClusterError::Conflict { message } => assert!(
+            message.contains("is not this session's") && message.contains(&l.session.to_string()),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let prod = h
+        .cluster
+        .create_vm(common::vm("lab-a", &common::labels("prod")))
+        .await
+        .unwrap_err();
+    assert!(matches!(prod, ClusterError::Conflict { .. }), "{prod:?}");
 
     let first = h
         .cluster

@@ -92,7 +92,9 @@ async fn a_vmi_that_never_appears_times_out_with_nothing_seen(h: &Harness) {
             name,
             waited: w,
             last,
+            watch_faults,
         } => {
+            assert_eq!(watch_faults, None);
             assert_eq!(name, "lab-paused");
             assert_eq!(w, Duration::from_millis(500));
             assert!(last.is_none(), "{last:?}");

@@ -345,6 +345,21 @@ impl Harness {
         nodes: &[&str],
         owner_link: bool,
     ) {
+        self.create_vms_held(env_name, session, nodes, owner_link, None)
+            .await;
+    }
+
+    /// [`Harness::create_vms`], each VM also carrying `finalizer` if given: a finalizer nobody
+    /// but the test removes ([`Harness::release`]), so a deleted VM stays terminating, as on a
+    /// dead node.
+    pub async fn create_vms_held(
+        &self,
+        env_name: &str,
+        session: SessionId,
+        nodes: &[&str],
+        owner_link: bool,
+        finalizer: Option<&str>,
+    ) {
         let input = SessionVms {
             session,
             env: env(env_name),
@@ -361,7 +376,10 @@ impl Harness {
         };
         let manifests = render(&input).expect("render");
         for (vm, n) in manifests.vms.iter().zip(nodes) {
-            let vm = serde_json::to_value(vm).expect("vm json");
+            let mut vm = serde_json::to_value(vm).expect("vm json");
+            if let Some(f) = finalizer {
+                vm["metadata"]["finalizers"] = serde_json::json!([f]);
+            }
             let created = retry_quota(|| self.fixtures.create_vm(vm.clone()))
                 .await
                 .expect("create vm");
@@ -451,6 +469,57 @@ impl Harness {
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
             .expect("creationTimestamp");
         assert_eq!(written.timestamp(), created_at.timestamp());
+    }
+
+    /// Removes `finalizer` from the VM `name` once it is the VM's last one (KubeVirt's own goes
+    /// when the VMI is gone; a deleting object takes no new finalizers, so the list is written
+    /// only when it holds `finalizer` alone), as the administrator. Bounded: 60 s.
+    pub async fn release(&self, name: &str, finalizer: &str) {
+        use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.fixtures.client().clone(),
+            &self.ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+                "virtualmachines",
+            ),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let vm = api.get_opt(name).await.expect("get the held VM");
+            let Some(vm) = vm else { return };
+            let left = vm.metadata.finalizers.clone().unwrap_or_default();
+            if left.iter().all(|f| f == finalizer) {
+                let patch = serde_json::json!({"metadata": {"finalizers": null}});
+                match api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(kube::Error::Api(s)) if s.code == 404 => return,
+                    // Changed meanwhile: read it again.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => panic!("releasing {name}: {e}"),
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} kept finalizers {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (60 s at most) until the object is gone.
+    pub async fn wait_gone(&self, kind: Kind, name: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self.fixtures.get(kind, name).await.expect("get").is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind} {name} still there"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Whether the object exists and is not being deleted.
