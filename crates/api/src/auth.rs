@@ -1,5 +1,7 @@
 //! Authentication: HS256 JWTs (`sub`, `role`, `exp`) in `Authorization: Bearer …`, and,
-//! optionally, a user header set by a trusted authenticating proxy.
+//! optionally, a user header set by a trusted authenticating proxy — believed only on
+//! connections from that proxy's addresses ([`TrustedProxies`]), so a client going through
+//! the Ingress cannot name itself.
 //!
 //! [`CurrentUser`] and [`AdminUser`] are axum extractors usable by any router whose state
 //! gives an [`AuthConfig`] (`FromRef`), so other route modules (the console) reuse them.
@@ -7,9 +9,10 @@
 //! token or missing claims are all 401.
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use axum::extract::{FromRef, FromRequestParts};
+use axum::extract::{ConnectInfo, FromRef, FromRequestParts};
 use axum::http::HeaderName;
 use axum::http::request::Parts;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -93,11 +96,71 @@ pub struct Claims {
     pub iat: Option<u64>,
 }
 
+/// The peers an authenticating proxy's user header is accepted from: addresses and CIDR
+/// blocks (`10.1.2.3`, `10.0.0.0/8`, `fd00::/8`), comma-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<(IpAddr, u8)>);
+
+impl TrustedProxies {
+    /// Whether `peer` is one of them (an IPv4-mapped IPv6 address counts as its IPv4 one).
+    pub fn contains(&self, peer: IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.0.iter().any(|&(net, bits)| match (net, peer) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        })
+    }
+}
+
+impl std::str::FromStr for TrustedProxies {
+    type Err = ApiError;
+    fn from_str(s: &str) -> Result<Self, ApiError> {
+        let bad = |item: &str, why: &str| {
+            ApiError::Config(format!(
+                "TTLAB_AUTH_PROXIES: {item:?} {why}; expected addresses or CIDR blocks such \
+                 as 10.0.0.0/8, comma-separated"
+            ))
+        };
+        let mut nets = Vec::new();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (addr, bits) = match item.split_once('/') {
+                Some((addr, bits)) => (addr, Some(bits)),
+                None => (item, None),
+            };
+            let addr: IpAddr = addr
+                .parse()
+                .map_err(|_| bad(item, "is not an IP address"))?;
+            let addr = addr.to_canonical();
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                None => max,
+                Some(b) => b
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= max)
+                    .ok_or_else(|| bad(item, "has an invalid prefix length"))?,
+            };
+            nets.push((addr, bits));
+        }
+        if nets.is_empty() {
+            return Err(bad(s, "names no address"));
+        }
+        Ok(Self(nets))
+    }
+}
+
 /// How requests are authenticated.
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
     secret: AuthSecret,
-    trusted_header: Option<HeaderName>,
+    trusted_header: Option<(HeaderName, TrustedProxies)>,
 }
 
 impl AuthConfig {
@@ -109,14 +172,24 @@ impl AuthConfig {
         }
     }
 
-    /// Also trusts `header` (set by an authenticating proxy in front of the server) as the
-    /// user id of a student when no bearer token is sent. Only enable this when every
-    /// request passes through that proxy, which must strip the header from clients.
-    pub fn with_trusted_header(mut self, header: &str) -> Result<Self, ApiError> {
+    /// Also trusts `header`, set by an authenticating proxy in front of the server, as the
+    /// user id of a student when no bearer token is sent — but only on connections from
+    /// `proxies` (the proxy's own addresses). From any other peer, the Ingress controller
+    /// included, the header is ignored, so a client cannot name itself by sending it.
+    pub fn with_trusted_header(
+        mut self,
+        header: &str,
+        proxies: TrustedProxies,
+    ) -> Result<Self, ApiError> {
         let name = HeaderName::from_bytes(header.trim().as_bytes()).map_err(|_| {
             ApiError::Config(format!("TTLAB_AUTH_HEADER {header:?} is not a header name"))
         })?;
-        self.trusted_header = Some(name);
+        if name == axum::http::header::AUTHORIZATION {
+            return Err(ApiError::Config(
+                "TTLAB_AUTH_HEADER cannot be Authorization".into(),
+            ));
+        }
+        self.trusted_header = Some((name, proxies));
         Ok(self)
     }
 
@@ -136,6 +209,7 @@ impl AuthConfig {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 5;
         validation.set_required_spec_claims(&["exp", "sub"]);
+        hs256::install();
         let data = jsonwebtoken::decode::<Claims>(
             token,
             &DecodingKey::from_secret(&self.secret.0)
@@ -174,9 +248,24 @@ impl AuthConfig {
                 })?;
             return self.verify(token.trim());
         }
-        if let Some(header) = &self.trusted_header
+        if let Some((header, proxies)) = &self.trusted_header
             && let Some(value) = parts.headers.get(header)
         {
+            let peer = parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip());
+            if !peer.is_some_and(|p| proxies.contains(p)) {
+                tracing::warn!(
+                    peer = ?peer,
+                    %header,
+                    "ignored the user header from a peer that is not a trusted proxy"
+                );
+                return Err(ApiError::Unauthorized(format!(
+                    "the {header} header is only accepted from the authenticating proxy; sign \
+                     in through it"
+                )));
+            }
             let text = value
                 .to_str()
                 .map_err(|_| ApiError::Unauthorized(format!("malformed {header} header")))?;
@@ -190,6 +279,89 @@ impl AuthConfig {
         Err(ApiError::Unauthorized(
             "sign in first: send `Authorization: Bearer <token>`".into(),
         ))
+    }
+}
+
+/// The one signing algorithm ttlab uses, as a `jsonwebtoken` crypto provider: HMAC-SHA256 over
+/// RustCrypto's `hmac` and `sha2`. jsonwebtoken is built without a bundled backend (its
+/// `rust_crypto` backend would also compile RSA, ECDSA and EdDSA); every other algorithm is
+/// refused here, besides `Validation` accepting only HS256.
+mod hs256 {
+    use hmac::{Hmac, KeyInit, Mac};
+    use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier, KeyUtils};
+    use jsonwebtoken::errors::{Error, ErrorKind};
+    use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, EncodingKey};
+    use sha2::Sha256;
+
+    type HmacSha256 = Hmac<Sha256>;
+
+    struct Hs256(HmacSha256);
+
+    impl Hs256 {
+        fn new(key: &[u8]) -> Result<Self, Error> {
+            HmacSha256::new_from_slice(key)
+                .map(Self)
+                .map_err(|_| ErrorKind::InvalidKeyFormat.into())
+        }
+    }
+
+    impl signature::Signer<Vec<u8>> for Hs256 {
+        fn try_sign(&self, msg: &[u8]) -> Result<Vec<u8>, signature::Error> {
+            let mut mac = self.0.clone();
+            mac.update(msg);
+            Ok(mac.finalize().into_bytes().to_vec())
+        }
+    }
+
+    impl signature::Verifier<Vec<u8>> for Hs256 {
+        fn verify(&self, msg: &[u8], sig: &Vec<u8>) -> Result<(), signature::Error> {
+            let mut mac = self.0.clone();
+            mac.update(msg);
+            // Constant-time comparison.
+            mac.verify_slice(sig).map_err(|_| signature::Error::new())
+        }
+    }
+
+    impl JwtSigner for Hs256 {
+        fn algorithm(&self) -> Algorithm {
+            Algorithm::HS256
+        }
+    }
+
+    impl JwtVerifier for Hs256 {
+        fn algorithm(&self) -> Algorithm {
+            Algorithm::HS256
+        }
+    }
+
+    fn signer(alg: &Algorithm, key: &EncodingKey) -> Result<Box<dyn JwtSigner>, Error> {
+        if *alg != Algorithm::HS256 || key.family() != AlgorithmFamily::Hmac {
+            return Err(ErrorKind::InvalidAlgorithm.into());
+        }
+        Ok(Box::new(Hs256::new(key.as_bytes())?))
+    }
+
+    fn verifier(alg: &Algorithm, key: &DecodingKey) -> Result<Box<dyn JwtVerifier>, Error> {
+        if *alg != Algorithm::HS256 || key.family() != AlgorithmFamily::Hmac {
+            return Err(ErrorKind::InvalidAlgorithm.into());
+        }
+        Ok(Box::new(Hs256::new(key.try_get_as_bytes()?)?))
+    }
+
+    static PROVIDER: CryptoProvider = CryptoProvider {
+        signer_factory: signer,
+        verifier_factory: verifier,
+        // No JWKs: ttlab's keys are a shared secret.
+        key_utils: KeyUtils::new_unimplemented(),
+    };
+
+    /// Installs the provider for the process (once; a provider another part of the process
+    /// installed first is kept, and HS256 is all ttlab asks of it).
+    pub(super) fn install() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let _ = PROVIDER.install_default();
+        });
     }
 }
 
@@ -207,6 +379,7 @@ pub fn mint_token(
         exp: now_unix.saturating_add(ttl.as_secs()),
         iat: Some(now_unix),
     };
+    hs256::install();
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
         &claims,
@@ -278,6 +451,25 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs()
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_and_blocks() {
+        let p: TrustedProxies = "10.0.0.0/8, 192.0.2.7,fd00::/8".parse().unwrap();
+        for yes in ["10.1.2.3", "192.0.2.7", "::ffff:10.9.9.9", "fd00::1"] {
+            assert!(p.contains(yes.parse().unwrap()), "{yes}");
+        }
+        for no in ["11.0.0.1", "192.0.2.8", "fe80::1", "127.0.0.1"] {
+            assert!(!p.contains(no.parse().unwrap()), "{no}");
+        }
+        let all: TrustedProxies = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+        for bad in ["", "10.0.0.0/33", "nope", "10.0.0.1/x", " , "] {
+            assert!(
+                matches!(bad.parse::<TrustedProxies>(), Err(ApiError::Config(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -25,6 +25,14 @@ pub const DEFAULT_QUOTA_SETTLE_WAIT: Duration = Duration::from_secs(30);
 /// second of a deletion.
 pub const DEFAULT_QUOTA_RECOUNT_WAIT: Duration = Duration::from_secs(4);
 
+/// Default of [`ApiConfig::cluster_retry_budget`].
+pub const DEFAULT_CLUSTER_RETRY_BUDGET: Duration = Duration::from_secs(60);
+
+/// Default of [`ApiConfig::request_timeout`]: above "collect now"'s 30 s wait.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`ApiConfig::max_concurrent_requests`].
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
+
 /// Everything [`crate::Server::bind`] needs besides the database and the cluster.
 ///
 /// | field | setting | default |
@@ -40,6 +48,12 @@ pub const DEFAULT_QUOTA_RECOUNT_WAIT: Duration = Duration::from_secs(4);
 /// | `user_agent` | — (the binary names itself) | `ttlab/<version>` |
 /// | `quota_settle_wait` | — | 30 s |
 /// | `quota_recount_wait` | — | 4 s |
+/// | `ops_listen` | `TTLAB_OPS_LISTEN` | none (health and metrics on `listen`) |
+/// | `request_timeout` | `TTLAB_REQUEST_TIMEOUT` | 60 s |
+/// | `max_concurrent_requests` | `TTLAB_MAX_CONCURRENT_REQUESTS` | 512 |
+/// | `user_rate_limit` | `TTLAB_USER_RATE_BURST`, `TTLAB_USER_RATE_INTERVAL` | 10, 1 s |
+/// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
+/// | `cluster_retry_budget` | — | 60 s |
 #[derive(Clone)]
 pub struct ApiConfig {
     /// Where to listen.
@@ -81,6 +95,27 @@ pub struct ApiConfig {
     /// refusal in that window is the quota lagging, not the namespace being full. Default
     /// [`DEFAULT_QUOTA_RECOUNT_WAIT`]; zero fails at the first refusal.
     pub quota_recount_wait: Duration,
+    /// Where `/healthz`, `/readyz`, `/healthz/cluster` and `/metrics` are served, apart from
+    /// the student-facing port (which then does not serve them): a port the Ingress does not
+    /// route. `None` serves them on `listen` (tests, the demo).
+    pub ops_listen: Option<SocketAddr>,
+    /// The longest a request on the public port may take before it is answered 503
+    /// `request_timeout` (WebSocket consoles and event streams are not cut: only the wait for
+    /// their first answer counts).
+    pub request_timeout: Duration,
+    /// Most requests the public port works on at once; beyond, 503 `overloaded` with
+    /// `Retry-After` at once rather than a queue.
+    pub max_concurrent_requests: usize,
+    /// How often one user may start, extend and grade (each counted apart); beyond, 429
+    /// `rate_limited` with `Retry-After`.
+    pub user_rate_limit: crate::limits::RateLimit,
+    /// How long the provisioning of a session keeps retrying one cluster call that failed
+    /// transiently (a 5xx, 429 Too Many Requests, a timeout, a lost connection), with jittered
+    /// backoff, before the session fails with a reason naming the call and how often it
+    /// failed. Creates are safe to repeat: an object this session already created under the
+    /// same name is adopted. Default [`DEFAULT_CLUSTER_RETRY_BUDGET`]; zero fails at the first
+    /// transient failure.
+    pub cluster_retry_budget: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -118,6 +153,11 @@ impl ApiConfig {
             user_agent: ttlab_agent::AgentClient::DEFAULT_USER_AGENT.to_owned(),
             quota_settle_wait: DEFAULT_QUOTA_SETTLE_WAIT,
             quota_recount_wait: DEFAULT_QUOTA_RECOUNT_WAIT,
+            ops_listen: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            user_rate_limit: crate::limits::RateLimit::DEFAULT,
+            cluster_retry_budget: DEFAULT_CLUSTER_RETRY_BUDGET,
         }
     }
 }

@@ -86,6 +86,26 @@ pub enum ApiError {
     /// Waited for another component (the reaper) and it did not answer in time.
     #[error("{0}")]
     Timeout(String),
+    /// This user asked for this action too often; `retry_after` says when the next one is
+    /// accepted (429 with `Retry-After`).
+    #[error("too many {action} requests; try again in {} s", retry_after_secs(*retry_after))]
+    RateLimited {
+        /// The action limited (`start`, `extend`, `grade`).
+        action: &'static str,
+        /// How long until the next request is accepted.
+        retry_after: std::time::Duration,
+    },
+    /// The server is answering as many requests as it is configured to (503 with
+    /// `Retry-After`).
+    #[error("the server is busy; try again in a moment")]
+    Overloaded,
+    /// This server is shutting down (a deploy) and takes no new starts; another replica does
+    /// (503 with `Retry-After`).
+    #[error("this server is restarting and takes no new labs; try again in a few seconds")]
+    ShuttingDown,
+    /// The request was not answered within the server's request timeout.
+    #[error("the server did not answer this request within {} s; try again", .0.as_secs())]
+    RequestTimeout(std::time::Duration),
     /// The server's configuration is unusable (start-up only).
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -157,6 +177,11 @@ fn capacity_sentence(limit: usize, needed: usize, usage: &CapacityUse) -> String
     s
 }
 
+/// Whole seconds to wait, rounded up, at least 1 (the `Retry-After` value).
+fn retry_after_secs(after: std::time::Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
+}
+
 /// The JSON error body.
 #[derive(Debug, Serialize)]
 pub struct ErrorBody {
@@ -179,9 +204,13 @@ impl ApiError {
             Self::SessionExists { .. } | Self::Extend(_) | Self::WrongState { .. } => {
                 StatusCode::CONFLICT
             }
-            Self::Capacity { .. } | Self::DatabaseUnavailable(_) | Self::ClusterUnavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Capacity { .. }
+            | Self::DatabaseUnavailable(_)
+            | Self::ClusterUnavailable(_)
+            | Self::Overloaded
+            | Self::ShuttingDown
+            | Self::RequestTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -213,9 +242,42 @@ impl ApiError {
             Self::ClusterUnavailable(_) => "cluster_unavailable",
             Self::AgentUnavailable(_) => "agent_unavailable",
             Self::Timeout(_) => "timeout",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::Overloaded => "overloaded",
+            Self::ShuttingDown => "shutting_down",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::Config(_) => "invalid_config",
             Self::Bind { .. } => "bind_failed",
             Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The sentence the client sees. Defects, and the details of a dependency's failure (an
+    /// agent's address, a cluster's or database's error text), go to the log and the admin
+    /// page only: a student gets a plain reason.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Internal(_) => "something went wrong on the server; it has been logged".into(),
+            Self::DatabaseUnavailable(_) => {
+                "the service is temporarily unavailable (its database cannot be reached); try \
+                 again shortly"
+                    .into()
+            }
+            Self::ClusterUnavailable(_) => {
+                "the cluster is temporarily unavailable; try again shortly".into()
+            }
+            Self::AgentUnavailable(_) => "the lab VM did not answer; try again in a moment".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The `Retry-After` the answer carries, if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            Self::Overloaded | Self::RequestTimeout(_) => Some(std::time::Duration::from_secs(1)),
+            Self::ShuttingDown => Some(std::time::Duration::from_secs(2)),
+            _ => None,
         }
     }
 
@@ -234,6 +296,8 @@ impl From<StoreError> for ApiError {
             StoreError::SessionExists {
                 lesson, session, ..
             } => Self::SessionExists { lesson, session },
+            // Another start held the capacity lock for the whole wait: busy, try again.
+            StoreError::Busy { .. } => Self::Overloaded,
             e if store_unavailable(&e) => Self::DatabaseUnavailable(e.to_string()),
             other => Self::Internal(other.to_string()),
         }
@@ -272,16 +336,18 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(code = self.code(), error = %self, "request failed");
         }
-        let message = match &self {
-            // Details of defects go to the log, not to the client.
-            Self::Internal(_) => "something went wrong on the server; it has been logged".into(),
-            other => other.to_string(),
-        };
         let body = ErrorBody {
             error: self.code().to_owned(),
-            message,
+            message: self.public_message(),
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(after) = self.retry_after() {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after_secs(after)),
+            );
+        }
+        response
     }
 }
 
@@ -333,6 +399,39 @@ mod tests {
         };
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code(), "capacity");
+    }
+
+    #[test]
+    fn dependency_details_stay_out_of_the_answer() {
+        let agent = ApiError::AgentUnavailable(
+            "error sending request for url (http://10.244.1.7:8899/v1/grade)".into(),
+        );
+        assert!(
+            !agent.public_message().contains("10.244"),
+            "{}",
+            agent.public_message()
+        );
+        assert!(
+            agent.to_string().contains("10.244.1.7:8899"),
+            "the log keeps it"
+        );
+        let cluster = ApiError::ClusterUnavailable("https://10.0.0.1:6443 timed out".into());
+        assert!(!cluster.public_message().contains("6443"));
+        let db = ApiError::DatabaseUnavailable("db.internal:5432 refused".into());
+        assert!(!db.public_message().contains("5432"));
+    }
+
+    #[test]
+    fn a_rate_limit_says_when_to_come_back() {
+        let e = ApiError::RateLimited {
+            action: "grade",
+            retry_after: std::time::Duration::from_millis(1_200),
+        };
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.retry_after().map(retry_after_secs), Some(2));
+        assert_eq!(e.to_string(), "too many grade requests; try again in 2 s");
+        assert_eq!(retry_after_secs(std::time::Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(std::time::Duration::from_secs(3)), 3);
     }
 
     #[test]

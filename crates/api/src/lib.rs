@@ -55,6 +55,7 @@ mod config;
 pub mod console;
 mod error;
 pub mod extract;
+pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod saga;
@@ -70,28 +71,32 @@ use ttlab_cluster::Cluster;
 use ttlab_store::Store;
 
 pub use config::{
-    ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUOTA_SETTLE_WAIT,
-    DEFAULT_VM_LIMIT,
+    ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_QUOTA_SETTLE_WAIT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_VM_LIMIT,
 };
 pub use error::{ApiError, CapacityUse, ErrorBody};
-pub use state::{AppState, HubEvent};
+pub use state::{AppState, ClusterHealth, HubEvent};
 
-/// A bound, not yet serving, server.
+/// A bound, not yet serving, server: the public port, and the ops port if one is configured.
 pub struct Server {
     state: AppState,
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
+    ops: Option<(tokio::net::TcpListener, SocketAddr)>,
 }
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server").field("addr", &self.addr).finish()
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .field("ops_addr", &self.ops_addr())
+            .finish()
     }
 }
 
 impl Server {
-    /// Validates the configuration, binds `config.listen` (port 0 picks one), starts the
-    /// notification hub and cleans up sessions a previous run left half-provisioned
+    /// Validates the configuration, binds `config.listen` and `config.ops_listen` (port 0
+    /// picks one), starts the notification hub and the cluster probe, and cleans up sessions a previous run left half-provisioned
     /// ([`saga::recover`]; a failure there is logged, not fatal, since the reaper also
     /// cleans up). The database must be migrated.
     pub async fn bind(
@@ -111,18 +116,24 @@ impl Server {
                 "no lessons are configured (TTLAB_LESSONS)".into(),
             ));
         }
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ApiError::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| ApiError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+        if config.request_timeout.is_zero() {
+            return Err(ApiError::Config(
+                "TTLAB_REQUEST_TIMEOUT must be more than zero".into(),
+            ));
+        }
+        if config.max_concurrent_requests == 0 {
+            return Err(ApiError::Config(
+                "TTLAB_MAX_CONCURRENT_REQUESTS must be at least 1".into(),
+            ));
+        }
+        let (listener, addr) = bind(config.listen).await?;
+        let ops = match config.ops_listen {
+            Some(at) => Some(bind(at).await?),
+            None => None,
+        };
         let state = AppState::new(config, store, cluster);
         state.start_hub();
+        state.start_cluster_probe();
         match saga::recover(&state).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
@@ -132,12 +143,18 @@ impl Server {
             state,
             listener,
             addr,
+            ops,
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound ops address (health, readiness, metrics), if one was configured.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops.as_ref().map(|(_, addr)| *addr)
     }
 
     /// The shared state (for tests and composition).
@@ -152,14 +169,38 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ApiError> {
-        let app = routes::router(self.state.clone());
-        let result = axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| ApiError::Internal(format!("serving: {e}")));
+        use futures::FutureExt as _;
+        let shutdown = shutdown.shared();
+        let app =
+            routes::router(self.state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+        let public = axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown.clone())
+            .into_future();
+        let result = match self.ops {
+            Some((listener, _)) => {
+                let ops = axum::serve(listener, routes::ops_router(self.state.clone()))
+                    .with_graceful_shutdown(shutdown)
+                    .into_future();
+                let (public, ops) = tokio::join!(public, ops);
+                public.and(ops)
+            }
+            None => public.await,
+        }
+        .map_err(|e| ApiError::Internal(format!("serving: {e}")));
         self.state.abort_tasks();
         result
     }
+}
+
+/// Binds `addr`, and says which address it got.
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ApiError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ApiError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ApiError::Bind { addr, source })?;
+    Ok((listener, bound))
 }
 
 /// Binds and serves until `shutdown` completes: [`Server::bind`] then [`Server::run`].

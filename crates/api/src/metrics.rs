@@ -8,8 +8,13 @@
 //! | `ttlab_stage_seconds` | `stage` | time from the request to each provisioning stage |
 //! | `ttlab_capacity_rejections_total` | — | `POST /api/sessions` answered 503 `capacity` |
 //! | `ttlab_disk_decisions_total` | `kind`, `reason` | root disk decisions |
+//! | `ttlab_cluster_reachable` | — | 1 if the last cluster probe answered in time, else 0 |
+//! | `ttlab_cluster_probe_seconds` | — | how long the last cluster probe took |
+//! | `ttlab_rate_limited_total` | `action` | start, extend, grade answered 429 |
+//! | `ttlab_requests_shed_total` | `reason` | requests answered 503 `overloaded` or `request_timeout` |
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,6 +55,20 @@ pub struct DiskLabels {
     pub reason: String,
 }
 
+/// Labels of `ttlab_rate_limited_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `start`, `extend` or `grade`.
+    pub action: String,
+}
+
+/// Labels of `ttlab_requests_shed_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    /// `overloaded` or `request_timeout`.
+    pub reason: String,
+}
+
 /// The server's metrics. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct Metrics {
@@ -66,6 +85,14 @@ pub struct Metrics {
     pub capacity_rejections: Counter,
     /// Disk decisions.
     pub disk_decisions: Family<DiskLabels, Counter>,
+    /// 1 while the cluster answers the probe in time.
+    pub cluster_reachable: Gauge,
+    /// Seconds the last cluster probe took.
+    pub cluster_probe_seconds: Gauge<f64, AtomicU64>,
+    /// Requests refused by the per-user rate limit.
+    pub rate_limited: Family<ActionLabels, Counter>,
+    /// Requests refused by the concurrency limit or cut by the request timeout.
+    pub shed: Family<ShedLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -120,8 +147,36 @@ impl Metrics {
             "Root disk decisions by kind and reason",
             disk_decisions.clone(),
         );
+        let cluster_reachable = Gauge::default();
+        let cluster_probe_seconds = Gauge::<f64, AtomicU64>::default();
+        let rate_limited = Family::<ActionLabels, Counter>::default();
+        let shed = Family::<ShedLabels, Counter>::default();
+        registry.register(
+            "ttlab_cluster_reachable",
+            "1 if the last probe of the Kubernetes API answered in time, else 0",
+            cluster_reachable.clone(),
+        );
+        registry.register(
+            "ttlab_cluster_probe_seconds",
+            "Seconds the last probe of the Kubernetes API took",
+            cluster_probe_seconds.clone(),
+        );
+        registry.register(
+            "ttlab_rate_limited",
+            "Requests refused by the per-user rate limit, by action",
+            rate_limited.clone(),
+        );
+        registry.register(
+            "ttlab_requests_shed",
+            "Requests refused by the concurrency limit or cut by the request timeout",
+            shed.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            cluster_reachable,
+            cluster_probe_seconds,
+            rate_limited,
+            shed,
             sessions,
             opened,
             ended,

@@ -8,14 +8,43 @@ use axum::extract::FromRef;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use ttlab_cluster::Cluster;
+use ttlab_model::UserId;
 use ttlab_store::{Channel, Store};
 
-use crate::ApiConfig;
 use crate::auth::AuthConfig;
-use crate::metrics::Metrics;
+use crate::limits::{Action, UserLimiter};
+use crate::metrics::{ActionLabels, Metrics};
+use crate::{ApiConfig, ApiError};
 
-/// A listing of the namespace's VMs and when it was taken.
-pub(crate) type ListedVms = (tokio::time::Instant, Arc<Vec<crate::saga::ListedVm>>);
+/// A listing of the namespace's VMs (or why it could not be taken) and when it was taken.
+/// A failure is kept too, so the requests behind a slow or failing cluster get the answer
+/// at once instead of each waiting out the listing's timeout in turn.
+pub(crate) type ListedVms = (
+    tokio::time::Instant,
+    Result<Arc<Vec<crate::saga::ListedVm>>, String>,
+);
+
+/// How often the cluster is probed for `/healthz/cluster` and `ttlab_cluster_reachable`.
+pub const CLUSTER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a probe may take before the cluster counts as unreachable.
+pub const CLUSTER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the last probe of the Kubernetes API found. Reported (`/healthz/cluster`, the
+/// metrics), never used for readiness: a slow API server must not take every replica out of
+/// service at once, when most requests need only the database.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ClusterHealth {
+    /// Whether the last probe answered in time. `None` before the first probe ends.
+    pub reachable: Option<bool>,
+    /// When the last probe ended (server clock).
+    pub checked_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// How long it took, in milliseconds.
+    pub latency_ms: Option<u64>,
+    /// Why it failed (for operators: this is only served on the ops port).
+    pub error: Option<String>,
+    /// Probes failed in a row.
+    pub consecutive_failures: u32,
+}
 
 /// What the routes share: configuration, database, cluster, metrics, the notification hub
 /// and the provisioning tasks. Cheap to clone.
@@ -32,7 +61,75 @@ struct Inner {
     hub: broadcast::Sender<HubEvent>,
     capacity: tokio::sync::Mutex<()>,
     listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
+    cluster_health: Mutex<ClusterHealth>,
+    limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
+    handover: HandOver,
+}
+
+/// A graceful hand-over in progress (SIGTERM): new starts are refused, provisioning tasks let
+/// go of their sessions (releasing their leases) for another replica — or this server after
+/// its restart — to resume. See [`crate::saga::hand_over`].
+#[derive(Debug)]
+pub(crate) struct HandOver {
+    /// Set once the hand-over began: new starts get 503 with `Retry-After`.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// Provisioning tasks running in this process.
+    running: tokio::sync::watch::Sender<usize>,
+    /// Whether the background adoption of abandoned sessions was started.
+    pub(crate) adopting: std::sync::atomic::AtomicBool,
+}
+
+/// Counts one provisioning task while it lives.
+#[derive(Debug)]
+pub(crate) struct Tracked(tokio::sync::watch::Sender<usize>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl HandOver {
+    fn new() -> Self {
+        Self {
+            stop: tokio::sync::watch::channel(false).0,
+            running: tokio::sync::watch::channel(0).0,
+            adopting: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Begins the hand-over (idempotent).
+    pub(crate) fn begin(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Whether the hand-over began.
+    pub(crate) fn draining(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves once the hand-over began.
+    pub(crate) fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Counts a provisioning task until the returned value is dropped.
+    pub(crate) fn track(&self) -> Tracked {
+        self.running.send_modify(|n| *n += 1);
+        Tracked(self.running.clone())
+    }
+
+    /// Waits until no provisioning task runs, at most `within`; whether none does.
+    pub(crate) async fn idle(&self, within: Duration) -> bool {
+        let mut rx = self.running.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -58,6 +155,7 @@ impl AppState {
     /// notifications.
     pub fn new(config: ApiConfig, store: Store, cluster: Arc<dyn Cluster>) -> Self {
         let (hub, _) = broadcast::channel(256);
+        let limiter = UserLimiter::new(config.user_rate_limit);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -67,7 +165,10 @@ impl AppState {
                 hub,
                 capacity: tokio::sync::Mutex::new(()),
                 listed_vms: tokio::sync::Mutex::new(None),
+                cluster_health: Mutex::new(ClusterHealth::default()),
+                limiter,
                 tasks: Mutex::new(JoinSet::new()),
+                handover: HandOver::new(),
             }),
         }
     }
@@ -108,6 +209,100 @@ impl AppState {
     /// `saga::open::count_vms`), shared by the requests of this process.
     pub(crate) fn listed_vms(&self) -> &tokio::sync::Mutex<Option<ListedVms>> {
         &self.inner.listed_vms
+    }
+
+    /// Admits one `action` of `user` under the per-user rate limit, or refuses it with 429.
+    pub(crate) fn admit(&self, user: &UserId, action: Action) -> Result<(), ApiError> {
+        self.inner
+            .limiter
+            .check(user, action, tokio::time::Instant::now())
+            .map_err(|retry_after| {
+                self.metrics()
+                    .rate_limited
+                    .get_or_create(&ActionLabels {
+                        action: action.as_str().to_owned(),
+                    })
+                    .inc();
+                tracing::info!(%user, action = action.as_str(), "rate limited");
+                ApiError::RateLimited {
+                    action: action.as_str(),
+                    retry_after,
+                }
+            })
+    }
+
+    /// What the last cluster probe found.
+    pub fn cluster_health(&self) -> ClusterHealth {
+        self.inner
+            .cluster_health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts the task that probes the Kubernetes API every [`CLUSTER_PROBE_INTERVAL`] (one
+    /// page of ttlab's VMs, within [`CLUSTER_PROBE_TIMEOUT`]) and records what it found.
+    pub fn start_cluster_probe(&self) {
+        let state = self.clone();
+        self.spawn(async move {
+            let selector = ttlab_model::labels::managed_selector();
+            loop {
+                let started = tokio::time::Instant::now();
+                let answer = tokio::time::timeout(
+                    CLUSTER_PROBE_TIMEOUT,
+                    state
+                        .cluster()
+                        .list_page(ttlab_cluster::Kind::VirtualMachine, &selector, None),
+                )
+                .await;
+                let took = started.elapsed();
+                let error = match answer {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some(format!(
+                        "no answer within {} s",
+                        CLUSTER_PROBE_TIMEOUT.as_secs()
+                    )),
+                };
+                let metrics = state.metrics();
+                metrics.cluster_probe_seconds.set(took.as_secs_f64());
+                metrics
+                    .cluster_reachable
+                    .set(i64::from(error.is_none()));
+                {
+                    let mut health = state
+                        .inner
+                        .cluster_health
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Some(e) = &error {
+                        if health.consecutive_failures == 0 {
+                            tracing::warn!(error = %e, "the Kubernetes API does not answer the probe");
+                        }
+                        health.consecutive_failures = health.consecutive_failures.saturating_add(1);
+                    } else {
+                        if health.consecutive_failures > 0 {
+                            tracing::info!("the Kubernetes API answers the probe again");
+                        }
+                        health.consecutive_failures = 0;
+                    }
+                    health.reachable = Some(error.is_none());
+                    health.checked_at = Some(chrono::Utc::now());
+                    health.latency_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+                    health.error = error;
+                }
+                tokio::time::sleep(CLUSTER_PROBE_INTERVAL.saturating_sub(took)).await;
+            }
+        });
+    }
+
+    /// Whether this server is handing over (SIGTERM): it takes no new starts.
+    pub fn is_draining(&self) -> bool {
+        self.inner.handover.draining()
+    }
+
+    pub(crate) fn handover(&self) -> &HandOver {
+        &self.inner.handover
     }
 
     /// Runs `task` in the background, tracked so [`AppState::abort_tasks`] can stop it.

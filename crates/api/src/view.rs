@@ -6,6 +6,8 @@ use ttlab_lifespan::{Lifespan, Policy};
 use ttlab_model::{SessionStatus, UserId};
 use ttlab_store::Session;
 
+use crate::auth::CurrentUser;
+
 /// A session as the API shows it (`GET /api/sessions/{id}`, event streams, admin lists).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionView {
@@ -102,7 +104,66 @@ pub fn stage_of(s: &Session) -> &'static str {
     }
 }
 
+/// The failure reason a student is shown. Provisioning records "plain sentence: detail",
+/// and the detail (an error chain) may name the agent's address, a cluster's answer or a
+/// database error: a student sees the sentence, an admin (the admin page, `GET` as an
+/// admin) and the log see it all. A parenthesis of the sentence (the VM's last condition, the
+/// pod's last phase) stays unless it names an address. The setup script's own complaint is
+/// the lesson's, and the student's to read.
+pub fn student_reason(reason: &str) -> String {
+    const SETUP: &str = "setup script failed";
+    let reason = reason.trim();
+    if reason.starts_with(SETUP) {
+        return reason.to_owned();
+    }
+    // The first ": " outside parentheses starts the error chain.
+    let mut depth = 0usize;
+    let mut cut = reason.len();
+    for (i, c) in reason.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ':' if depth == 0 && reason[i..].starts_with(": ") => {
+                cut = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let mut plain = reason[..cut].trim_end();
+    if names_an_address(plain)
+        && let Some(at) = plain.find(" (")
+    {
+        plain = &plain[..at];
+    }
+    if names_an_address(plain) {
+        return "provisioning failed (the operators have the details)".to_owned();
+    }
+    if plain.len() == reason.len() {
+        plain.to_owned()
+    } else {
+        format!("{plain} (the operators have the details)")
+    }
+}
+
+/// Whether `text` holds a URL or an IPv4 address.
+fn names_an_address(text: &str) -> bool {
+    text.contains("://")
+        || text
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .any(|t| t.parse::<std::net::Ipv4Addr>().is_ok())
+}
+
 impl SessionView {
+    /// The view as `viewer` may see it: an admin sees everything, anyone else the plain
+    /// failure reason ([`student_reason`]).
+    pub fn for_viewer(mut self, viewer: &CurrentUser) -> Self {
+        if !viewer.is_admin() {
+            self.failure_reason = self.failure_reason.as_deref().map(student_reason);
+        }
+        self
+    }
+
     /// The view of `s` at `now` (the database clock) under `policy`.
     pub fn new(s: &Session, policy: &Policy, now: DateTime<Utc>) -> Self {
         let lifespan = Lifespan {
@@ -151,6 +212,54 @@ impl SessionView {
             },
             finished_at: s.finished_at,
             failure_reason: s.failure_reason.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::student_reason;
+
+    #[test]
+    fn students_get_the_sentence_and_not_the_detail() {
+        for (recorded, shown) in [
+            (
+                "the VM's agent refused the server: error sending request for url \
+                 (http://10.244.3.17:8899/v1/ready): connection refused",
+                "the VM's agent refused the server (the operators have the details)",
+            ),
+            (
+                "could not create the VM: the API server answered 500: etcdserver: timeout",
+                "could not create the VM (the operators have the details)",
+            ),
+            (
+                "VM did not start within 300 s (Unschedulable: 0/3 nodes are available)",
+                "VM did not start within 300 s (Unschedulable: 0/3 nodes are available)",
+            ),
+            (
+                "the VM got no network address within 60 s (last seen 10.244.0.9)",
+                "the VM got no network address within 60 s (the operators have the details)",
+            ),
+            (
+                "lab pod did not start within 2 s (last seen: Pending): pods \"x\" is \
+                 forbidden",
+                "lab pod did not start within 2 s (last seen: Pending) (the operators have the \
+                 details)",
+            ),
+            (
+                "the VM's agent did not answer within 120 s",
+                "the VM's agent did not answer within 120 s",
+            ),
+            (
+                "the VM stopped before it was ready (Failed)",
+                "the VM stopped before it was ready (Failed)",
+            ),
+            (
+                "setup script failed: apt-get: unable to locate package nginx",
+                "setup script failed: apt-get: unable to locate package nginx",
+            ),
+        ] {
+            assert_eq!(student_reason(recorded), shown, "{recorded}");
         }
     }
 }

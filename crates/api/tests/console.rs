@@ -198,14 +198,23 @@ async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upg
         "{body}"
     );
 
-    // A plain request with a good ticket is not a WebSocket.
+    // A plain request with a good ticket is not a WebSocket, and does not spend the ticket
+    // (a link preview or a proxy's probe must not use up the student's terminal).
     let t = ticket(&s, &sid, &alice).await;
-    let (status, body) = s.get(t["url"].as_str().unwrap(), &alice).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("websocket_required")),
-        "{body}"
-    );
+    let url = t["url"].as_str().unwrap();
+    for _ in 0..2 {
+        let (status, body) = s.get(url, &alice).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some("websocket_required")),
+            "{body}"
+        );
+    }
+    let (mut after, _) = tokio_tungstenite::connect_async(ws_url(&s, url))
+        .await
+        .expect("the ticket still opens the console after plain GETs");
+    read_until(&mut after, "Connected to the console of").await;
+    drop(after);
     s.stop().await;
 }
 

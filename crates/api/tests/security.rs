@@ -154,12 +154,12 @@ fn bad_tokens() -> Vec<(&'static str, String)> {
         let head = b64.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
         let body = b64.encode(claims.to_string());
         let input = format!("{head}.{body}");
-        let sig = jsonwebtoken::crypto::sign(
-            input.as_bytes(),
-            &jsonwebtoken::EncodingKey::from_secret(support::SECRET).unwrap(),
-            jsonwebtoken::Algorithm::HS256,
-        )
-        .unwrap();
+        // HMAC-SHA256 by hand: the test forges its tokens without the server's code.
+        use hmac::Mac as _;
+        let mut mac =
+            <hmac::Hmac<sha2::Sha256> as hmac::KeyInit>::new_from_slice(support::SECRET).unwrap();
+        mac.update(input.as_bytes());
+        let sig = b64.encode(mac.finalize().into_bytes());
         format!("{input}.{sig}")
     };
     let admin_claims = json!({"sub": "root", "role": "admin", "exp": now + 3600});
@@ -206,12 +206,14 @@ fn bad_tokens() -> Vec<(&'static str, String)> {
             let head = b64.encode(br#"{"alg":"HS512","typ":"JWT"}"#);
             let body = b64.encode(admin_claims.to_string());
             let input = format!("{head}.{body}");
-            let sig = jsonwebtoken::crypto::sign(
-                input.as_bytes(),
-                &jsonwebtoken::EncodingKey::from_secret(support::SECRET).unwrap(),
-                jsonwebtoken::Algorithm::HS512,
-            )
-            .unwrap();
+            // Signed with the right key, by HMAC-SHA512 directly (the server's provider
+            // signs nothing but HS256).
+            use hmac::Mac as _;
+            let mut mac =
+                <hmac::Hmac<sha2::Sha512> as hmac::KeyInit>::new_from_slice(support::SECRET)
+                    .unwrap();
+            mac.update(input.as_bytes());
+            let sig = b64.encode(mac.finalize().into_bytes());
             format!("{input}.{sig}")
         }),
         ("wrong key", wrong_key),

@@ -373,3 +373,46 @@ fn the_ingress_keeps_idle_terminals_open() {
         }
     }
 }
+
+#[test]
+fn the_ingress_reaches_the_public_port_only_and_the_probes_use_the_ops_port() {
+    for env in ENVIRONMENTS {
+        let Some(r) = render_overlay(env) else {
+            return;
+        };
+        let server = r.get("Deployment", "ttlab-server");
+        let c = &server["spec"]["template"]["spec"]["containers"][0];
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(c[probe]["httpGet"]["port"], "ops", "{env}: {probe}");
+        }
+        let ops = c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "ops")
+            .unwrap_or_else(|| panic!("{env}: no ops port"));
+        let config = r.generated_config_map("ttlab-config");
+        let listen = config["data"]["TTLAB_OPS_LISTEN"].as_str().unwrap();
+        assert_eq!(
+            listen.rsplit(':').next().unwrap(),
+            ops["containerPort"].to_string(),
+            "{env}: TTLAB_OPS_LISTEN and the ops port agree"
+        );
+        // The Service the Ingress uses exposes the public port only; the ops port has a
+        // Service of its own (for Prometheus) that no Ingress rule names.
+        let service = r.get("Service", "ttlab-server");
+        for port in service["spec"]["ports"].as_array().unwrap() {
+            assert_eq!(port["targetPort"], "http", "{env}: {port}");
+        }
+        let ops_service = r.get("Service", "ttlab-server-ops");
+        assert_eq!(ops_service["spec"]["ports"][0]["targetPort"], "ops");
+        let ingress = r.get("Ingress", "ttlab");
+        for rule in ingress["spec"]["rules"].as_array().unwrap() {
+            for path in rule["http"]["paths"].as_array().unwrap() {
+                let backend = &path["backend"]["service"];
+                assert_eq!(backend["name"], "ttlab-server", "{env}: {path}");
+                assert_eq!(backend["port"]["name"], "http", "{env}: {path}");
+            }
+        }
+    }
+}

@@ -175,6 +175,7 @@ async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_p
     // The Secret's two values, and what cannot hold outside the image and the pod.
     let server_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
     let metrics_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let ops_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
     let root = repo_root();
     let path = |p: &Path| p.display().to_string();
     for (k, v) in [
@@ -186,6 +187,7 @@ async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_p
         ("KUBECONFIG", path(&kubeconfig)),
         ("TTLAB_LISTEN", server_addr.to_string()),
         ("TTLAB_METRICS_LISTEN", metrics_addr.to_string()),
+        ("TTLAB_OPS_LISTEN", ops_addr.to_string()),
         ("TTLAB_LESSONS", path(&root.join("lessons"))),
         ("TTLAB_AGENT_BINARY", path(&agent_bin)),
         ("TTLAB_WEB_DIR", path(&root.join("web"))),
@@ -213,13 +215,19 @@ async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_p
     // full pass over the database and the cluster.
     let mut reaper = start(&reaper_bin, &[], &env, "cycle in ").await;
 
-    // The probes of deploy/base/backend: server liveness and readiness, reaper liveness.
-    assert_eq!(get_status(server_addr, "/healthz").await, 200);
+    // The probes of deploy/base/backend: server liveness and readiness on the ops port (which
+    // the ConfigMap sets), reaper liveness. The public port, the one the Ingress routes, does
+    // not serve them.
+    assert_eq!(get_status(ops_addr, "/healthz").await, 200);
     assert_eq!(
-        get_status(server_addr, "/readyz").await,
+        get_status(ops_addr, "/readyz").await,
         200,
         "server not ready"
     );
+    assert_eq!(get_status(ops_addr, "/metrics").await, 200);
+    for path in ["/healthz", "/readyz", "/healthz/cluster", "/metrics"] {
+        assert_eq!(get_status(server_addr, path).await, 404, "public {path}");
+    }
     assert_eq!(get_status(metrics_addr, "/healthz").await, 200);
     assert_eq!(get_status(metrics_addr, "/metrics").await, 200);
 

@@ -500,6 +500,7 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         ("TTLAB_NAMESPACE", ns.clone()),
         ("TTLAB_LISTEN", server_addr.to_string()),
         ("TTLAB_METRICS_LISTEN", format!("127.0.0.1:{}", free_port())),
+        ("TTLAB_OPS_LISTEN", format!("127.0.0.1:{}", free_port())),
         ("TTLAB_LESSONS", path(&root.join("lessons"))),
         ("TTLAB_AGENT_BINARY", path(agent_bin)),
         ("TTLAB_WEB_DIR", path(&root.join("web"))),

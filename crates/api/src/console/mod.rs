@@ -6,6 +6,8 @@
 //!   random, single use, good for 30 s, bound to the user and the session (and the node, when
 //!   the ticket request names one with `?node=`). Tickets are kept in PostgreSQL (as digests),
 //!   so any server replica accepts a ticket another one issued.
+//! - A request that is not a WebSocket upgrade is refused (400 `websocket_required`) before
+//!   its ticket is looked at: only a real upgrade spends a ticket.
 //! - Before upgrading, the WebSocket request is checked: a valid ticket for this session
 //!   (else 403 `invalid_ticket`), the ticket's user still owns the session (else 403
 //!   `not_your_session`), the session is running (else 409 `not_running`), the node exists
@@ -318,20 +320,21 @@ async fn console(
     query: Result<Query<ConsoleQuery>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    match prepare(&state, id, query).await {
-        Ok(target) => {
-            let upgrade = match upgrade {
-                Ok(upgrade) => upgrade,
-                Err(rejection) => {
-                    return refuse(
-                        StatusCode::BAD_REQUEST,
-                        "websocket_required",
-                        format!("open the console as a WebSocket: {}", rejection.body_text()),
-                    );
-                }
-            };
-            start(state, consoles, target, upgrade)
+    // Only a real WebSocket upgrade may spend the ticket: a plain GET (a link preview, a
+    // proxy's probe, a prefetch) is refused before the ticket is looked at, and the ticket
+    // still opens the console afterwards.
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "websocket_required",
+                format!("open the console as a WebSocket: {}", rejection.body_text()),
+            );
         }
+    };
+    match prepare(&state, id, query).await {
+        Ok(target) => start(state, consoles, target, upgrade),
         Err(response) => response,
     }
 }

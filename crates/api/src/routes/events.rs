@@ -32,6 +32,7 @@ struct Watch {
     state: AppState,
     id: ttlab_model::SessionId,
     rx: broadcast::Receiver<HubEvent>,
+    viewer: CurrentUser,
     last: Option<(String, &'static str, chrono::DateTime<chrono::Utc>)>,
     done: bool,
 }
@@ -48,6 +49,7 @@ async fn events(
         state,
         id,
         rx,
+        viewer: user,
         last: None,
         done: false,
     };
@@ -92,7 +94,7 @@ async fn events(
                 .db_now()
                 .await
                 .unwrap_or_else(|_| chrono::Utc::now());
-            let view = SessionView::new(&row, &w.state.config().policy, now);
+            let view = SessionView::new(&row, &w.state.config().policy, now).for_viewer(&w.viewer);
             let event = Event::default()
                 .event("session")
                 .json_data(&view)

@@ -1,6 +1,10 @@
 //! The router, composed of one module per area. Each module's `routes()` returns a
 //! `Router<AppState>`; adding an area (the console relay, static pages) is one `.merge(…)`
 //! here.
+//!
+//! Two routers: the public one (students, admins, the web pages) behind the request timeout
+//! and the concurrency limit, and the operators' one (health, readiness, metrics), which is
+//! merged into the public one only when no ops port is configured.
 
 mod admin;
 mod events;
@@ -8,16 +12,27 @@ mod health;
 pub mod openapi;
 mod sessions;
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::response::IntoResponse;
+use std::time::Duration;
 
+use axum::Router;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use axum::response::{IntoResponse, Response};
+use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
+
+use crate::metrics::ShedLabels;
 use crate::{ApiError, AppState};
 
-/// Every route of the server, not yet bound to a state (for composing with other areas).
+/// Every route of the server, not yet bound to a state (for composing with other areas),
+/// the operators' routes included.
 pub fn routes() -> Router<AppState> {
+    public_routes().merge(health::routes())
+}
+
+/// The student- and admin-facing routes, without health, readiness and metrics.
+pub fn public_routes() -> Router<AppState> {
     Router::new()
-        .merge(health::routes())
         .merge(sessions::routes())
         .merge(events::routes())
         .merge(admin::routes())
@@ -25,15 +40,65 @@ pub fn routes() -> Router<AppState> {
         .merge(crate::console::routes())
 }
 
-/// The complete application: [`routes`] with the state, the body limit and JSON answers for
-/// unknown paths and methods.
+/// The public application: the routes with the state, the body limit, the request timeout,
+/// the concurrency limit and JSON answers for unknown paths and methods. With no ops port
+/// configured, health, readiness and metrics are served here too.
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
     let web = crate::web::web_dir(state.config().web_dir.as_deref());
-    routes()
+    let routes = if state.config().ops_listen.is_some() {
+        public_routes()
+    } else {
+        routes()
+    };
+    let timeout = state.config().request_timeout;
+    let shed_state = state.clone();
+    let guard = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |e: tower::BoxError| {
+            let state = shed_state.clone();
+            async move { shed(&state, timeout, &e) }
+        }))
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::new(
+            state.config().max_concurrent_requests.max(1),
+        ))
+        .timeout(timeout);
+    routes
         .merge(crate::web::routes(web))
         .fallback(|| async { ApiError::RouteNotFound.into_response() })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed.into_response() })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(guard)
         .with_state(state)
+}
+
+/// The operators' application (the ops port): health, readiness, cluster health, metrics.
+/// No concurrency limit: probes must be answered when the public port is saturated.
+pub fn ops_router(state: AppState) -> Router {
+    health::routes()
+        .fallback(|| async { ApiError::RouteNotFound.into_response() })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed.into_response() })
+        .with_state(state)
+}
+
+/// The answer to a request the guard layers refused: 503 `overloaded` or `request_timeout`.
+fn shed(state: &AppState, timeout: Duration, e: &tower::BoxError) -> Response {
+    let (reason, error) = if e.is::<tower::timeout::error::Elapsed>() {
+        ("request_timeout", ApiError::RequestTimeout(timeout))
+    } else if e.is::<tower::load_shed::error::Overloaded>() {
+        ("overloaded", ApiError::Overloaded)
+    } else {
+        (
+            "internal",
+            ApiError::Internal(format!("request guard: {e}")),
+        )
+    };
+    state
+        .metrics()
+        .shed
+        .get_or_create(&ShedLabels {
+            reason: reason.to_owned(),
+        })
+        .inc();
+    error.into_response()
 }

@@ -35,7 +35,19 @@ fn session() -> Value {
 pub fn document() -> Value {
     let auth_errors = |mut v: Value| {
         v["401"] = err("missing, invalid or expired token");
-        v["503"] = err("database or cluster unavailable");
+        v["503"] = err(
+            "database or cluster unavailable; or overloaded (more requests at once than the \
+             server takes) or request_timeout (not answered within the request timeout), both \
+             with Retry-After",
+        );
+        v
+    };
+    // Start, extend and grade are limited per user (each counted apart).
+    let limited = |mut v: Value| {
+        v["429"] = err(
+            "rate_limited: too many of this action by this user; the Retry-After header says \
+             in how many seconds the next one is accepted",
+        );
         v
     };
     let admin_errors = |v: Value| {
@@ -43,14 +55,14 @@ pub fn document() -> Value {
         v["403"] = err("not an admin");
         v
     };
-    let mut start_lab = auth_errors(json!({
+    let mut start_lab = limited(auth_errors(json!({
         "202": ok("accepted", session()),
         "400": err("malformed body, wrong types or unknown fields"),
         "404": err("lesson_not_found"),
         "409": err("session_exists: the lab already open is named"),
         "413": err("body too large"),
         "415": err("not application/json"),
-    }));
+    })));
     start_lab["503"] = err(
         "capacity: no VM place is free (the message counts the VMs of open labs, those still \
          shutting down and leftovers, against the limit); or the database or cluster is \
@@ -61,9 +73,10 @@ pub fn document() -> Value {
         "info": {"title": "ttlab", "version": env!("CARGO_PKG_VERSION"),
                  "description": "Lab sessions on KubeVirt VMs: start, follow, extend, grade, finish; admin views. Errors are {\"error\": code, \"message\": sentence}."},
         "paths": {
-            "/healthz": {"get": {"summary": "The process answers", "responses": {"200": ok("alive", json!({"type": "object"}))}}},
-            "/readyz": {"get": {"summary": "Database and cluster reachable", "responses": {"200": ok("ready", json!({"type": "object"})), "503": err("database or cluster unreachable")}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics (OpenMetrics text)", "responses": {"200": {"description": "metrics", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
+            "/healthz": {"get": {"summary": "The process answers. On the ops port when one is configured (TTLAB_OPS_LISTEN), not on the public one", "responses": {"200": ok("alive", json!({"type": "object"}))}}},
+            "/readyz": {"get": {"summary": "This process and its database answer (the cluster is not consulted: see /healthz/cluster). On the ops port when one is configured", "responses": {"200": ok("ready", json!({"type": "object"})), "503": err("database unreachable")}}},
+            "/healthz/cluster": {"get": {"summary": "What the last probe of the Kubernetes API found (reachable, checked_at, latency_ms, error, consecutive_failures); reported, never used for readiness. On the ops port when one is configured", "responses": {"200": ok("the last probe answered", json!({"type": "object"})), "503": {"description": "the last probe failed", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (OpenMetrics text). On the ops port when one is configured", "responses": {"200": {"description": "metrics", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
             "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": ok("OpenAPI document", json!({"type": "object"}))}}},
             "/api/lessons": {"get": op("Lessons offered", auth_errors(json!({"200": ok("lessons", json!({"type": "array", "items": {"$ref": "#/components/schemas/Lesson"}}))})))},
             "/api/sessions": {"post": {
@@ -85,11 +98,11 @@ pub fn document() -> Value {
             },
             "/api/sessions/{id}/extend": {
                 "parameters": id_param(),
-                "post": op("Extend: expiry becomes min(now + ttl, start + max)", auth_errors(json!({"200": ok("the session with its new expiry", session()), "404": err("no such session, or not yours"), "409": err("extension_limit, max_lifetime, expired, too_early or not_running")})))
+                "post": op("Extend: expiry becomes min(now + ttl, start + max)", limited(auth_errors(json!({"200": ok("the session with its new expiry", session()), "404": err("no such session, or not yours"), "409": err("extension_limit, max_lifetime, expired, too_early or not_running")}))))
             },
             "/api/sessions/{id}/grade": {
                 "parameters": id_param(),
-                "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("the VM's agent (or the lab pod) did not answer")})))
+                "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", limited(auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("agent_unavailable: the VM's agent (or the lab pod) did not answer (the message is a plain sentence; the detail is in the server's log)")}))))
             },
             "/api/sessions/{id}/console-ticket": {
                 "parameters": id_param(),
@@ -149,6 +162,12 @@ pub fn document() -> Value {
                         "name": {"type": "string"},
                         "hard": {"type": "object", "additionalProperties": {"type": "string"}, "description": "limits by resource, e.g. requests.memory, count/virtualmachines.kubevirt.io, pods"},
                         "used": {"type": "object", "additionalProperties": {"type": "string"}}}}},
+                    "terminating_vms": {"type": ["array", "null"], "items": {"type": "string"}, "description": "VMs being deleted but not gone yet (counted in live_vms); null if the cluster could not be read"},
+                    "terminating": {"type": "array", "description": "finishing sessions kept from going final because objects of theirs are still terminating after their deletion was accepted, as the reaper last saw them (every environment)", "items": {"type": "object", "properties": {
+                        "session": {"type": "string", "format": "uuid"}, "env": {"type": "string"}, "lesson": {"type": "string"},
+                        "finishing_to": {"type": ["string", "null"]},
+                        "objects": {"type": "array", "items": {"type": "string"}, "description": "Kind/name of each object still terminating"},
+                        "since": {"type": "string", "format": "date-time", "description": "when an object of the session was first seen terminating"}}}},
                     "error": {"type": ["string", "null"], "description": "why live_vms could not be counted"},
                     "quota_error": {"type": ["string", "null"], "description": "why the quotas could not be read"}
                 }},
@@ -162,7 +181,7 @@ pub fn document() -> Value {
                     "disk": {"type": ["object", "null"], "properties": {"kind": {"type": "string"}, "reason": {"type": "string"}}},
                     "nodes": {"type": "array", "items": {"type": "object", "properties": {"node": {"type": "string"}, "vm": {"type": "string"}}}},
                     "stages": {"type": "object", "properties": {"requested": {"type": "string"}, "vm_created": {"type": ["string", "null"]}, "vmi_running": {"type": ["string", "null"]}, "agent_up": {"type": ["string", "null"]}, "ready": {"type": ["string", "null"]}}},
-                    "finished_at": {"type": ["string", "null"]}, "failure_reason": {"type": ["string", "null"]}
+                    "finished_at": {"type": ["string", "null"]}, "failure_reason": {"type": ["string", "null"], "description": "why provisioning failed: to its student, the plain sentence; to an admin, with the detail (the agent's or the cluster's error)"}
                 }}
             }
         }

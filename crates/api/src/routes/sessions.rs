@@ -17,6 +17,7 @@ use ttlab_store::Session;
 
 use crate::auth::CurrentUser;
 use crate::extract::{ApiJson, SessionPath};
+use crate::limits::Action;
 use crate::saga;
 use crate::view::SessionView;
 use crate::{ApiError, AppState};
@@ -70,6 +71,7 @@ async fn create(
     user: CurrentUser,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<Response, ApiError> {
+    state.admit(&user.user, Action::Start)?;
     let lesson = body
         .lesson
         .parse::<LessonId>()
@@ -79,7 +81,7 @@ async fn create(
     let session = saga::open_session(&state, &user.user, &lesson).await?;
     tracing::info!(session = %session.id, user = %user.user, lesson = %lesson.id, "session accepted");
     saga::spawn_provisioning(&state, session.clone());
-    let view = view(&state, &session).await?;
+    let view = view(&state, &session).await?.for_viewer(&user);
     Ok((
         StatusCode::ACCEPTED,
         [(
@@ -132,7 +134,7 @@ async fn current(
         .live_for_user(&user.user)
         .await?
         .ok_or(ApiError::SessionNotFound)?;
-    Ok(Json(view(&state, &s).await?))
+    Ok(Json(view(&state, &s).await?.for_viewer(&user)))
 }
 
 async fn read(
@@ -142,9 +144,9 @@ async fn read(
 ) -> Result<Json<SessionView>, ApiError> {
     // One round trip: the row and the database clock it is rendered against.
     match state.store().sessions().get_with_now(id).await? {
-        Some((s, now)) if s.user == user.user || user.is_admin() => {
-            Ok(Json(SessionView::new(&s, &state.config().policy, now)))
-        }
+        Some((s, now)) if s.user == user.user || user.is_admin() => Ok(Json(
+            SessionView::new(&s, &state.config().policy, now).for_viewer(&user),
+        )),
         _ => Err(ApiError::SessionNotFound),
     }
 }
@@ -154,6 +156,7 @@ async fn extend(
     user: CurrentUser,
     SessionPath(id): SessionPath,
 ) -> Result<Json<SessionView>, ApiError> {
+    state.admit(&user.user, Action::Extend)?;
     let policy = state.config().policy;
     for _ in 0..5 {
         let s = owned(&state, &user, id).await?;
@@ -185,7 +188,7 @@ async fn extend(
             .extend(id, s.extensions_used, next.expires_at)
             .await?
         {
-            return Ok(Json(SessionView::new(&row, &policy, now)));
+            return Ok(Json(SessionView::new(&row, &policy, now).for_viewer(&user)));
         }
     }
     Err(ApiError::Internal(
@@ -213,7 +216,7 @@ async fn finish(
             .await?
             .ok_or(ApiError::SessionNotFound)?,
     };
-    Ok(Json(view(&state, &row).await?))
+    Ok(Json(view(&state, &row).await?.for_viewer(&user)))
 }
 
 /// One grading step's result.
@@ -260,6 +263,7 @@ async fn grade(
     user: CurrentUser,
     SessionPath(id): SessionPath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    state.admit(&user.user, Action::Grade)?;
     let s = owned(&state, &user, id).await?;
     if s.status != SessionStatus::Running {
         return Err(ApiError::WrongState {
