@@ -321,6 +321,8 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         input.settings.expiry_bound.as_secs()
     ));
     let cycle = TimeDelta::from_std(input.settings.reap_interval).unwrap_or(TimeDelta::MAX);
+    // After a disturbance the leader lease of a vanished leader runs out first.
+    let lease = TimeDelta::from_std(super::rig::LEADER_LEASE).unwrap_or(TimeDelta::MAX);
     let mut delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
     let reaper_faults = injected_faults_by_env(&calls, true);
@@ -393,13 +395,13 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                 Disrupted::Postgres => true,
                 Disrupted::Server(_) => false,
             };
-            if relevant && d.start <= done && d.end >= e - cycle {
+            if relevant && d.start <= done && d.end >= e - cycle - lease {
                 last_fault = Some(last_fault.map_or(d.end, |l| l.max(d.end)));
             }
         }
         let bound = match last_fault {
             None => e + expiry_bound,
-            Some(f) => f.max(e) + cycle + expiry_bound,
+            Some(f) => f.max(e) + lease + cycle + expiry_bound,
         };
         delays.push((done - e).num_milliseconds());
         expiry.check(done <= bound, || {
@@ -435,8 +437,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             .collect();
         failed_lists.sort();
         // Created at last, by name: a refusal the same create got past moments later was the
-        // quota recounting what a deletion freed (it lags the cluster by about a second; the
-        // server retries such a refusal for a few seconds), not the server admitting too much.
+        // quota recounting what a deletion freed (it lags the cluster by a second or several;
+        // the server retries such a refusal for `quota_recount_wait`, 15 s), not the server
+        // admitting too much.
         let mut created: HashMap<&str, Vec<DateTime<Utc>>> = HashMap::new();
         for c in mine
             .iter()
@@ -450,7 +453,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             let uncounted = failed_lists.get(i).is_some_and(|t| *t <= c.at);
             let recounted = created.get(c.name).is_some_and(|ts| {
                 ts.iter()
-                    .any(|t| *t > c.at && *t <= c.at + TimeDelta::seconds(10))
+                    .any(|t| *t > c.at && *t <= c.at + TimeDelta::seconds(20))
             });
             first_layer.check(!refused || uncounted || recounted, || {
                 format!("{user}: VM {} refused by the quota at {}", c.name, c.at)

@@ -37,6 +37,11 @@ pub(crate) const LESSON_SINGLE: &str = "soak-single";
 /// See [`LESSON_SINGLE`].
 pub(crate) const LESSON_MULTI: &str = "soak-multi";
 
+/// The reapers' leader lease (`TTLAB_LEADER_LEASE`), kept well under the soak's reap interval
+/// as the operator guide asks: a SIGKILLed leader's lease must run out before a standby (or
+/// the restarted reaper) takes over, so reclamation after a reaper kill waits up to this long.
+pub(crate) const LEADER_LEASE: Duration = Duration::from_secs(3);
+
 /// The kube-sim user of a process (`ttlab-dev-reaper`).
 pub(crate) fn kube_user(env: usize, reaper: bool) -> String {
     format!(
@@ -343,6 +348,10 @@ impl Rig {
                             format!("{}s", settings.reap_interval.as_secs()).into(),
                         ),
                         ("TTLAB_ORPHAN_MIN_AGE", "15s".into()),
+                        (
+                            "TTLAB_LEADER_LEASE",
+                            format!("{}ms", LEADER_LEASE.as_millis()).into(),
+                        ),
                         ("TTLAB_METRICS_LISTEN", metrics.to_string().into()),
                     ]);
                 } else {
