@@ -12,16 +12,15 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_short_soak_holds_every_invariant() {
-    short_soak(&[]).await;
+    short_soak().await;
 }
 
-/// Runs `ttlabctl soak --profile short` with `extra` arguments and checks its table.
-async fn short_soak(extra: &[&str]) {
+/// Runs `ttlabctl soak --profile short` and checks its table.
+async fn short_soak() {
     let out = tokio::time::timeout(
         Duration::from_secs(600),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
             .args(["soak", "--profile", "short", "--seed", "7"])
-            .args(extra)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),

@@ -382,8 +382,13 @@ impl Real {
             if object.namespace.as_deref() != Some(&self.installed.vm_namespace) {
                 continue;
             }
-            // A watch is recorded once, when it started.
-            if event.stage != "ResponseComplete" && event.verb != "watch" {
+            // A call is recorded once: a watch when it started, anything else when answered.
+            let recorded_at = if event.verb == "watch" {
+                "ResponseStarted"
+            } else {
+                "ResponseComplete"
+            };
+            if event.stage != recorded_at {
                 continue;
             }
             let Some(plural) = &object.resource else {
