@@ -48,6 +48,10 @@ struct Args {
     /// Objects younger than this are never judged orphans.
     #[arg(long, env = "TTLAB_ORPHAN_MIN_AGE", default_value = "2m", value_parser = humantime::parse_duration)]
     orphan_min_age: Duration,
+    /// An agent version no VM uses is removed only once its ConfigMap is this old and no
+    /// server has recorded it as seen for this long.
+    #[arg(long, env = "TTLAB_AGENT_MIN_AGE", default_value = "1h", value_parser = humantime::parse_duration)]
+    agent_min_age: Duration,
     /// Where to serve /metrics and /healthz.
     #[arg(long, env = "TTLAB_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     metrics_listen: SocketAddr,
@@ -114,6 +118,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = ReaperSettings {
         concurrency: args.concurrency,
         orphan_min_age: args.orphan_min_age,
+        agent_min_age: args.agent_min_age,
         dry_run: args.dry_run,
         ..ReaperSettings::default()
     };

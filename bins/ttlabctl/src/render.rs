@@ -229,19 +229,25 @@ pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
         secrets.push(secret);
     }
 
-    let manifests = ttlab_vm_manifest::render(&SessionVms {
-        session: args.session_id,
-        env: args.env.clone(),
-        lesson: lesson.id.clone(),
-        namespace: args.namespace.clone(),
-        image: lesson.image.clone(),
-        memory: lesson.memory.as_str().to_owned(),
-        cores: lesson.cores,
-        nodes: lesson.nodes.as_slice().to_vec(),
-        disk: disk.clone(),
-        termination_grace_period_seconds:
-            ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
-    })
+    let manifests = ttlab_vm_manifest::render_with_agent(
+        &SessionVms {
+            session: args.session_id,
+            env: args.env.clone(),
+            lesson: lesson.id.clone(),
+            namespace: args.namespace.clone(),
+            image: lesson.image.clone(),
+            memory: lesson.memory.as_str().to_owned(),
+            cores: lesson.cores,
+            nodes: lesson.nodes.as_slice().to_vec(),
+            disk: disk.clone(),
+            termination_grace_period_seconds:
+                ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
+        },
+        &ttlab_vm_manifest::AgentDisk {
+            config_map: agent.config_map_name(),
+            volume_label: agent.volume_label().to_owned(),
+        },
+    )
     .context("rendering the VirtualMachines")?;
 
     let disk_line = describe_disk(&disk);
@@ -266,11 +272,32 @@ pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
     );
     let _ = writeln!(
         out,
-        "# agent binary: {} ({} bytes, {} bytes gzip+base64)",
+        "# agent binary: {} ({} bytes, sha256 {}), delivered once per version in the shared \
+         ConfigMap {} ({} bytes of {} allowed), not in the Secrets",
         agent_path.display(),
         agent.binary_len(),
-        agent.encoded_len()
+        agent.digest(),
+        agent.config_map_name(),
+        agent.config_map_size_bytes(),
+        UserDataSecret::MAX_BYTES
     );
+    let mut config_map = serde_json::to_value(agent.config_map(&args.env))?;
+    config_map["apiVersion"] = Value::from("v1");
+    config_map["kind"] = Value::from("ConfigMap");
+    if let Some(ns) = args.namespace.as_deref() {
+        config_map["metadata"]["namespace"] = Value::String(ns.to_owned());
+    }
+    document(
+        &mut out,
+        &[format!(
+            "the agent of this version, shared by every VM that runs it (the server creates it \
+             if absent; immutable): {} bytes of {} allowed",
+            agent.config_map_size_bytes(),
+            UserDataSecret::MAX_BYTES
+        )],
+        &[],
+        &config_map,
+    )?;
 
     for (secret, vm) in secrets.iter().zip(&manifests.vms) {
         let size = secret_size(secret);
@@ -901,6 +928,10 @@ mod tests {
             .map(|d| d["metadata"]["labels"]["ttlab.io/node"].as_str().unwrap())
             .collect();
         assert_eq!(nodes, ["on", "n"]);
-        assert_eq!(docs[0]["metadata"]["labels"]["ttlab.io/lesson"], "yes");
+        assert_eq!(
+            docs[0]["kind"], "ConfigMap",
+            "the agent's shared ConfigMap first"
+        );
+        assert_eq!(docs[1]["metadata"]["labels"]["ttlab.io/lesson"], "yes");
     }
 }

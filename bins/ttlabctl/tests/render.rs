@@ -114,6 +114,12 @@ fn both_sample_lessons_render_for_every_golden_state() {
         for case in CASES {
             let stream = render(lesson, case, &agent);
             let docs = documents(&stream);
+            // First the agent's shared ConfigMap, then the session's objects.
+            let (agent_doc, docs) = docs.split_first().expect("documents");
+            assert_eq!(agent_doc.1["kind"], "ConfigMap", "{lesson} {case}");
+            assert_eq!(agent_doc.1["immutable"], true);
+            assert_eq!(agent_doc.1["metadata"]["namespace"], "labs");
+            let docs = docs.to_vec();
             let kinds: Vec<&str> = docs
                 .iter()
                 .map(|(_, v)| v["kind"].as_str().unwrap())

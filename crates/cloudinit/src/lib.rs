@@ -1,12 +1,16 @@
 //! cloud-init user-data for one lab VM, and the Secret that carries it.
 //!
 //! This crate owns what a stock cloud image (nothing pre-installed) receives on first boot:
-//! the grading agent binary (gzip + base64) and its systemd unit, the per-VM agent token
-//! (0600, root), the lesson's files and setup script, root autologin on the serial console
-//! `ttyS0` (the VM has no password), a power-off at the session's hard deadline, and the
-//! first-boot sequence that ties them together. It does not choose the disk, name or render
-//! the VirtualMachine (`ttlab-vm-manifest`), generate tokens or read clocks: the caller passes
-//! the token and the deadline. It performs no I/O.
+//! the per-VM agent token (0600, root), the sha256 of the agent version the VM must run and
+//! the agent's systemd unit, the lesson's files and setup script, root autologin on the serial
+//! console `ttyS0` (the VM has no password), a power-off at the session's hard deadline, and
+//! the first-boot sequence that ties them together — everything that is per session, and
+//! nothing else. The agent binary itself is delivered once per version, not once per VM: this
+//! crate also renders that version's ConfigMap ([`AgentPayload::config_map`],
+//! `ttlab-agent-<digest prefix>`, the gzip of the binary, immutable), which every VM mounts as
+//! a disk labelled [`AGENT_VOLUME_LABEL`]. It does not choose the disk, name or render the
+//! VirtualMachine (`ttlab-vm-manifest`), generate tokens, read clocks or create the
+//! ConfigMap: the caller passes the token and the deadline. It performs no I/O.
 //!
 //! # Injection-proof by construction
 //!
@@ -31,8 +35,12 @@
 //!    past at first boot makes a single power-off request (two would race, and the forced
 //!    fallback of the loser would cut the power). The check leaves a shutdown already under
 //!    way alone;
-//! 2. checks glibc ≥ 2.34 and starts the agent (`systemctl enable --now`), before the long
-//!    setup; on an older image it writes the failure marker and says why on the console;
+//! 2. checks glibc ≥ 2.34, finds the agent disk by its label (waiting at most
+//!    [`AGENT_DISK_WAIT_SECS`] for udev), mounts it read-only, unpacks the agent, checks its
+//!    sha256 against the one this user-data pins ([`AGENT_DIGEST_PATH`]), installs it and
+//!    starts it (`systemctl enable --now`), before the long setup. On an older image, a
+//!    missing disk or a digest that does not match it writes the failure marker, never the
+//!    readiness marker, and says why on the console;
 //! 3. restarts the serial getty with root autologin;
 //! 4. runs the setup script as root with `$TTLAB_NODE`, `$TTLAB_NODES` and `$TTLAB_LESSON`,
 //!    output in [`SETUP_LOG_PATH`], killed (with its process group) after the lesson's setup
@@ -67,7 +75,12 @@
 //!     Some(lesson.nodes.first().clone()),
 //! );
 //! let secret = UserDataSecret::new("ttlab-6f1c1d2e-vm-cloudinit", labels, user_data).unwrap();
-//! assert!(secret.size_bytes() < UserDataSecret::MAX_BYTES);
+//! assert!(secret.size_bytes() < 16 * 1024);
+//!
+//! // The binary travels once per version, in a ConfigMap every VM mounts.
+//! let config_map = agent.config_map(&"dev".parse().unwrap());
+//! assert_eq!(config_map.metadata.name, Some(agent.config_map_name()));
+//! assert_eq!(config_map.immutable, Some(true));
 //! let object = secret.to_secret(None);
 //! assert!(object.data.unwrap().contains_key("userdata"));
 //! ```
@@ -78,10 +91,13 @@ mod render;
 mod secret;
 
 pub use error::CloudInitError;
-pub use payload::AgentPayload;
+pub use payload::{
+    AGENT_CONFIG_MAP_PREFIX, AGENT_KEY, AGENT_NAME_DIGITS, AGENT_VOLUME_LABEL, AgentPayload,
+};
 pub use render::{
-    AUTOLOGIN_DROPIN_PATH, FIRSTBOOT_PATH, HEADER, OWN_PATHS, POWEROFF_CHECK_PATH,
-    POWEROFF_SERVICE_PATH, POWEROFF_TIMER_PATH, SETUP_LOG_PATH, SETUP_PATH, TOP_LEVEL_KEYS,
-    UserData, UserDataInput, render_user_data,
+    AGENT_DIGEST_PATH, AGENT_DISK_MOUNT, AGENT_DISK_WAIT_SECS, AUTOLOGIN_DROPIN_PATH,
+    FIRSTBOOT_PATH, HEADER, OWN_PATHS, POWEROFF_CHECK_PATH, POWEROFF_SERVICE_PATH,
+    POWEROFF_TIMER_PATH, SETUP_LOG_PATH, SETUP_PATH, TOP_LEVEL_KEYS, UserData, UserDataInput,
+    render_user_data,
 };
 pub use secret::{COMPONENT_VALUE, UserDataSecret};

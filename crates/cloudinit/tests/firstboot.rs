@@ -1,7 +1,9 @@
 //! Runs the rendered first-boot script for real (with `sh`), its guest paths moved into a
-//! temporary directory and `systemctl`/`getconf` replaced by recording stand-ins: the
-//! readiness marker appears only after a successful setup, and every failure leaves the
-//! failure marker with its reason instead.
+//! temporary directory and `systemctl`/`getconf`/`blkid`/`mount` replaced by recording
+//! stand-ins (the agent disk is a directory holding what KubeVirt would put on it; `gzip` and
+//! `sha256sum` are the real ones): the readiness marker appears only after a successful
+//! setup, and every failure — a missing agent disk or one of another version included —
+//! leaves the failure marker with its reason instead.
 
 mod common;
 
@@ -10,12 +12,76 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use ttlab_agent::protocol::BINARY_PATH;
 use ttlab_agent::protocol::{FAILED_MARKER_PATH, READY_MARKER_PATH};
-use ttlab_cloudinit::{FIRSTBOOT_PATH, POWEROFF_CHECK_PATH, SETUP_LOG_PATH, SETUP_PATH};
+use ttlab_cloudinit::{
+    AGENT_DIGEST_PATH, AGENT_DISK_MOUNT, AGENT_KEY, AGENT_VOLUME_LABEL, FIRSTBOOT_PATH,
+    POWEROFF_CHECK_PATH, SETUP_LOG_PATH, SETUP_PATH,
+};
 use ttlab_lesson::samples;
 
 struct Guest {
     dir: tempfile::TempDir,
+}
+
+/// What the guest's agent disk holds.
+#[derive(Clone, Copy)]
+enum AgentDisk {
+    /// The ConfigMap of the version the user-data pins.
+    Matching,
+    /// The ConfigMap of another build.
+    OtherVersion,
+    /// No disk (KubeVirt would not have started the VM; a guest booted without it).
+    Missing,
+}
+
+/// Installs the stand-ins for the agent disk in `dir` (`blkid` finds it by its label only if
+/// it is present; `mount`, `umount`, `udevadm` and `sleep` do nothing) and returns the
+/// replacements that move the agent's guest paths into `dir`.
+fn agent_disk(dir: &Path, parsed: &common::Parsed, disk: AgentDisk) -> Vec<(String, String)> {
+    let p = |name: &str| dir.join(name).display().to_string();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(p("agent-disk")).unwrap();
+    let binary: Option<&[u8]> = match disk {
+        AgentDisk::Matching => Some(common::FAKE_AGENT),
+        AgentDisk::OtherVersion => Some(b"\x7fELF another build of the agent"),
+        AgentDisk::Missing => None,
+    };
+    if let Some(binary) = binary {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut gz, binary).unwrap();
+        std::fs::write(dir.join("agent-disk").join(AGENT_KEY), gz.finish().unwrap()).unwrap();
+    }
+    let blkid = if binary.is_some() {
+        format!(
+            "#!/bin/sh
+[ \"$*\" = \"-L {AGENT_VOLUME_LABEL}\" ] && echo /dev/sr1 && exit 0
+exit 2
+"
+        )
+    } else {
+        "#!/bin/sh
+exit 2
+"
+        .to_owned()
+    };
+    write_exec(&bin.join("blkid"), &blkid);
+    for tool in ["mount", "umount", "udevadm", "sleep"] {
+        write_exec(
+            &bin.join(tool),
+            "#!/bin/sh
+exit 0
+",
+        );
+    }
+    std::fs::create_dir_all(p("usr-local-bin")).unwrap();
+    std::fs::write(p("agent.sha256"), parsed.text(AGENT_DIGEST_PATH)).unwrap();
+    vec![
+        (AGENT_DIGEST_PATH.to_owned(), p("agent.sha256")),
+        (AGENT_DISK_MOUNT.to_owned(), p("agent-disk")),
+        (BINARY_PATH.to_owned(), p("usr-local-bin/ttlab-agent")),
+    ]
 }
 
 struct Outcome {
@@ -31,6 +97,10 @@ impl Guest {
     /// `glibc` is what `getconf GNU_LIBC_VERSION` prints (empty: it fails, as on musl);
     /// `agent_starts` whether `systemctl enable --now ttlab-agent.service` succeeds.
     fn new(glibc: &str, agent_starts: bool) -> Self {
+        Self::with_disk(glibc, agent_starts, AgentDisk::Matching)
+    }
+
+    fn with_disk(glibc: &str, agent_starts: bool, disk: AgentDisk) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
@@ -53,7 +123,24 @@ impl Guest {
             &dir.path().join("poweroff-check"),
             &format!("#!/bin/sh\necho poweroff-check >> {}\n", events.display()),
         );
+        std::fs::write(
+            dir.path().join("disk"),
+            match disk {
+                AgentDisk::Matching => "matching",
+                AgentDisk::OtherVersion => "other",
+                AgentDisk::Missing => "missing",
+            },
+        )
+        .unwrap();
         Self { dir }
+    }
+
+    fn disk(&self) -> AgentDisk {
+        match std::fs::read_to_string(self.path("disk")).unwrap().as_str() {
+            "matching" => AgentDisk::Matching,
+            "other" => AgentDisk::OtherVersion,
+            _ => AgentDisk::Missing,
+        }
     }
 
     fn path(&self, name: &str) -> String {
@@ -69,8 +156,12 @@ impl Guest {
         if lesson.setup.is_some() {
             write_exec(Path::new(&self.path("setup")), &parsed.text(SETUP_PATH));
         }
-        let script = parsed
-            .text(FIRSTBOOT_PATH)
+        let moved = agent_disk(self.dir.path(), &parsed, self.disk());
+        let script = moved
+            .iter()
+            .fold(parsed.text(FIRSTBOOT_PATH), |s, (from, to)| {
+                s.replace(from, to)
+            })
             .replace(READY_MARKER_PATH, &self.path("state/ready"))
             .replace(FAILED_MARKER_PATH, &self.path("state/failed"))
             .replace(POWEROFF_CHECK_PATH, &self.path("poweroff-check"))
@@ -215,6 +306,51 @@ fn a_guest_too_old_for_the_agent_fails_with_that_reason() {
 }
 
 #[test]
+fn the_agent_is_installed_from_its_disk_only_when_its_digest_matches() {
+    let g = Guest::new(MODERN, true);
+    let o = g.boot(None, 30);
+    assert!(o.success && o.ready.is_some(), "{:?}", o.failed);
+    assert_eq!(
+        std::fs::read(g.path("usr-local-bin/ttlab-agent")).unwrap(),
+        common::FAKE_AGENT,
+        "the binary of the disk, unpacked where the unit runs it"
+    );
+    let mode = std::fs::metadata(g.path("usr-local-bin/ttlab-agent"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755);
+
+    for (disk, reason) in [
+        (AgentDisk::OtherVersion, "is not the expected version"),
+        (AgentDisk::Missing, "no disk labelled ttlab-agent appeared"),
+    ] {
+        let g = Guest::with_disk(MODERN, true, disk);
+        let o = g.boot(Some("echo setup >> EVENTS\n"), 30);
+        assert!(!o.success);
+        assert_eq!(o.ready, None, "never the readiness marker");
+        let failed = o.failed.unwrap();
+        assert!(failed.contains(reason), "{failed}");
+        assert!(
+            o.console.contains(reason),
+            "said on the console: {}",
+            o.console
+        );
+        assert!(
+            !o.events
+                .iter()
+                .any(|e| e.contains("ttlab-agent") || e == "setup"),
+            "no agent started, no setup run: {:?}",
+            o.events
+        );
+        assert!(
+            !Path::new(&g.path("usr-local-bin/ttlab-agent")).exists(),
+            "nothing installed"
+        );
+    }
+}
+
+#[test]
 fn an_agent_that_does_not_start_fails_the_lab() {
     let o = Guest::new(MODERN, false).boot(Some("echo setup >> EVENTS\n"), 30);
     assert!(!o.success);
@@ -282,8 +418,12 @@ exit 0
         ),
     );
     write_exec(&bin.join("getconf"), "#!/bin/sh\necho 'glibc 2.36'\n");
-    let script = parsed
-        .text(FIRSTBOOT_PATH)
+    let moved = agent_disk(dir.path(), &parsed, AgentDisk::Matching);
+    let script = moved
+        .iter()
+        .fold(parsed.text(FIRSTBOOT_PATH), |s, (from, to)| {
+            s.replace(from, to)
+        })
         .replace(READY_MARKER_PATH, &p("state/ready"))
         .replace(FAILED_MARKER_PATH, &p("state/failed"))
         .replace(POWEROFF_CHECK_PATH, &p("poweroff-check"))

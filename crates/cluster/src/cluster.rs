@@ -4,13 +4,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
-    Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind, Lookup,
-    ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiState,
+    Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, GoldenFacts, GoldenRef, Kind,
+    Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiState,
 };
 use crate::{ClusterError, Terminal};
 
@@ -54,6 +54,14 @@ pub trait Cluster: Send + Sync {
 
     /// Creates a Pod.
     fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created>;
+
+    /// Makes sure the ConfigMap `config_map` (shared, immutable: the agent of one version)
+    /// exists: reads its metadata by name (`get`), and creates it if absent. Never updates.
+    /// Found — or created meanwhile by another process (`409 AlreadyExists`) — with every
+    /// annotation `config_map` carries (the agent's digest) is [`Ensured::Present`]; a holder
+    /// of the name with other annotations is a [`ClusterError::Conflict`], one being deleted
+    /// a [`ClusterError::Transient`] (retry: it is gone in a moment).
+    fn ensure_config_map(&self, config_map: ConfigMap) -> ClusterFuture<'_, Ensured>;
 
     /// Reads one object's metadata by name; `Ok(None)` if it does not exist (the reaper's
     /// direct get before it declares a session a ghost).

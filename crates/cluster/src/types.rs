@@ -22,17 +22,20 @@ pub enum Kind {
     NetworkPolicy,
     /// `v1` Pod (pod labs).
     Pod,
+    /// `v1` ConfigMap (the agent of one version, shared by the VMs that run it).
+    ConfigMap,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::Secret,
         Kind::Service,
         Kind::NetworkPolicy,
         Kind::Pod,
+        Kind::ConfigMap,
     ];
 
     /// The API group (`""` for the core group).
@@ -40,7 +43,7 @@ impl Kind {
         match self {
             Kind::VirtualMachine | Kind::VirtualMachineInstance => "kubevirt.io",
             Kind::NetworkPolicy => "networking.k8s.io",
-            Kind::Secret | Kind::Service | Kind::Pod => "",
+            Kind::Secret | Kind::Service | Kind::Pod | Kind::ConfigMap => "",
         }
     }
 
@@ -54,7 +57,7 @@ impl Kind {
         match self {
             Kind::VirtualMachine | Kind::VirtualMachineInstance => "kubevirt.io/v1",
             Kind::NetworkPolicy => "networking.k8s.io/v1",
-            Kind::Secret | Kind::Service | Kind::Pod => "v1",
+            Kind::Secret | Kind::Service | Kind::Pod | Kind::ConfigMap => "v1",
         }
     }
 
@@ -67,6 +70,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::Pod => "Pod",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -79,6 +83,7 @@ impl Kind {
             Kind::Service => "services",
             Kind::NetworkPolicy => "networkpolicies",
             Kind::Pod => "pods",
+            Kind::ConfigMap => "configmaps",
         }
     }
 }
@@ -87,6 +92,16 @@ impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// What [`crate::Cluster::ensure_config_map`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// It was there already (or another process created it meanwhile), with the same
+    /// content.
+    Present,
+    /// This call created it.
+    Created,
 }
 
 /// An object the cluster has just created: enough to refer to it, and to own other objects.

@@ -513,6 +513,7 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
     let mut reaper_env = env.clone();
     reaper_env.insert("KUBECONFIG".into(), path(&stage.reaper_kubeconfig));
     reaper_env.insert("TTLAB_ORPHAN_MIN_AGE".into(), "0s".into());
+    reaper_env.insert("TTLAB_AGENT_MIN_AGE".into(), "0s".into());
 
     // Right after install: the quota controller may not have counted the new quota yet.
     let server = Process::spawn(server_bin, &[], &server_env);
@@ -758,6 +759,18 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         )
         .await
         .unwrap();
+    // An agent version no server runs and no VM uses any more, and another environment's.
+    let stale_agent =
+        ttlab_cloudinit::AgentPayload::new(b"\x7fELF an agent build no server runs any more")
+            .unwrap();
+    let prod_agent =
+        ttlab_cloudinit::AgentPayload::new(b"\x7fELF the agent build of prod").unwrap();
+    for (agent, env) in [(&stale_agent, "dev"), (&prod_agent, "prod")] {
+        fixtures
+            .ensure_config_map(agent.config_map(&env.parse().unwrap()))
+            .await
+            .unwrap();
+    }
     // Wait until the deleted VM and pod are really gone (KubeVirt releases its finalizer, the
     // kubelet confirms the pod's end).
     let until = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -780,6 +793,7 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         ghost["id"].as_str().unwrap(),
         pod_ghost["id"].as_str().unwrap(),
         orphan_secret.as_str(),
+        stale_agent.config_map_name().as_str(),
     ] {
         assert!(
             dry_text.contains(name),
@@ -787,6 +801,10 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         );
     }
     assert!(!dry_text.contains("prod-secret"), "{dry_text}");
+    assert!(
+        !dry_text.contains(&prod_agent.config_map_name()),
+        "{dry_text}"
+    );
     assert!(
         fixtures
             .get(ttlab_cluster::Kind::Secret, &orphan_secret)
@@ -826,6 +844,24 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
             .unwrap()
             .is_some(),
         "another environment's object stays"
+    );
+    let agent_present = |name: String| {
+        let fixtures = fixtures.clone();
+        async move {
+            fixtures
+                .get(ttlab_cluster::Kind::ConfigMap, &name)
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    assert!(
+        !agent_present(stale_agent.config_map_name()).await,
+        "the unused agent version is removed"
+    );
+    assert!(
+        agent_present(prod_agent.config_map_name()).await,
+        "another environment's agent version stays"
     );
 
     // Neither binary logged a refusal.

@@ -1,6 +1,10 @@
 //! The simulated guest's first boot: cloud-init `write_files` from the NoCloud user-data into a
-//! per-VM directory, the real `ttlab-agent` binary started from that payload, and the
-//! readiness / failure markers the setup would write.
+//! per-VM directory, the VMI's `configMap` volumes presented as KubeVirt presents them (one
+//! disk per volume, its files the ConfigMap's keys, found by its `volumeLabel`), the real
+//! `ttlab-agent` binary installed from the agent disk as ttlab's first boot does — unpacked,
+//! checked against the sha256 the user-data pins, or the failure marker with the reason and no
+//! agent — and started, and the readiness / failure markers the setup would write. A guest
+//! whose user-data pins no digest runs whatever binary its `write_files` put in place.
 //!
 //! The agent runs as `ttlab-agent --root <guest dir> --listen <VMI address>:<agent port>`; its
 //! standard error and output go to the guest's `/var/log/ttlab-agent.log`. The simulated guest
@@ -176,6 +180,124 @@ fn decode_content(content: &str, encoding: &str) -> Result<Vec<u8>, String> {
         "text/plain" | "" => Ok(content.as_bytes().to_vec()),
         other => Err(format!("unknown encoding {other:?}")),
     }
+}
+
+/// Where ttlab's user-data pins the sha256 of the agent the guest must run
+/// (`ttlab_cloudinit::AGENT_DIGEST_PATH`).
+pub const AGENT_DIGEST_PATH: &str = "/usr/local/lib/ttlab/agent.sha256";
+/// The volume label of the agent disk (`ttlab_cloudinit::AGENT_VOLUME_LABEL`).
+pub const AGENT_VOLUME_LABEL: &str = "ttlab-agent";
+/// The file on the agent disk holding the gzip of the agent (`ttlab_cloudinit::AGENT_KEY`).
+pub const AGENT_KEY: &str = "ttlab-agent.gz";
+
+/// One disk KubeVirt built from a `configMap` volume: its volume label and its files (the
+/// ConfigMap's keys, `data` and `binaryData` alike).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigDisk {
+    /// `volumeLabel` (KubeVirt's default, `cfgdata`, when the volume sets none).
+    pub label: String,
+    /// File name → bytes.
+    pub files: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+impl ConfigDisk {
+    /// The disk of a ConfigMap object (JSON as stored) under `label`.
+    pub fn from_config_map(label: &str, config_map: &Value) -> Self {
+        let mut files = std::collections::BTreeMap::new();
+        for (k, v) in config_map["data"].as_object().into_iter().flatten() {
+            files.insert(k.clone(), v.as_str().unwrap_or("").as_bytes().to_vec());
+        }
+        for (k, v) in config_map["binaryData"].as_object().into_iter().flatten() {
+            if let Some(bytes) = v
+                .as_str()
+                .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+            {
+                files.insert(k.clone(), bytes);
+            }
+        }
+        Self {
+            label: if label.is_empty() {
+                "cfgdata".to_owned()
+            } else {
+                label.to_owned()
+            },
+            files,
+        }
+    }
+}
+
+/// What ttlab's first boot does with the agent disk: when the user-data pinned a digest,
+/// finds the disk labelled [`AGENT_VOLUME_LABEL`], unpacks [`AGENT_KEY`], checks its sha256
+/// against the pin and installs it (0755) at the agent's path. `Err` carries the reason the
+/// real first boot writes into the failure marker. Without a pin (user-data of another
+/// shape) nothing is done.
+pub fn install_agent(root: &Path, disks: &[ConfigDisk]) -> Result<(), String> {
+    let Ok(pin_path) = guest_path(root, AGENT_DIGEST_PATH) else {
+        return Ok(());
+    };
+    let Ok(pin) = std::fs::read_to_string(&pin_path) else {
+        return Ok(());
+    };
+    let want = pin.trim();
+    let Some(disk) = disks.iter().find(|d| d.label == AGENT_VOLUME_LABEL) else {
+        return Err(format!(
+            "the grading agent cannot be installed: no disk labelled {AGENT_VOLUME_LABEL} appeared"
+        ));
+    };
+    let Some(gz) = disk.files.get(AGENT_KEY) else {
+        return Err(format!(
+            "the grading agent cannot be installed: {AGENT_KEY} on the agent disk is missing or damaged"
+        ));
+    };
+    let mut binary = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .read_to_end(&mut binary)
+        .map_err(|_| {
+            format!(
+                "the grading agent cannot be installed: {AGENT_KEY} on the agent disk is missing or damaged"
+            )
+        })?;
+    let got = sha256_hex(&binary)?;
+    if got != want {
+        return Err(format!(
+            "the grading agent on the agent disk is not the expected version (sha256 {got}, expected {want})"
+        ));
+    }
+    let target = guest_path(root, ttlab_agent::protocol::BINARY_PATH)?;
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let tmp = target.with_extension("tmp");
+    std::fs::write(&tmp, &binary).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &target).map_err(|e| format!("{}: {e}", target.display()))
+}
+
+/// The sha256 of `bytes` in hex, by `sha256sum` as the guest computes it.
+fn sha256_hex(bytes: &[u8]) -> Result<String, String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the guest has no sha256sum: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("sha256sum has no stdin")?;
+    let data = bytes.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("sha256sum failed: {e}"))?;
+    let _ = writer.join();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_owned)
+        .ok_or_else(|| "sha256sum printed nothing".to_owned())
 }
 
 /// Where the simulated guest writes its agent's standard error and output: the guest's

@@ -2,11 +2,15 @@
 //! and one task per VirtualMachineInstance taking it Pending → Scheduling → Scheduled →
 //! Running (launcher pod, guest boot with cloud-init and the agent), and to its end.
 //!
-//! The guest is simulated (a directory and the agent on the host, see [`crate::guest`]) unless
+//! A VMI whose `configMap` volume names a missing ConfigMap never gets its launcher pod
+//! (`FailedMount`, as kubelet reports a volume it cannot mount) and so never runs; once the
+//! ConfigMap exists it goes on. The guest is simulated (a directory, the ConfigMaps as disks
+//! found by their labels and the agent on the host, see [`crate::guest`]) unless
 //! [`crate::SimConfig::guest`] asks for qemu: then each VMI is a real qemu guest
 //! (`ttlab-qemu-guest`) whose root disk is an overlay on the image (a golden-disk VMI) or a
 //! copy of it (a container-disk VMI), whose cloud-init reads the Secret through a NoCloud
-//! seed, whose agent port is forwarded from the VMI's loopback address, and whose power-off
+//! seed, whose `configMap` volumes are ISO 9660 disks labelled as KubeVirt labels them, whose
+//! agent port is forwarded from the VMI's loopback address, and whose power-off
 //! ends the VMI as the run strategy says; deleting the VMI presses the ACPI power button and
 //! kills qemu after the termination grace.
 
@@ -23,7 +27,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 
 use crate::quantity::Milli;
-use crate::resources::{PODS, PVCS, SECRETS, VMIS, VMS};
+use crate::resources::{CONFIG_MAPS, PODS, PVCS, SECRETS, VMIS, VMS};
 use crate::store::{Propagation, finalizers, is_deleting, meta_str, now_rfc3339};
 use crate::{Error, SetupOutcome, Sim};
 
@@ -524,8 +528,44 @@ fn missing_volume(
         {
             return Some(("FailedCreate", format!("secret \"{s}\" not found")));
         }
+        // As kubelet reports a configMap volume it cannot mount: the launcher pod never
+        // starts, the VMI never runs.
+        if let Some(c) = v["configMap"]["name"].as_str()
+            && v["configMap"]["optional"].as_bool() != Some(true)
+            && store.get(CONFIG_MAPS, ns, c).is_none()
+        {
+            return Some((
+                "FailedMount",
+                format!(
+                    "MountVolume.SetUp failed for volume \"{}\" : configmap \"{c}\" not found",
+                    v["name"].as_str().unwrap_or("")
+                ),
+            ));
+        }
     }
     None
+}
+
+/// The disks KubeVirt builds from the VMI's `configMap` volumes (absent optional ones
+/// skipped), in volume order.
+pub(crate) fn config_disks(
+    store: &crate::store::Store,
+    ns: &str,
+    vmi: &Value,
+) -> Vec<crate::guest::ConfigDisk> {
+    vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let name = v["configMap"]["name"].as_str()?;
+            let cm = store.get(CONFIG_MAPS, ns, name)?;
+            Some(crate::guest::ConfigDisk::from_config_map(
+                v["configMap"]["volumeLabel"].as_str().unwrap_or(""),
+                &cm,
+            ))
+        })
+        .collect()
 }
 
 fn launcher_pod(vmi: &Value, overhead_mib: u64) -> Value {
@@ -808,7 +848,19 @@ async fn run_vmi(
             }
         }
     }
-    if cloud_init_ok && !start_agent(sim, ns, name, uid, &dir, ip).await {
+    // First boot installs the agent from its disk (or fails, as a real guest would).
+    let mut agent_failed = None;
+    if cloud_init_ok {
+        let disks = config_disks(&sim.store(), ns, &vmi);
+        if let Err(reason) = crate::guest::install_agent(&dir, &disks) {
+            tracing::warn!(vmi = name, %reason, "the simulated guest's first boot failed");
+            if let Err(e) = crate::guest::write_marker(&dir, Some(&reason)) {
+                tracing::warn!(error = %e, "failure marker not written");
+            }
+            agent_failed = Some(reason);
+        }
+    }
+    if cloud_init_ok && agent_failed.is_none() && !start_agent(sim, ns, name, uid, &dir, ip).await {
         sim.kubevirt.kill_agent(uid).await;
         return;
     }
@@ -832,7 +884,7 @@ async fn run_vmi(
     }
     reconcile_vm(sim, ns, name);
     // Setup: the markers, per lesson.
-    if cloud_init_ok {
+    if cloud_init_ok && agent_failed.is_none() {
         let lesson = vmi["metadata"]["labels"][ttlab_model::labels::LESSON]
             .as_str()
             .unwrap_or("")
@@ -1030,6 +1082,29 @@ fn vmi_user_data(sim: &Sim, ns: &str, vmi: &Value) -> Option<Vec<u8>> {
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
 }
 
+/// The VMI's `configMap` volumes as the disks qemu attaches, as KubeVirt presents them.
+fn qemu_config_disks(sim: &Sim, ns: &str, vmi: &Value) -> Vec<ttlab_qemu_guest::ConfigDisk> {
+    let store = sim.store();
+    vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let name = v["configMap"]["name"].as_str()?;
+            let cm = store.get(CONFIG_MAPS, ns, name)?;
+            let disk = crate::guest::ConfigDisk::from_config_map(
+                v["configMap"]["volumeLabel"].as_str().unwrap_or(""),
+                &cm,
+            );
+            Some(ttlab_qemu_guest::ConfigDisk {
+                name: v["name"].as_str().unwrap_or(name).to_owned(),
+                label: disk.label,
+                files: disk.files.into_iter().collect(),
+            })
+        })
+        .collect()
+}
+
 /// Boots the VMI as a qemu guest and follows it until it ends or the VMI is deleted.
 #[allow(clippy::too_many_arguments)]
 async fn run_qemu(
@@ -1081,6 +1156,7 @@ async fn run_qemu(
         dir: dir.to_owned(),
         instance_id: uid.to_owned(),
         hostname: hostname.clone(),
+        config_disks: qemu_config_disks(sim, ns, vmi),
         user_data: vmi_user_data(sim, ns, vmi).unwrap_or_default(),
         memory_mib,
         cpus,

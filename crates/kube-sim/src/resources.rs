@@ -252,6 +252,19 @@ pub static TYPES: &[ResourceType] = &[
         name_rule: NameRule::Subdomain,
         schema: SchemaSource::Crd("datasource"),
     },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        namespaced: true,
+        short_names: &["cm"],
+        categories: &[],
+        status_subresource: false,
+        name_rule: NameRule::Subdomain,
+        schema: SchemaSource::Builtin,
+    },
 ];
 
 /// [`TypeId`] of namespaces.
@@ -276,6 +289,8 @@ pub const VMIS: TypeId = 8;
 pub const DATA_VOLUMES: TypeId = 9;
 /// [`TypeId`] of data sources.
 pub const DATA_SOURCES: TypeId = 10;
+/// [`TypeId`] of config maps.
+pub const CONFIG_MAPS: TypeId = 11;
 
 /// The served group versions, in discovery order: (group, version).
 pub const GROUP_VERSIONS: &[(&str, &str)] = &[

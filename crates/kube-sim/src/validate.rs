@@ -551,6 +551,7 @@ fn builtin_roundtrip(
     let back = match t.kind {
         "Namespace" => rt::<core::Namespace>(object)?,
         "Secret" => rt::<core::Secret>(object)?,
+        "ConfigMap" => rt::<core::ConfigMap>(object)?,
         "Pod" => rt::<core::Pod>(object)?,
         "Service" => rt::<core::Service>(object)?,
         "PersistentVolumeClaim" => rt::<core::PersistentVolumeClaim>(object)?,
@@ -623,6 +624,31 @@ fn builtin_causes(t: &ResourceType, object: &Value) -> Vec<Cause> {
                     "FieldValueTooLong".into(),
                     format!("data: Too long: must have at most {SECRET_MAX_BYTES} bytes"),
                     "data".into(),
+                ));
+            }
+        }
+        "ConfigMap" => {
+            use base64::Engine as _;
+            let mut total = 0usize;
+            if let Some(data) = object.get("data").and_then(Value::as_object) {
+                total += data
+                    .iter()
+                    .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                    .sum::<usize>();
+            }
+            if let Some(data) = object.get("binaryData").and_then(Value::as_object) {
+                for (k, v) in data {
+                    total += k.len()
+                        + v.as_str()
+                            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+                            .map_or(0, |b| b.len());
+                }
+            }
+            if total > SECRET_MAX_BYTES {
+                causes.push((
+                    "FieldValueTooLong".into(),
+                    format!("[]: Too long: must have at most {SECRET_MAX_BYTES} bytes"),
+                    String::new(),
                 ));
             }
         }

@@ -1,8 +1,10 @@
 //! The real guest agent in the simulated guest: a session rendered exactly as the server
-//! renders it (the shipped systemd lesson, `ttlab-cloudinit` user-data carrying the built
-//! `ttlab-agent`, the `ttlab-vm-manifest` VirtualMachine, its Secret owned by the VM), created
-//! over kube-rs, reached with `AgentClient` at the VMI's reported address, and stopped with
-//! the VMI or the simulator.
+//! renders it (the shipped systemd lesson, `ttlab-cloudinit` user-data pinning the built
+//! `ttlab-agent`, the agent's shared ConfigMap, the `ttlab-vm-manifest` VirtualMachine
+//! mounting it, its Secret owned by the VM), created over kube-rs, reached with `AgentClient`
+//! at the VMI's reported address, and stopped with the VMI or the simulator. Without its
+//! ConfigMap the VM does not start (as KubeVirt's launcher pod cannot mount it); with a
+//! ConfigMap of another build the guest's first boot refuses the agent.
 //!
 //! The agent binary is `target/<profile>/ttlab-agent` (`cargo build -p ttlab-agent-bin`; a
 //! workspace test run builds it); without it these tests print a `SKIPPED:` line, or fail
@@ -13,7 +15,7 @@ mod support;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use support::*;
 use ttlab_agent::AgentClient;
@@ -23,7 +25,7 @@ use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_kube_sim::{KubeSim, SetupOutcome, SimConfig};
 use ttlab_model::SessionId;
 use ttlab_model::labels::ObjectLabels;
-use ttlab_vm_manifest::{SessionVms, owner_reference, render, secret_name};
+use ttlab_vm_manifest::{AgentDisk, SessionVms, owner_reference, render_with_agent, secret_name};
 
 /// The built agent, or `None` after [`ttlab_testkit::skip_or_fail`] when it has not been built.
 fn agent_payload() -> Option<AgentPayload> {
@@ -39,9 +41,32 @@ fn agent_payload() -> Option<AgentPayload> {
     }
 }
 
-/// A session created as the server creates it; returns the VM name, the Secret name and the
-/// agent token.
+/// Creates the agent ConfigMap of `payload` (as the server makes sure of it).
+async fn create_agent_config_map(sim: &KubeSim, payload: &AgentPayload) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(kube_client(sim).await, "ttlab");
+    config_maps
+        .create(
+            &PostParams::default(),
+            &payload.config_map(&"dev".parse().unwrap()),
+        )
+        .await
+        .expect("agent ConfigMap created");
+}
+
+/// A session created as the server creates it, its agent's ConfigMap first; returns the VM
+/// name, the Secret name and the agent token.
 async fn create_session(
+    sim: &KubeSim,
+    payload: &AgentPayload,
+    session: &str,
+    token_byte: u8,
+) -> (String, String, AgentToken) {
+    create_agent_config_map(sim, payload).await;
+    create_session_only(sim, payload, session, token_byte).await
+}
+
+/// A session's VM and Secret, without making sure of the agent's ConfigMap.
+async fn create_session_only(
     sim: &KubeSim,
     payload: &AgentPayload,
     session: &str,
@@ -66,7 +91,14 @@ async fn create_session(
         },
         termination_grace_period_seconds: 30,
     };
-    let vm = render(&input).expect("manifests").vms.remove(0);
+    let agent = AgentDisk {
+        config_map: payload.config_map_name(),
+        volume_label: payload.volume_label().to_owned(),
+    };
+    let vm = render_with_agent(&input, &agent)
+        .expect("manifests")
+        .vms
+        .remove(0);
     let token = AgentToken::from_random_bytes([token_byte; AgentToken::BYTES]);
     let user_data = render_user_data(&UserDataInput {
         lesson: &lesson,
@@ -282,4 +314,91 @@ async fn two_simulators_at_once_give_their_agents_distinct_addresses_and_drop_ki
     assert!(cb.ready().await.is_ok());
     b.shutdown().await;
     assert!(!alive(pb), "shutdown returned before its agent exited");
+}
+
+#[tokio::test]
+async fn a_vm_whose_agent_config_map_is_missing_does_not_start_until_it_appears() {
+    let Some(payload) = agent_payload() else {
+        return;
+    };
+    let sim = start().await;
+    let h = Http::new(&sim);
+    let (name, _, token) =
+        create_session_only(&sim, &payload, "3e4f5a6b-7c8d-4e9f-8a1b-2c3d4e5f6a7b", 5).await;
+    // As KubeVirt's launcher pod that cannot mount the volume: the VMI never runs, and says why.
+    let vmi = wait_for(&h, VMIS, &name, |o| {
+        o["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["reason"] == "FailedMount"))
+    })
+    .await;
+    let why = vmi["status"]["conditions"].to_string();
+    assert!(
+        why.contains(&payload.config_map_name()) && why.contains("not found"),
+        "{why}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, vmi) = h.get(&format!("{VMIS}/{name}")).await;
+    assert_eq!(status, 200);
+    assert_ne!(vmi["status"]["phase"], "Running", "{vmi}");
+    assert!(sim.agent_pid("ttlab", &name).is_none());
+    // The ConfigMap appears: the VM starts, its agent installed from it.
+    create_agent_config_map(&sim, &payload).await;
+    let agent = running_agent(&h, &name, token).await;
+    let r = agent
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+    assert!(r.ready, "{r:?}");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_agent_disk_of_another_build_fails_first_boot_and_starts_no_agent() {
+    let Some(payload) = agent_payload() else {
+        return;
+    };
+    let sim = start().await;
+    let h = Http::new(&sim);
+    // A ConfigMap under this version's name holding another binary.
+    let other = AgentPayload::new(b"\x7fELF another build").unwrap();
+    let mut config_map = other.config_map(&"dev".parse().unwrap());
+    config_map.metadata.name = Some(payload.config_map_name());
+    let config_maps: Api<ConfigMap> = Api::namespaced(kube_client(&sim).await, "ttlab");
+    config_maps
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    let (name, _, token) =
+        create_session_only(&sim, &payload, "4f5a6b7c-8d9e-4f0a-9b1c-2d3e4f5a6b7c", 6).await;
+    let agent = running_agent(&h, &name, token).await;
+    assert!(sim.agent_pid("ttlab", &name).is_none(), "no agent started");
+    assert!(matches!(
+        agent.ready().await,
+        Err(ttlab_agent::Error::Unreachable { .. })
+    ));
+    let dir = sim.guest_dir("ttlab", &name).unwrap();
+    let failed = std::fs::read_to_string(
+        dir.join(ttlab_agent::protocol::FAILED_MARKER_PATH.trim_start_matches('/')),
+    )
+    .expect("the failure marker");
+    assert!(failed.contains("is not the expected version"), "{failed}");
+    assert!(
+        !dir.join(ttlab_agent::protocol::READY_MARKER_PATH.trim_start_matches('/'))
+            .exists()
+    );
+    sim.shutdown().await;
+}
+
+#[test]
+fn the_simulated_guest_reads_the_agent_disk_by_ttlabs_own_names() {
+    assert_eq!(
+        ttlab_kube_sim::guest::AGENT_DIGEST_PATH,
+        ttlab_cloudinit::AGENT_DIGEST_PATH
+    );
+    assert_eq!(
+        ttlab_kube_sim::guest::AGENT_VOLUME_LABEL,
+        ttlab_cloudinit::AGENT_VOLUME_LABEL
+    );
+    assert_eq!(ttlab_kube_sim::guest::AGENT_KEY, ttlab_cloudinit::AGENT_KEY);
 }

@@ -15,8 +15,12 @@
 //!   once the guest is off and the pod gone;
 //! - the **guests**: at boot the cloud-init user-data (from the Secret the VMI's
 //!   `cloudInitNoCloud` / `cloudInitConfigDrive` volume names, or inline) is applied in a
-//!   directory per guest, and *after* the VMI turns Running the real `ttlab-agent` it carries
-//!   is started on the guest's address; the setup's readiness marker follows. A guest shuts
+//!   directory per guest; the VMI's `configMap` volumes are its launcher pod's volumes (the
+//!   pod waits for them, `FailedMount`, as kubelet does) and disks of the guest found by
+//!   their `volumeLabel`, from which ttlab's first boot installs the agent the user-data pins
+//!   (sha256 checked; else the failure marker and no agent); *after* the VMI turns Running
+//!   the real `ttlab-agent` is started on the guest's address; the setup's readiness marker
+//!   follows. A guest shuts
 //!   down within [`SimSettings::shutdown_grace`] when its VMI or pod is deleted, and can power
 //!   itself off or crash ([`KubevirtSim::power_off`], [`KubevirtSim::crash`]);
 //! - **one node**: its registration, the scheduler's binding of every pod to it, and its

@@ -419,10 +419,43 @@ impl Vmi<'_> {
                 "guest without cloud-init user-data"
             ),
         }
-        if let Some(bin) = &self.ctx.settings.agent_binary {
+        // ttlab's first boot installs its agent from the agent disk (a `configMap` volume)
+        // when the user-data pins one; another guest gets the configured binary, if any.
+        let pinned =
+            ttlab_kube_sim::guest::guest_path(dir, ttlab_kube_sim::guest::AGENT_DIGEST_PATH)
+                .is_ok_and(|p| p.exists());
+        if pinned {
+            let disks = self.config_disks(vmi).await?;
+            if let Err(reason) = ttlab_kube_sim::guest::install_agent(dir, &disks) {
+                tracing::warn!(ns = self.ns, vmi = self.name, %reason, "the guest's first boot failed");
+                ttlab_kube_sim::guest::write_marker(dir, Some(&reason)).map_err(Error::Guest)?;
+            }
+        } else if let Some(bin) = &self.ctx.settings.agent_binary {
             install_agent(dir, bin)?;
         }
         Ok(hostname)
+    }
+
+    /// The disks KubeVirt builds from the VMI's `configMap` volumes: the ConfigMap's keys as
+    /// files, its `volumeLabel` as the label (absent ConfigMaps are skipped: the launcher pod
+    /// would not have started).
+    async fn config_disks(
+        &self,
+        vmi: &Value,
+    ) -> Result<Vec<ttlab_kube_sim::guest::ConfigDisk>, Error> {
+        let mut disks = Vec::new();
+        for v in vmi["spec"]["volumes"].as_array().into_iter().flatten() {
+            let Some(name) = v["configMap"]["name"].as_str() else {
+                continue;
+            };
+            if let Some(cm) = self.ctx.rest.get(Kind::ConfigMap, self.ns, name).await? {
+                disks.push(ttlab_kube_sim::guest::ConfigDisk::from_config_map(
+                    v["configMap"]["volumeLabel"].as_str().unwrap_or(""),
+                    &cm,
+                ));
+            }
+        }
+        Ok(disks)
     }
 
     /// The user-data of the VMI's cloud-init volume (NoCloud or ConfigDrive): from the Secret
@@ -544,6 +577,13 @@ impl Vmi<'_> {
         let (ns, name) = (self.ns.to_owned(), self.name.to_owned());
         let t = tasks.clone();
         let d = dir.clone();
+        // A first boot that failed (its failure marker written) starts no agent and no setup.
+        if ttlab_kube_sim::guest::guest_path(&dir, ttlab_agent::protocol::FAILED_MARKER_PATH)
+            .is_ok_and(|p| p.exists())
+        {
+            tracing::info!(ns, vmi = name, "first boot failed: no agent, no setup");
+            return;
+        }
         tokio::spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(agent_delay) => {}
@@ -734,8 +774,8 @@ fn install_agent(dir: &std::path::Path, bin: &std::path::Path) -> Result<(), Err
 
 /// The virt-launcher pod of `vmi`, after KubeVirt's `RenderLaunchManifest`: the VMI's labels
 /// plus KubeVirt's, owned by the VMI, a `compute` container requesting the guest's memory,
-/// the VMI's claims and its cloud-init Secrets as volumes (so the pod waits for them, as on a
-/// real node).
+/// the VMI's claims, its cloud-init Secrets and its ConfigMaps as volumes (so the pod waits
+/// for them, as on a real node).
 pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
     let vmi_name = name(vmi);
     let mut labels = vmi["metadata"]["labels"]
@@ -783,6 +823,13 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
             .or_else(|| v["dataVolume"]["name"].as_str())
         {
             volumes.push(json!({"name": vname, "persistentVolumeClaim": {"claimName": claim}}));
+        }
+        if let Some(c) = v["configMap"]["name"].as_str() {
+            let mut source = json!({"name": c});
+            if let Some(optional) = v["configMap"]["optional"].as_bool() {
+                source["optional"] = Value::from(optional);
+            }
+            volumes.push(json!({"name": vname, "configMap": source}));
         }
         for key in ["cloudInitNoCloud", "cloudInitConfigDrive"] {
             let src = &v[key];

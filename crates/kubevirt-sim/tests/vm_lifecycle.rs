@@ -1,7 +1,9 @@
 //! A session's VM against a real kube-apiserver with the simulator as its KubeVirt: rendered
 //! exactly as the server renders it (the shipped systemd lesson, `ttlab-cloudinit` user-data
-//! carrying the built `ttlab-agent`, the `ttlab-vm-manifest` VirtualMachine, its Secret owned
-//! by the VM), running, answering through its agent, and reclaimed with everything it owned.
+//! pinning the built `ttlab-agent`, the agent's shared ConfigMap, the `ttlab-vm-manifest`
+//! VirtualMachine mounting it, its Secret owned by the VM), running, answering through the
+//! agent its guest installed from the ConfigMap, and reclaimed with everything it owned.
+//! Without the ConfigMap the launcher pod cannot mount it and the VMI does not run.
 //!
 //! The agent binary is `target/<profile>/ttlab-agent` (`cargo build -p ttlab-agent-bin`).
 
@@ -10,7 +12,7 @@ mod support;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::Value;
 use support::*;
@@ -20,7 +22,7 @@ use ttlab_cloudinit::{AgentPayload, UserDataInput, UserDataSecret, render_user_d
 use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_model::SessionId;
 use ttlab_model::labels::ObjectLabels;
-use ttlab_vm_manifest::{SessionVms, owner_reference, render, secret_name};
+use ttlab_vm_manifest::{AgentDisk, SessionVms, owner_reference, render_with_agent, secret_name};
 
 fn agent_payload() -> Option<AgentPayload> {
     match ttlab_agent::locate_binary() {
@@ -35,9 +37,32 @@ fn agent_payload() -> Option<AgentPayload> {
     }
 }
 
-/// Creates a session's VM and its Secret (owned by the VM) as the server does; returns the
-/// VM's name, the Secret's name, the agent token and when the VM was created.
+/// Creates the agent ConfigMap of `payload`, as the server makes sure of it.
+async fn create_agent_config_map(client: &kube::Client, ns: &str, payload: &AgentPayload) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    config_maps
+        .create(
+            &PostParams::default(),
+            &payload.config_map(&"dev".parse().unwrap()),
+        )
+        .await
+        .expect("agent ConfigMap created");
+}
+
+/// Creates the agent's ConfigMap, then a session's VM and its Secret (owned by the VM) as the
+/// server does; returns the VM's name, the Secret's name, the agent token and when the VM was
+/// created.
 async fn create_session(
+    client: &kube::Client,
+    ns: &str,
+    payload: &AgentPayload,
+) -> (String, String, AgentToken, Instant) {
+    create_agent_config_map(client, ns, payload).await;
+    create_session_only(client, ns, payload).await
+}
+
+/// A session's VM and Secret, without the agent's ConfigMap.
+async fn create_session_only(
     client: &kube::Client,
     ns: &str,
     payload: &AgentPayload,
@@ -60,7 +85,14 @@ async fn create_session(
         },
         termination_grace_period_seconds: 30,
     };
-    let vm = render(&input).expect("manifests").vms.remove(0);
+    let agent = AgentDisk {
+        config_map: payload.config_map_name(),
+        volume_label: payload.volume_label().to_owned(),
+    };
+    let vm = render_with_agent(&input, &agent)
+        .expect("manifests")
+        .vms
+        .remove(0);
     let token = AgentToken::from_random_bytes([7; AgentToken::BYTES]);
     let user_data = render_user_data(&UserDataInput {
         lesson: &lesson,
@@ -311,5 +343,61 @@ async fn the_vmi_is_running_before_the_agent_answers() {
     let ready = agent.wait_ready(Duration::from_secs(30)).await.unwrap();
     assert!(ready.ready);
     assert_nothing_refused(&sim);
+    sim.stop().await;
+}
+
+/// A VM whose agent ConfigMap is missing does not run (its launcher pod cannot mount it) until
+/// the ConfigMap appears; then its guest installs the agent from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_waits_for_its_agent_config_map() {
+    init_logs();
+    let Some(payload) = agent_payload() else {
+        return;
+    };
+    let Some((plane, client)) = shared_plane().await else {
+        return;
+    };
+    let ns = namespace(plane, &client, "ttlab").await;
+    let guests = tempfile::tempdir().unwrap();
+    let sim = start_sim(&client, &ns, guests.path()).await;
+    let (name, _, token, _) = create_session_only(&client, &ns, &payload).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = eventually("the launcher pod waiting for the ConfigMap", 60, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|p| {
+            p.spec.as_ref().is_some_and(|s| {
+                s.volumes.iter().flatten().any(|v| {
+                    v.config_map
+                        .as_ref()
+                        .is_some_and(|c| c.name == payload.config_map_name())
+                })
+            })
+        })
+    })
+    .await;
+    assert_ne!(pod.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    let vmis = vmi_api(&client, &ns);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let vmi = get_json(&vmis, &name).await;
+    assert!(
+        vmi.as_ref()
+            .is_none_or(|v| v["status"]["phase"] != "Running"),
+        "{vmi:?}"
+    );
+    create_agent_config_map(&client, &ns, &payload).await;
+    let vmi: Value = eventually("VMI Running", 60, || async {
+        get_json(&vmis, &name)
+            .await
+            .filter(|v| v["status"]["phase"] == "Running")
+    })
+    .await;
+    let ip: IpAddr = vmi["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let agent = AgentClient::new(SocketAddr::new(ip, PORT), token);
+    let ready = agent.wait_ready(Duration::from_secs(30)).await.unwrap();
+    assert!(ready.ready);
     sim.stop().await;
 }

@@ -50,6 +50,37 @@ pub mod component {
     pub const SESSION_NETWORK: &str = "session-network";
     /// A pod lab's Pod.
     pub const POD: &str = "pod";
+    /// The ConfigMap that carries one version of the grading agent, shared by every VM of
+    /// the environment that runs that version.
+    pub const AGENT: &str = "agent";
+}
+
+/// `app.kubernetes.io/part-of`: [`MANAGED_BY_VALUE`] on the objects ttlab shares between
+/// sessions (the agent ConfigMaps). They carry no session label, so nothing that reads
+/// [`ObjectLabels`] ever takes them for a session's object.
+pub const PART_OF: &str = "app.kubernetes.io/part-of";
+/// On a VirtualMachine: the name of the agent ConfigMap it mounts, so the reaper can tell,
+/// from a metadata-only list, which agent versions are still in use.
+pub const AGENT_CONFIG_MAP: &str = "ttlab.io/agent";
+/// The annotation on an agent ConfigMap holding the full sha256 (hex) of the agent binary.
+pub const AGENT_SHA256: &str = "ttlab.io/agent-sha256";
+
+/// The labels of the agent ConfigMap of environment `env`: part-of ttlab, component agent,
+/// the environment.
+pub fn agent_labels(env: &EnvName) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (PART_OF.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (COMPONENT.to_owned(), component::AGENT.to_owned()),
+        (ENV.to_owned(), env.to_string()),
+    ])
+}
+
+/// Selects the agent ConfigMaps of environment `env` (and of no other).
+pub fn agent_selector(env: &EnvName) -> String {
+    format!(
+        "{PART_OF}={MANAGED_BY_VALUE},{COMPONENT}={},{ENV}={env}",
+        component::AGENT
+    )
 }
 
 /// The label set of one object ttlab created.
@@ -174,5 +205,18 @@ mod tests {
         assert!(s.starts_with("app.kubernetes.io/managed-by=ttlab,ttlab.io/env=prod,"));
         assert!(s.ends_with(&l.session.to_string()));
         assert_eq!(managed_selector(), "app.kubernetes.io/managed-by=ttlab");
+    }
+
+    #[test]
+    fn agent_labels_are_environment_scoped_and_never_a_session() {
+        let env: EnvName = "prod".parse().unwrap();
+        let labels = agent_labels(&env);
+        assert_eq!(ObjectLabels::from_map(&labels), None);
+        assert_eq!(labels[ENV], "prod");
+        assert_eq!(
+            agent_selector(&env),
+            "app.kubernetes.io/part-of=ttlab,ttlab.io/component=agent,ttlab.io/env=prod"
+        );
+        assert!(!agent_selector(&"dev".parse().unwrap()).contains("prod"));
     }
 }

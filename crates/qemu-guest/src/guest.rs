@@ -36,6 +36,9 @@ pub struct GuestSpec {
     pub instance_id: String,
     /// The hostname in the seed's meta-data.
     pub hostname: String,
+    /// Disks made from the VMI's `configMap` volumes, attached after the seed in this order
+    /// (read-only virtio disks, each an ISO 9660 volume labelled as the volume says).
+    pub config_disks: Vec<crate::ConfigDisk>,
     /// The user-data for cloud-init.
     pub user_data: Vec<u8>,
     /// Guest memory in MiB.
@@ -119,6 +122,10 @@ impl Guest {
         let root = make_root_disk(&spec.image, spec.root, &dir).await?;
         let seed =
             crate::write_seed(&dir, &spec.instance_id, &spec.hostname, &spec.user_data).await?;
+        let mut config_isos = Vec::with_capacity(spec.config_disks.len());
+        for disk in &spec.config_disks {
+            config_isos.push(crate::write_config_disk(&dir, disk).await?);
+        }
         let serial_sock = dir.join("serial.sock");
         let qmp_sock = dir.join("qmp.sock");
         for s in [&serial_sock, &qmp_sock] {
@@ -142,6 +149,12 @@ impl Guest {
                 "file={},format=raw,if=virtio,readonly=on",
                 seed.display()
             ))
+            .args(config_isos.iter().flat_map(|iso| {
+                [
+                    "-drive".to_owned(),
+                    format!("file={},format=raw,if=virtio,readonly=on", iso.display()),
+                ]
+            }))
             .arg("-netdev")
             .arg(format!(
                 "user,id=net0,restrict=on,hostfwd=tcp:{}:{}-:{}",

@@ -3,7 +3,9 @@
 //! This crate owns what it takes to run a lab VM on one machine without a cluster: the guest
 //! image on disk and its manifest ([`GuestImage`]), the per-VM root disk (a qcow2
 //! copy-on-write overlay on the read-only base, or a fresh copy: [`RootDisk`]), the NoCloud
-//! `cidata` seed that hands cloud-init its user-data ([`write_seed`]), the choice of KVM or
+//! `cidata` seed that hands cloud-init its user-data ([`write_seed`]), one more ISO 9660 disk
+//! per KubeVirt `configMap` volume, labelled with its `volumeLabel` ([`ConfigDisk`],
+//! [`write_config_disk`]), the choice of KVM or
 //! software emulation ([`probe_accel`], with a timeout: `/dev/kvm` can exist and hang), and
 //! the qemu process itself ([`Guest`]): its serial console as raw bytes both ways, the agent
 //! port forwarded from one loopback address, guest power-off observed as the process ending,
@@ -25,7 +27,7 @@ pub use accel::{Accel, probe_accel};
 pub use error::QemuError;
 pub use guest::{Console, Exit, Guest, GuestSpec, RootDisk};
 pub use image::{GuestImage, ImageManifest, MANIFEST_FILE};
-pub use seed::write_seed;
+pub use seed::{ConfigDisk, write_config_disk, write_seed};
 
 /// The qemu system emulator this crate runs.
 pub const QEMU: &str = "qemu-system-x86_64";

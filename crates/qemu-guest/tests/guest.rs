@@ -94,7 +94,9 @@ async fn a_guest_boots_its_seed_prints_on_the_console_and_powers_off_by_acpi() {
         .local_addr()
         .unwrap()
         .port();
-    let user_data = b"#cloud-config\n{\"runcmd\": [[\"sh\", \"-c\", \"echo seed-$((6*7))-applied > /dev/ttyS0\"]]}\n";
+    // The seed is applied, and the disk made from a ConfigMap is found by its label and holds
+    // the ConfigMap's key as a file, as KubeVirt presents a configMap volume.
+    let user_data = b"#cloud-config\n{\"runcmd\": [[\"sh\", \"-c\", \"mkdir -p /mnt/cfg && mount -o ro $(blkid -L cfg-test) /mnt/cfg; echo config-disk-says-$(cat /mnt/cfg/greeting) > /dev/ttyS0; echo seed-$((6*7))-applied > /dev/ttyS0\"]]}\n";
     let started = Instant::now();
     let mut guest = Guest::start(GuestSpec {
         image,
@@ -102,6 +104,11 @@ async fn a_guest_boots_its_seed_prints_on_the_console_and_powers_off_by_acpi() {
         dir: dir.path().join("g"),
         instance_id: "iid-test-1".into(),
         hostname: "probe-vm".into(),
+        config_disks: vec![ttlab_qemu_guest::ConfigDisk {
+            name: "agent".into(),
+            label: "cfg-test".into(),
+            files: vec![("greeting".into(), b"hello".to_vec())],
+        }],
         user_data: user_data.to_vec(),
         memory_mib: 512,
         cpus: 1,
@@ -123,6 +130,10 @@ async fn a_guest_boots_its_seed_prints_on_the_console_and_powers_off_by_acpi() {
             other => panic!("no cloud-init output ({other:?}):\n{seen}"),
         }
     }
+    assert!(
+        seen.contains("config-disk-says-hello"),
+        "the ConfigMap's disk, found by its label: {seen}"
+    );
     println!(
         "cloud-init ran the seed's runcmd {:.1} s after qemu start",
         started.elapsed().as_secs_f64()

@@ -14,6 +14,9 @@ use crate::ReaperError;
 pub const DEFAULT_CONCURRENCY: usize = 16;
 /// Default minimum age of an object before it may be judged an orphan.
 pub const DEFAULT_ORPHAN_MIN_AGE: Duration = Duration::from_secs(120);
+/// Default minimum age of an unused agent version (its ConfigMap's age, and the time since a
+/// server last recorded it) before the reaper removes it.
+pub const DEFAULT_AGENT_MIN_AGE: Duration = Duration::from_secs(60 * 60);
 /// Default number of database rows read per page.
 pub const DEFAULT_PAGE_SIZE: u32 = 500;
 
@@ -26,6 +29,10 @@ pub struct ReaperSettings {
     /// Objects younger than this (by their `creationTimestamp`, against the database clock)
     /// are never judged orphans: the server may still be writing their session's row.
     pub orphan_min_age: Duration,
+    /// An agent version's ConfigMap no VM uses is removed only once it is this old and no
+    /// server has recorded the version as seen for this long. Default
+    /// [`DEFAULT_AGENT_MIN_AGE`].
+    pub agent_min_age: Duration,
     /// Report what would be deleted and marked, and change nothing.
     pub dry_run: bool,
     /// Database rows read per page.
@@ -41,6 +48,7 @@ impl Default for ReaperSettings {
         Self {
             concurrency: DEFAULT_CONCURRENCY,
             orphan_min_age: DEFAULT_ORPHAN_MIN_AGE,
+            agent_min_age: DEFAULT_AGENT_MIN_AGE,
             dry_run: false,
             page_size: DEFAULT_PAGE_SIZE,
             label_sweep: LabelSweep::IfNodesUnknown,

@@ -18,6 +18,10 @@
 //!   listed, let alone deleted.
 //! - **Ghosts**: running rows whose VM (or pod) is gone, confirmed by a direct get, are
 //!   marked `ghost`.
+//! - **Unused agent versions** (counted with the orphans): the shared agent ConfigMaps of
+//!   this environment that no VM references, older than [`ReaperSettings::agent_min_age`] and
+//!   not recorded as seen by any server for as long, checked and deleted under the version's
+//!   database lock so that a server about to create a VM for it cannot lose it.
 //!
 //! Every item is isolated: a failure is counted, logged with the id and error kind, kept in
 //! the [`CycleReport`], and the cycle goes on; a failed session stays live for the next
@@ -34,11 +38,13 @@
 //! let settings = ReaperSettings::default();
 //! assert_eq!(settings.concurrency, DEFAULT_CONCURRENCY);
 //! assert_eq!(settings.orphan_min_age, std::time::Duration::from_secs(120));
+//! assert_eq!(settings.agent_min_age, std::time::Duration::from_secs(3600));
 //! assert_eq!(settings.label_sweep, LabelSweep::IfNodesUnknown);
 //! assert!(settings.validate().is_ok());
 //! assert!(ReaperSettings { concurrency: 0, ..settings }.validate().is_err());
 //! ```
 
+mod agents;
 mod context;
 mod error;
 mod metrics;
@@ -50,7 +56,8 @@ mod sessions;
 use std::time::Instant;
 
 pub use context::{
-    DEFAULT_CONCURRENCY, DEFAULT_ORPHAN_MIN_AGE, DEFAULT_PAGE_SIZE, ReaperContext, ReaperSettings,
+    DEFAULT_AGENT_MIN_AGE, DEFAULT_CONCURRENCY, DEFAULT_ORPHAN_MIN_AGE, DEFAULT_PAGE_SIZE,
+    ReaperContext, ReaperSettings,
 };
 pub use error::{ReaperError, cluster_error_kind, store_error_kind};
 pub use metrics::{Metrics, serve_metrics};
@@ -109,6 +116,9 @@ async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
         && let Ok(candidates) = find_orphans_at(ctx, &mut report, now).await
     {
         scan::delete_orphans(ctx, &mut report, candidates).await;
+        if !ctx.shutdown.is_cancelled() {
+            agents::remove_unused(ctx, &mut report, now).await;
+        }
     }
     report.duration = clock.elapsed();
     report

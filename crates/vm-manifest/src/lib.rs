@@ -16,12 +16,16 @@
 //! - root disk: golden → `ephemeral` over the claim, read-only (a per-VM copy-on-write layer);
 //!   otherwise `containerDisk` with the lesson's image;
 //! - cloud-init from `cloudInitNoCloud.secretRef` (the Secret [`secret_name`]), whatever the size;
+//! - the grading agent from a third disk, [`AGENT_DISK`]: a `configMap` volume naming the
+//!   shared ConfigMap of the agent's version with its `volumeLabel` ([`AgentDisk`], given by
+//!   [`render_with_agent`]; [`render`] leaves it out, and such a guest's first boot fails for
+//!   want of its agent);
 //! - memory request equal to the guest memory (no overcommit discount), the lesson's cores,
 //!   masquerade on the pod network.
 //!
 //! ```
 //! use ttlab_disk_select::DiskDecision;
-//! use ttlab_vm_manifest::{render, secret_name, SessionVms, VolumeSource};
+//! use ttlab_vm_manifest::{render_with_agent, secret_name, AgentDisk, SessionVms, VolumeSource};
 //!
 //! let input = SessionVms {
 //!     session: "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap(),
@@ -35,7 +39,11 @@
 //!     disk: DiskDecision::Golden { claim: "golden-debian".into() },
 //!     termination_grace_period_seconds: 30,
 //! };
-//! let out = render(&input).unwrap();
+//! let agent = AgentDisk {
+//!     config_map: "ttlab-agent-50b7bf522747c966".into(),
+//!     volume_label: "ttlab-agent".into(),
+//! };
+//! let out = render_with_agent(&input, &agent).unwrap();
 //! assert_eq!(out.vms.len(), 1);
 //! assert!(out.service.is_none() && out.network_policy.is_none());
 //! let vm = &out.vms[0];
@@ -45,6 +53,8 @@
 //!     if persistent_volume_claim.claim_name == "golden-debian" && persistent_volume_claim.read_only));
 //! assert!(matches!(&volumes[1].source, VolumeSource::CloudInitNoCloud { secret_ref }
 //!     if secret_ref.name == secret_name(input.session, &input.nodes[0])));
+//! assert!(matches!(&volumes[2].source, VolumeSource::ConfigMap(c)
+//!     if c.name == agent.config_map && c.volume_label == "ttlab-agent"));
 //! ```
 
 mod names;
@@ -63,8 +73,8 @@ use ttlab_model::{EnvName, LessonId, NodeName, SessionId};
 pub use names::{NAME_PREFIX, network_policy_name, pod_name, secret_name, service_name, vm_name};
 pub use network::{network_policy, service};
 pub use vm::{
-    API_VERSION, ClaimRef, Cpu, Devices, Disk, DiskTarget, Domain, Empty, Interface, KIND, Memory,
-    Network, Port, Resources, RunStrategy, SecretRef, TemplateMeta, VirtualMachine,
+    API_VERSION, ClaimRef, ConfigMapRef, Cpu, Devices, Disk, DiskTarget, Domain, Empty, Interface,
+    KIND, Memory, Network, Port, Resources, RunStrategy, SecretRef, TemplateMeta, VirtualMachine,
     VirtualMachineSpec, VmiSpec, VmiTemplate, Volume, VolumeSource,
 };
 
@@ -76,9 +86,11 @@ pub const DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 30;
 pub const ROOT_DISK: &str = "rootdisk";
 /// Name of the cloud-init volume (and disk).
 pub const CLOUD_INIT_DISK: &str = "cloudinit";
+/// Name of the agent volume (and disk).
+pub const AGENT_DISK: &str = "agent";
 /// Name of the pod network (and interface).
 pub const POD_NETWORK: &str = "default";
-/// The disk bus of both disks.
+/// The disk bus of every disk.
 pub const DISK_BUS: &str = "virtio";
 /// `ttlab.io/component` of VMs (and so of their launcher pods).
 pub const COMPONENT_VM: &str = labels::component::VM;
@@ -114,6 +126,9 @@ pub enum ManifestError {
     /// A negative grace period.
     #[error("terminationGracePeriodSeconds must not be negative, got {0}")]
     BadGracePeriod(i64),
+    /// The agent disk names no valid ConfigMap or volume label.
+    #[error("invalid agent disk: {0}")]
+    BadAgentDisk(String),
 }
 
 /// Everything needed to render a session's VMs, as plain values (the server fills it from the
@@ -159,14 +174,60 @@ pub struct SessionManifests {
     pub network_policy: Option<NetworkPolicy>,
 }
 
-/// Renders every object of a VM session (see [`SessionManifests`]).
+/// The agent disk of every VM of a session: the shared ConfigMap of the agent's version and
+/// the volume label the guest finds it by (both given by `ttlab_cloudinit::AgentPayload`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDisk {
+    /// The ConfigMap's name (`ttlab-agent-<digest prefix>`).
+    pub config_map: String,
+    /// The disk's volume label inside the guest.
+    pub volume_label: String,
+}
+
+/// Renders every object of a VM session (see [`SessionManifests`]) without the agent disk:
+/// for VMs whose guest needs no grading agent. Lab VMs are rendered by [`render_with_agent`].
 pub fn render(input: &SessionVms) -> Result<SessionManifests, ManifestError> {
+    render_vms(input, None)
+}
+
+/// Renders every object of a VM session (see [`SessionManifests`]), each VM with the agent
+/// disk `agent`.
+pub fn render_with_agent(
+    input: &SessionVms,
+    agent: &AgentDisk,
+) -> Result<SessionManifests, ManifestError> {
+    if !is_subdomain(&agent.config_map) || agent.config_map.len() > 63 {
+        return Err(ManifestError::BadAgentDisk(format!(
+            "the ConfigMap name {:?} is not a DNS-1123 label of at most 63 characters",
+            agent.config_map
+        )));
+    }
+    // ISO 9660 allows 32 characters in a volume id.
+    if agent.volume_label.is_empty()
+        || agent.volume_label.len() > 32
+        || !agent
+            .volume_label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ManifestError::BadAgentDisk(format!(
+            "the volume label {:?} is not 1 to 32 letters, digits, '-' or '_'",
+            agent.volume_label
+        )));
+    }
+    render_vms(input, Some(agent))
+}
+
+fn render_vms(
+    input: &SessionVms,
+    agent: Option<&AgentDisk>,
+) -> Result<SessionManifests, ManifestError> {
     validate(input)?;
     let multi = input.nodes.len() > 1;
     let vms = input
         .nodes
         .iter()
-        .map(|node| render_vm(input, node, multi))
+        .map(|node| render_vm(input, node, multi, agent))
         .collect();
     let (service, network_policy) = if multi {
         (Some(service(input)), Some(network_policy(input)))
@@ -247,6 +308,18 @@ fn validate(input: &SessionVms) -> Result<(), ManifestError> {
     Ok(())
 }
 
+fn is_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
 /// A plain positive Kubernetes quantity: digits, an optional fraction, an optional suffix.
 fn is_quantity(s: &str) -> bool {
     const SUFFIXES: [&str; 12] = [
@@ -264,8 +337,19 @@ fn is_quantity(s: &str) -> bool {
         && number.bytes().any(|b| b.is_ascii_digit() && b != b'0')
 }
 
-fn render_vm(input: &SessionVms, node: &NodeName, multi: bool) -> VirtualMachine {
-    let labels = object_labels(input, Some(node), COMPONENT_VM);
+fn render_vm(
+    input: &SessionVms,
+    node: &NodeName,
+    multi: bool,
+    agent: Option<&AgentDisk>,
+) -> VirtualMachine {
+    let mut labels = object_labels(input, Some(node), COMPONENT_VM);
+    if let Some(agent) = agent {
+        labels.insert(
+            labels::AGENT_CONFIG_MAP.to_owned(),
+            agent.config_map.clone(),
+        );
+    }
     let root = match &input.disk {
         DiskDecision::Golden { claim } => VolumeSource::Ephemeral {
             persistent_volume_claim: ClaimRef {
@@ -295,6 +379,31 @@ fn render_vm(input: &SessionVms, node: &NodeName, multi: bool) -> VirtualMachine
             bus: DISK_BUS.to_owned(),
         },
     };
+    let mut disks = vec![disk(ROOT_DISK), disk(CLOUD_INIT_DISK)];
+    let mut volumes = vec![
+        Volume {
+            name: ROOT_DISK.to_owned(),
+            source: root,
+        },
+        Volume {
+            name: CLOUD_INIT_DISK.to_owned(),
+            source: VolumeSource::CloudInitNoCloud {
+                secret_ref: SecretRef {
+                    name: secret_name(input.session, node),
+                },
+            },
+        },
+    ];
+    if let Some(agent) = agent {
+        disks.push(disk(AGENT_DISK));
+        volumes.push(Volume {
+            name: AGENT_DISK.to_owned(),
+            source: VolumeSource::ConfigMap(ConfigMapRef {
+                name: agent.config_map.clone(),
+                volume_label: agent.volume_label.clone(),
+            }),
+        });
+    }
     VirtualMachine {
         api_version: API_VERSION.to_owned(),
         kind: KIND.to_owned(),
@@ -324,7 +433,7 @@ fn render_vm(input: &SessionVms, node: &NodeName, multi: bool) -> VirtualMachine
                             requests: BTreeMap::from([("memory".to_owned(), input.memory.clone())]),
                         },
                         devices: Devices {
-                            disks: vec![disk(ROOT_DISK), disk(CLOUD_INIT_DISK)],
+                            disks,
                             interfaces: vec![Interface {
                                 name: POD_NETWORK.to_owned(),
                                 masquerade: Empty {},
@@ -336,20 +445,7 @@ fn render_vm(input: &SessionVms, node: &NodeName, multi: bool) -> VirtualMachine
                         name: POD_NETWORK.to_owned(),
                         pod: Empty {},
                     }],
-                    volumes: vec![
-                        Volume {
-                            name: ROOT_DISK.to_owned(),
-                            source: root,
-                        },
-                        Volume {
-                            name: CLOUD_INIT_DISK.to_owned(),
-                            source: VolumeSource::CloudInitNoCloud {
-                                secret_ref: SecretRef {
-                                    name: secret_name(input.session, node),
-                                },
-                            },
-                        },
-                    ],
+                    volumes,
                 },
             },
         },

@@ -218,6 +218,19 @@ pub enum VolumeSource {
         #[serde(rename = "secretRef")]
         secret_ref: SecretRef,
     },
+    /// A ConfigMap of the VM's namespace, presented to the guest as an ISO 9660 disk whose
+    /// files are its keys and whose volume id is `volumeLabel`.
+    ConfigMap(ConfigMapRef),
+}
+
+/// `configMap` of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapRef {
+    /// The ConfigMap name.
+    pub name: String,
+    /// The volume label of the disk inside the guest.
+    pub volume_label: String,
 }
 
 /// `ephemeral.persistentVolumeClaim`.

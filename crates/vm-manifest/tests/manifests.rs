@@ -9,9 +9,22 @@ use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_model::NodeName;
 use ttlab_model::labels::{self, ObjectLabels};
 use ttlab_vm_manifest::{
-    DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, ManifestError, SessionManifests, SessionVms, render,
-    secret_name, service_name, vm_name,
+    AGENT_DISK, AgentDisk, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, ManifestError,
+    SessionManifests, SessionVms, render_with_agent, secret_name, service_name, vm_name,
 };
+
+/// The agent disk every lab VM gets (the server takes both from the agent payload).
+fn agent() -> AgentDisk {
+    AgentDisk {
+        config_map: "ttlab-agent-50b7bf522747c966".into(),
+        volume_label: "ttlab-agent".into(),
+    }
+}
+
+/// What the server renders: every VM with the agent disk.
+fn render(input: &SessionVms) -> Result<SessionManifests, ManifestError> {
+    render_with_agent(input, &agent())
+}
 
 /// The KubeVirt schemas vendored in the repository (`reference/kubevirt/`, provenance in its
 /// README.txt).
@@ -254,6 +267,19 @@ fn vm_spec_follows_the_lab_rules() {
         serde_json::json!({"secretRef": {"name": secret_name(input(&["vm"], golden()).session, &"vm".parse().unwrap())}})
     );
     assert!(t.get("subdomain").is_none(), "single VM has no peer DNS");
+    assert_eq!(
+        t["volumes"][2],
+        serde_json::json!({"name": AGENT_DISK, "configMap": {"name": "ttlab-agent-50b7bf522747c966", "volumeLabel": "ttlab-agent"}}),
+        "the agent comes from its version's shared ConfigMap"
+    );
+    assert_eq!(
+        t["domain"]["devices"]["disks"][2],
+        serde_json::json!({"name": AGENT_DISK, "disk": {"bus": "virtio"}})
+    );
+    let without = ttlab_vm_manifest::render(&input(&["vm"], golden())).unwrap();
+    let t = &to_value(&without.vms[0])["spec"]["template"]["spec"];
+    assert_eq!(t["volumes"].as_array().unwrap().len(), 2);
+    assert_eq!(t["domain"]["devices"]["disks"].as_array().unwrap().len(), 2);
 
     let c = render(&input(
         &["vm"],
@@ -336,6 +362,34 @@ fn multi_vm_sessions_get_peer_dns_and_a_peer_policy_that_selects_them() {
         let l = ObjectLabels::from_map(obj.labels.as_ref().unwrap()).unwrap();
         assert_eq!(l.node, None);
         assert_eq!(l.session, inp.session);
+    }
+}
+
+#[test]
+fn an_agent_disk_that_kubevirt_or_the_guest_would_refuse_is_refused() {
+    for bad in [
+        AgentDisk {
+            config_map: "Ttlab_Agent".into(),
+            ..agent()
+        },
+        AgentDisk {
+            config_map: String::new(),
+            ..agent()
+        },
+        AgentDisk {
+            volume_label: "a-label-longer-than-iso-9660-allows".into(),
+            ..agent()
+        },
+        AgentDisk {
+            volume_label: "two words".into(),
+            ..agent()
+        },
+    ] {
+        let err = render_with_agent(&input(&["vm"], golden()), &bad).unwrap_err();
+        assert!(
+            matches!(err, ManifestError::BadAgentDisk(_)),
+            "{bad:?}: {err}"
+        );
     }
 }
 

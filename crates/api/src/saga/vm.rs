@@ -15,7 +15,7 @@ use ttlab_lifespan::Lifespan;
 use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
-use ttlab_vm_manifest::{SessionVms, render, secret_name, vm_name};
+use ttlab_vm_manifest::{AgentDisk, SessionVms, render_with_agent, secret_name, vm_name};
 
 use super::{Stop, create_object, ensure_starting, with_db};
 use crate::AppState;
@@ -74,19 +74,26 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
         .collect();
     with_db(|| async { store.sessions().record_vms(session.id, &vms).await }).await?;
 
-    let manifests = render(&SessionVms {
-        session: session.id,
-        env: state.config().env.clone(),
-        lesson: lesson.id.clone(),
-        namespace: None,
-        image: lesson.image.clone(),
-        memory: lesson.memory.as_str().to_owned(),
-        cores: lesson.cores,
-        nodes: nodes.clone(),
-        disk: decision,
-        termination_grace_period_seconds:
-            ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
-    })
+    let agent = &state.config().agent;
+    let manifests = render_with_agent(
+        &SessionVms {
+            session: session.id,
+            env: state.config().env.clone(),
+            lesson: lesson.id.clone(),
+            namespace: None,
+            image: lesson.image.clone(),
+            memory: lesson.memory.as_str().to_owned(),
+            cores: lesson.cores,
+            nodes: nodes.clone(),
+            disk: decision,
+            termination_grace_period_seconds:
+                ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
+        },
+        &AgentDisk {
+            config_map: agent.config_map_name(),
+            volume_label: agent.volume_label().to_owned(),
+        },
+    )
     .map_err(|e| Stop::Failed(format!("the lesson cannot be turned into a VM: {e}")))?;
 
     let lifespan = Lifespan {
@@ -107,6 +114,15 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     if !with_db(|| async { store.agent_tokens().put(session.id, &pairs).await }).await? {
         return Err(Stop::Superseded);
     }
+
+    // The agent's shared ConfigMap, before any VM references it: the version is recorded as
+    // seen first (the reaper keeps what a server saw within its minimum age), then the
+    // ConfigMap is made sure of.
+    with_db(|| async { super::record_agent_seen(state).await }).await?;
+    create_object(state, session, "agent ConfigMap", || {
+        super::ensure_agent_config_map(state)
+    })
+    .await?;
 
     // ③ + ⑤: each VM, then its Secret owned by it; the representative (first) VM owns the
     // other VMs, the Service and the NetworkPolicy.
@@ -166,7 +182,16 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
             .await
             .map_err(|e| vmi_failed(&e, readiness))
     }))
-    .await?;
+    .await;
+    let running = match running {
+        Ok(running) => running,
+        Err(stop) => {
+            // A VM that did not start may be waiting for its agent disk: check it again next
+            // time rather than trust the earlier finding.
+            super::agent::distrust_agent(state).await;
+            return Err(stop);
+        }
+    };
     super::record_stage(state, session, Stage::VmiRunning).await?;
     observe_stage(state, session, "vmi_running").await;
     ensure_starting(state, session).await?;

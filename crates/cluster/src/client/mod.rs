@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
@@ -30,7 +30,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::cluster::{Cluster, ClusterFuture};
 use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
-    Created, DataSourceFacts, DataVolumeFacts, Deleted, Kind, Lookup, ObjectSummary, Page,
+    Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, Kind, Lookup, ObjectSummary, Page,
     Propagation, PvcFacts, VmStatus, VmiState,
 };
 use crate::{ClusterError, ClusterSettings, Terminal};
@@ -450,6 +450,65 @@ impl Cluster for KubeCluster {
 
     fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created> {
         Box::pin(self.create_typed(Kind::Pod, pod))
+    }
+
+    fn ensure_config_map(&self, config_map: ConfigMap) -> ClusterFuture<'_, Ensured> {
+        Box::pin(async move {
+            let kind = Kind::ConfigMap;
+            let mut config_map = config_map;
+            let name = config_map.metadata.name.clone().unwrap_or_default();
+            check_name(kind.name(), &name)?;
+            self.claim_namespace(kind, &mut config_map.metadata.namespace)?;
+            let wanted = config_map.metadata.annotations.clone().unwrap_or_default();
+            let same = |found: &ObjectMeta| -> Result<Ensured, ClusterError> {
+                if found.deletion_timestamp.is_some() {
+                    return Err(ClusterError::Transient {
+                        message: format!("{kind} {name} is being deleted"),
+                    });
+                }
+                let theirs = found.annotations.clone().unwrap_or_default();
+                match wanted.iter().find(|(k, v)| theirs.get(*k) != Some(*v)) {
+                    None => Ok(Ensured::Present),
+                    Some((key, value)) => Err(ClusterError::Conflict {
+                        message: format!(
+                            "{kind} {name} already exists with another content ({key} is {:?}, \
+                             not {value:?})",
+                            theirs.get(key).map_or("absent", String::as_str)
+                        ),
+                    }),
+                }
+            };
+            let api = self.dynamic(kind);
+            let what = format!("get {kind} {name}");
+            if let Some(found) = self.call(&what, api.get_metadata_opt(&name)).await? {
+                return same(&found.metadata);
+            }
+            let typed: Api<ConfigMap> =
+                Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+            let pp = self.post_params();
+            match self
+                .call_raw(
+                    &format!("create {kind} {name}"),
+                    typed.create(&pp, &config_map),
+                )
+                .await?
+            {
+                Ok(_) => Ok(Ensured::Created),
+                Err(kube::Error::Api(status))
+                    if status.code == 409 && status.reason == "AlreadyExists" =>
+                {
+                    match self.call(&what, api.get_metadata_opt(&name)).await? {
+                        Some(found) => same(&found.metadata),
+                        None => Err(ClusterError::Transient {
+                            message: format!(
+                                "create {kind} {name}: it existed and was gone a moment later"
+                            ),
+                        }),
+                    }
+                }
+                Err(other) => Err(ClusterError::from_kube(other)),
+            }
+        })
     }
 
     fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {

@@ -419,3 +419,76 @@ async fn golden_disk_facts_are_observed_raw(h: &Harness) {
     assert!(old.deleting);
     assert_eq!(old.access_modes, ["ReadWriteOnce"]);
 }
+
+on_both_backends!(the_agent_config_map_is_created_once_and_another_content_is_a_conflict);
+async fn the_agent_config_map_is_created_once_and_another_content_is_a_conflict(h: &Harness) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::collections::BTreeMap;
+    use ttlab_cluster::Ensured;
+    let config_map = |digest: &str| ConfigMap {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("ttlab-agent-0123456789abcdef".into()),
+            labels: Some(labels::agent_labels(&"dev".parse().unwrap())),
+            annotations: Some(BTreeMap::from([(
+                labels::AGENT_SHA256.to_owned(),
+                digest.to_owned(),
+            )])),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(
+            "ttlab-agent.gz".to_owned(),
+            k8s_openapi::ByteString(vec![0x1f, 0x8b, 0, 1, 2, 3]),
+        )])),
+        immutable: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        h.cluster.ensure_config_map(config_map("aa")).await.unwrap(),
+        Ensured::Created
+    );
+    assert_eq!(
+        h.cluster.ensure_config_map(config_map("aa")).await.unwrap(),
+        Ensured::Present,
+        "made sure of again: found, not created twice"
+    );
+    let err = h
+        .cluster
+        .ensure_config_map(config_map("bb"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClusterError::Conflict { .. }), "{err}");
+    assert!(
+        err.to_string().contains("ttlab-agent-0123456789abcdef"),
+        "{err}"
+    );
+    let listed = h
+        .cluster
+        .list_all(
+            Kind::ConfigMap,
+            &labels::agent_selector(&"dev".parse().unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(
+        h.cluster
+            .list_all(
+                Kind::ConfigMap,
+                &labels::agent_selector(&"prod".parse().unwrap())
+            )
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        h.cluster
+            .delete(
+                Kind::ConfigMap,
+                "ttlab-agent-0123456789abcdef",
+                Propagation::Background
+            )
+            .await
+            .unwrap(),
+        Deleted::Deleted
+    );
+}
