@@ -13,8 +13,8 @@ use tokio::net::TcpStream;
 
 use crate::Error;
 use crate::protocol::{
-    AgentToken, ErrorResponse, ExecRequest, ExecResponse, MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES,
-    ReadyResponse,
+    AgentToken, ConsoleSize, ErrorResponse, ExecRequest, ExecResponse, MAX_EXEC_TIMEOUT_MS,
+    MAX_OUTPUT_BYTES, ReadyResponse,
 };
 
 /// Largest answer accepted: two capped output streams, JSON-escaped (at most 6 bytes per
@@ -126,6 +126,30 @@ impl AgentClient {
         .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         self.call(Method::POST, "/v1/exec", Some(body), timeout + EXEC_MARGIN)
             .await
+    }
+
+    /// `POST /v1/console-size`: sets the window size of the guest's serial console (its
+    /// foreground programs get `SIGWINCH`). Sizes outside 1..=[`MAX_CONSOLE_DIMENSION`]
+    /// are refused before anything is sent ([`Error::InvalidRequest`]).
+    ///
+    /// [`MAX_CONSOLE_DIMENSION`]: crate::protocol::MAX_CONSOLE_DIMENSION
+    pub async fn set_console_size(&self, size: ConsoleSize) -> Result<ConsoleSize, Error> {
+        if !size.is_valid() {
+            return Err(Error::InvalidRequest(format!(
+                "a console size needs 1 to {} rows and columns, got {} rows and {} cols",
+                crate::protocol::MAX_CONSOLE_DIMENSION,
+                size.rows,
+                size.cols
+            )));
+        }
+        let body = serde_json::to_vec(&size).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.call(
+            Method::POST,
+            "/v1/console-size",
+            Some(body),
+            self.request_timeout,
+        )
+        .await
     }
 
     /// One request on a fresh connection, decoded as `T` on 200.

@@ -22,6 +22,13 @@
 //!   `/bin/sh -c COMMAND` as the agent's user in `/`, in its own process group, killed as a
 //!   group at the timeout (and when the shell exits, so nothing it started lingers); output is
 //!   capped at [`protocol::MAX_OUTPUT_BYTES`] per stream.
+//! - `POST /v1/console-size` with [`protocol::ConsoleSize`] (`{"rows":40,"cols":120}`, each
+//!   1 to [`protocol::MAX_CONSOLE_DIMENSION`], else 400) → the same size: sets the window size
+//!   of the serial console [`protocol::CONSOLE_TTY_PATH`] (`TIOCSWINSZ`; the kernel sends
+//!   `SIGWINCH` to its foreground programs, so `vim`, `top` and `less` redraw for the size of
+//!   the student's browser terminal). Under `--root DIR` (a simulated guest, no device) it
+//!   writes `ROWS COLS` to `DIR/dev/ttyS0` instead, which the simulated console reads.
+//!   A console that is missing or not a terminal gets 500 `internal`.
 //! - Malformed HTTP gets 400, an oversized head 431, an oversized body 413 (unread), a
 //!   request not received within 10 s 408; the agent keeps serving.
 //!

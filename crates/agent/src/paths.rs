@@ -15,6 +15,11 @@ pub struct AgentPaths {
     pub failed_marker: PathBuf,
     /// Working directory of executed commands (`/`, or DIR under `--root`).
     pub workdir: PathBuf,
+    /// The serial console ([`protocol::CONSOLE_TTY_PATH`]).
+    pub console: PathBuf,
+    /// Under `--root` there is no console device: a simulated guest's console reads the size
+    /// the agent writes, as text `ROWS COLS`, to [`AgentPaths::console`].
+    pub simulated: bool,
 }
 
 impl AgentPaths {
@@ -30,6 +35,8 @@ impl AgentPaths {
             ready_marker: map(protocol::READY_MARKER_PATH),
             failed_marker: map(protocol::FAILED_MARKER_PATH),
             workdir: root.map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
+            console: map(protocol::CONSOLE_TTY_PATH),
+            simulated: root.is_some(),
         }
     }
 }
@@ -44,6 +51,8 @@ mod tests {
         assert_eq!(real.token, Path::new(protocol::TOKEN_PATH));
         assert_eq!(real.ready_marker, Path::new(protocol::READY_MARKER_PATH));
         assert_eq!(real.workdir, Path::new("/"));
+        assert_eq!(real.console, Path::new("/dev/ttyS0"));
+        assert!(!real.simulated);
 
         let mapped = AgentPaths::under(Some(Path::new("/tmp/x")));
         assert_eq!(mapped.token, Path::new("/tmp/x/etc/ttlab/agent.token"));
@@ -53,5 +62,7 @@ mod tests {
             Path::new("/tmp/x/var/lib/ttlab/failed")
         );
         assert_eq!(mapped.workdir, Path::new("/tmp/x"));
+        assert_eq!(mapped.console, Path::new("/tmp/x/dev/ttyS0"));
+        assert!(mapped.simulated);
     }
 }

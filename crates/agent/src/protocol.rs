@@ -16,6 +16,13 @@ pub const READY_MARKER_PATH: &str = "/var/lib/ttlab/ready";
 /// with the readiness marker.
 pub const FAILED_MARKER_PATH: &str = "/var/lib/ttlab/failed";
 
+/// The guest's serial console, whose window size `POST /v1/console-size` sets (the console the
+/// browser's terminal is relayed to; its getty and shell run on it).
+pub const CONSOLE_TTY_PATH: &str = "/dev/ttyS0";
+
+/// The largest number of rows or columns `POST /v1/console-size` accepts.
+pub const MAX_CONSOLE_DIMENSION: u16 = 1000;
+
 /// `GET /v1/ready` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +62,25 @@ pub struct ExecResponse {
     pub stderr_truncated: bool,
     /// Wall-clock run time in milliseconds.
     pub duration_ms: u64,
+}
+
+/// `POST /v1/console-size` body, and its answer: the window size of the serial console, in
+/// character cells. Each must be between 1 and [`MAX_CONSOLE_DIMENSION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSize {
+    /// Rows (lines).
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+impl ConsoleSize {
+    /// Whether both dimensions are within 1..=[`MAX_CONSOLE_DIMENSION`].
+    pub fn is_valid(&self) -> bool {
+        (1..=MAX_CONSOLE_DIMENSION).contains(&self.rows)
+            && (1..=MAX_CONSOLE_DIMENSION).contains(&self.cols)
+    }
 }
 
 /// Error body for every non-2xx answer.
@@ -122,7 +148,8 @@ pub mod error_code {
     pub const TOO_LARGE: &str = "too_large";
     /// 431: too many or too large headers.
     pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
-    /// 500: the agent could not run the command (for example `/bin/sh` is missing).
+    /// 500: the agent could not run the command (for example `/bin/sh` is missing), or could
+    /// not set the console's size (no such device, or not a terminal).
     pub const INTERNAL: &str = "internal";
 }
 

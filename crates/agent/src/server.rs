@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use crate::http::{self, Conn, Head, ReadError, Response};
 use crate::paths::AgentPaths;
 use crate::protocol::{
-    AgentToken, ExecRequest, MAX_CONCURRENT_REQUESTS, MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES,
-    MAX_REQUEST_BODY_BYTES, PORT, ReadyResponse, error_code,
+    AgentToken, ConsoleSize, ExecRequest, MAX_CONCURRENT_REQUESTS, MAX_CONSOLE_DIMENSION,
+    MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES, MAX_REQUEST_BODY_BYTES, PORT, ReadyResponse, error_code,
 };
 use crate::{Error, runner, token};
 
@@ -228,9 +228,17 @@ fn serve_connection(
     let (response, read_all, what) = match http::read_head(&mut stream, deadline) {
         Ok(head) => {
             let what = format!("{} {}", head.method, head.path);
-            let (response, read_all) = handle(&mut stream, &head, paths, deadline, |request| {
-                run_exec(request, paths)
-            });
+            let (response, read_all) =
+                handle(
+                    &mut stream,
+                    &head,
+                    paths,
+                    deadline,
+                    |accepted| match accepted {
+                        Accepted::Exec(request) => run_exec(request, paths),
+                        Accepted::ConsoleSize(size) => set_console_size(size, paths),
+                    },
+                );
             (Some(response), read_all, what)
         }
         Err(e) => (e.response(), false, describe_read_error(&e)),
@@ -269,14 +277,23 @@ fn describe_read_error(e: &ReadError) -> String {
     }
 }
 
+/// A valid, authorized request that changes something in the guest.
+enum Accepted<'a> {
+    /// `POST /v1/exec`.
+    Exec(&'a ExecRequest),
+    /// `POST /v1/console-size`.
+    ConsoleSize(&'a ConsoleSize),
+}
+
 /// Answers one parsed request; also says whether the whole request was read. `run` answers a
-/// valid, authorized exec request (the real agent runs the command; the fuzz hook does not).
+/// valid, authorized exec or console-size request (the real agent runs the command or sets
+/// the size; the fuzz hook does neither).
 fn handle(
     conn: &mut impl Conn,
     head: &Head,
     paths: &AgentPaths,
     deadline: Instant,
-    run: impl FnOnce(&ExecRequest) -> Response,
+    run: impl FnOnce(Accepted<'_>) -> Response,
 ) -> (Response, bool) {
     let no_body = head.content_length.unwrap_or(0) == 0
         && !head.transfer_encoding
@@ -302,8 +319,19 @@ fn handle(
         .map_or(head.path.as_str(), |(p, _)| p);
     match (path, head.method.as_str()) {
         ("/v1/ready", "GET") => (Response::ok(&ready(paths)), no_body),
-        ("/v1/exec", "POST") => exec(conn, head, deadline, run),
-        ("/v1/ready", _) | ("/v1/exec", _) => {
+        ("/v1/exec", "POST") => exec(conn, head, deadline, |r| run(Accepted::Exec(r))),
+        ("/v1/console-size", "POST") => match read_json::<ConsoleSize>(conn, head, deadline) {
+            Err(answer) => answer,
+            Ok(size) if !size.is_valid() => {
+                let message = format!(
+                    "rows and cols must each be between 1 and {MAX_CONSOLE_DIMENSION}, got {} rows and {} cols",
+                    size.rows, size.cols
+                );
+                (Response::error(400, error_code::BAD_REQUEST, message), true)
+            }
+            Ok(size) => (run(Accepted::ConsoleSize(&size)), true),
+        },
+        ("/v1/ready" | "/v1/exec" | "/v1/console-size", _) => {
             let message = format!("{} is not allowed on {path}", head.method);
             (
                 Response::error(405, error_code::METHOD_NOT_ALLOWED, message),
@@ -354,15 +382,36 @@ fn exec(
     deadline: Instant,
     run: impl FnOnce(&ExecRequest) -> Response,
 ) -> (Response, bool) {
+    let request: ExecRequest = match read_json(conn, head, deadline) {
+        Ok(r) => r,
+        Err(answer) => return answer,
+    };
+    if request.timeout_ms == 0 || request.timeout_ms > MAX_EXEC_TIMEOUT_MS {
+        let message = format!(
+            "timeout_ms must be between 1 and {MAX_EXEC_TIMEOUT_MS}, got {}",
+            request.timeout_ms
+        );
+        return (Response::error(400, error_code::BAD_REQUEST, message), true);
+    }
+    (run(&request), true)
+}
+
+/// Reads a JSON body with a `Content-Length` within the limit; otherwise the answer to give
+/// (and whether the whole request was read).
+fn read_json<T: serde::de::DeserializeOwned>(
+    conn: &mut impl Conn,
+    head: &Head,
+    deadline: Instant,
+) -> Result<T, (Response, bool)> {
     let len = match (head.content_length, head.transfer_encoding) {
         (Some(len), false) => len,
         _ => {
             let message =
                 "send the body with a Content-Length (chunked bodies are not accepted)".to_owned();
-            return (
+            return Err((
                 Response::error(411, error_code::LENGTH_REQUIRED, message),
                 false,
-            );
+            ));
         }
     };
     let len = match usize::try_from(len) {
@@ -370,7 +419,7 @@ fn exec(
         _ => {
             let message =
                 format!("body of {len} bytes is over the {MAX_REQUEST_BODY_BYTES}-byte limit");
-            return (Response::error(413, error_code::TOO_LARGE, message), false);
+            return Err((Response::error(413, error_code::TOO_LARGE, message), false));
         }
     };
     let body = match http::read_body(conn, head, len, deadline) {
@@ -383,30 +432,69 @@ fn exec(
                     "the request body could not be read".into(),
                 )
             });
-            return (response, false);
+            return Err((response, false));
         }
     };
-    let request: ExecRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return (
-                Response::error(
-                    400,
-                    error_code::BAD_REQUEST,
-                    format!("invalid exec request: {e}"),
-                ),
-                true,
-            );
-        }
-    };
-    if request.timeout_ms == 0 || request.timeout_ms > MAX_EXEC_TIMEOUT_MS {
-        let message = format!(
-            "timeout_ms must be between 1 and {MAX_EXEC_TIMEOUT_MS}, got {}",
-            request.timeout_ms
-        );
-        return (Response::error(400, error_code::BAD_REQUEST, message), true);
+    serde_json::from_slice(&body).map_err(|e| {
+        let what = head.path.trim_start_matches("/v1/");
+        (
+            Response::error(
+                400,
+                error_code::BAD_REQUEST,
+                format!("invalid {what} request: {e}"),
+            ),
+            true,
+        )
+    })
+}
+
+/// Sets the serial console's window size: `TIOCSWINSZ` on the terminal device, which makes
+/// the kernel send `SIGWINCH` to the programs in its foreground (the shell, `vim`, `top`).
+/// Under `--root` (a simulated guest, no device) the size is written as `ROWS COLS` to the
+/// console's path instead, where the simulated console reads it.
+fn set_console_size(size: &ConsoleSize, paths: &AgentPaths) -> Response {
+    match apply_console_size(size, paths) {
+        Ok(()) => Response::ok(size),
+        Err(e) => Response::error(
+            500,
+            error_code::INTERNAL,
+            format!(
+                "cannot set the size of the console {}: {e}",
+                paths.console.display()
+            ),
+        ),
     }
-    (run(&request), true)
+}
+
+fn apply_console_size(size: &ConsoleSize, paths: &AgentPaths) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let opened = rustix::fs::open(
+        &paths.console,
+        OFlags::WRONLY | OFlags::NOCTTY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    );
+    match opened {
+        Ok(fd) if rustix::termios::isatty(&fd) => {
+            let winsize = rustix::termios::Winsize {
+                ws_row: size.rows,
+                ws_col: size.cols,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            };
+            rustix::termios::tcsetwinsize(&fd, winsize).map_err(io::Error::from)
+        }
+        Ok(_) | Err(rustix::io::Errno::NOENT) if paths.simulated => {
+            if let Some(dir) = paths.console.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            // Written whole and renamed, so a reader never sees half a size.
+            let partial = paths.console.with_extension("size-partial");
+            fs::write(&partial, format!("{} {}\n", size.rows, size.cols))?;
+            fs::rename(&partial, &paths.console)
+        }
+        Ok(_) => Err(io::Error::other("it is not a terminal")),
+        Err(e) => Err(io::Error::from(e)),
+    }
 }
 
 /// Runs a checked exec request's command.
@@ -434,11 +522,13 @@ pub struct Answered {
     pub consumed: usize,
     /// The exec request that would have been run, if one was accepted.
     pub exec: Option<ExecRequest>,
+    /// The console size that would have been set, if one was accepted.
+    pub console_size: Option<ConsoleSize>,
 }
 
 /// Reads one request from `input` (delivered in reads of at most `read_size` bytes) and answers
-/// it exactly as a connection is answered, except that an accepted exec request is not run
-/// (it is returned, and answered 200 with an empty body). For the fuzz targets and tests; not
+/// it exactly as a connection is answered, except that an accepted exec or console-size request
+/// is not carried out (it is returned, and answered 200 with an empty body). For the fuzz targets and tests; not
 /// part of the agent's interface.
 #[doc(hidden)]
 pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answered {
@@ -449,10 +539,14 @@ pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answe
     };
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut accepted = None;
+    let mut console_size = None;
     let (response, read_all) = match http::read_head(&mut conn, deadline) {
         Ok(head) => {
             let (response, read_all) = handle(&mut conn, &head, paths, deadline, |request| {
-                accepted = Some(request.clone());
+                match request {
+                    Accepted::Exec(r) => accepted = Some(r.clone()),
+                    Accepted::ConsoleSize(s) => console_size = Some(*s),
+                }
                 Response {
                     status: 200,
                     body: b"{}".to_vec(),
@@ -467,6 +561,7 @@ pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answe
         read_all,
         consumed: conn.pos,
         exec: accepted,
+        console_size,
     }
 }
 

@@ -4,7 +4,8 @@
 //! It owns the API calls the server and the reaper make — creating (or, after a lost reply,
 //! adopting an object of the same session under the same name) VirtualMachines, their
 //! cloud-init Secrets (created after the VM, owned by it, never updated), Services,
-//! NetworkPolicies and Pods; getting, listing by label selector page by page, and deleting
+//! NetworkPolicies and Pods; making sure the shared ConfigMap of the agent's version exists
+//! (get, create if absent, never update); getting, listing by label selector page by page, and deleting
 //! (a missing object is already deleted, which is success); counting the live VMs; observing
 //! the golden PVC, DataVolume and DataSource; waiting for a VMI to run by watching it; the
 //! VMI's address; the serial console; pod exec — and it maps every failure onto one typed
@@ -56,8 +57,8 @@ pub use teardown::{
     LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,
     teardown_session, teardown_session_within,
 };
-pub use terminal::{ByteSink, ByteStream, Terminal};
+pub use terminal::{ByteSink, ByteStream, ResizeSink, Terminal, TtySize};
 pub use types::{
-    Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, GoldenFacts, GoldenRef, Kind,
-    Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiPhase, VmiState,
+    Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, GoldenFacts, GoldenRef,
+    Kind, Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiPhase, VmiState,
 };

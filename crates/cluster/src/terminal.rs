@@ -16,6 +16,19 @@ pub type ByteStream = BoxStream<'static, Result<Bytes, ClusterError>>;
 /// Where bytes for the guest or process go (keystrokes). Closing it closes the connection.
 pub type ByteSink = Pin<Box<dyn Sink<Bytes, Error = ClusterError> + Send>>;
 
+/// The size of a TTY in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtySize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// Where new sizes of an exec'd process's TTY go (the exec protocol's resize channel, 4:
+/// `{"Width":…,"Height":…}`); the kubelet sets them on the TTY, which sends `SIGWINCH`.
+pub type ResizeSink = Pin<Box<dyn Sink<TtySize, Error = ClusterError> + Send>>;
+
 /// An open interactive connection: a serial console (raw bytes in binary WebSocket frames,
 /// `plain.kubevirt.io`) or a pod exec with a TTY (stdout and stderr merged by the TTY).
 ///
@@ -26,6 +39,9 @@ pub struct Terminal {
     pub output: ByteStream,
     /// Bytes to the remote side.
     pub input: ByteSink,
+    /// The TTY's resize channel: a pod exec's. A serial console has none (`None`): its size
+    /// is set inside the guest (the agent's `POST /v1/console-size`).
+    pub resize: Option<ResizeSink>,
 }
 
 impl fmt::Debug for Terminal {

@@ -1,10 +1,74 @@
 //! Telling a running relay when to stop: a deadline that can move (an extension) and a close
-//! order with its reason (session finished, console opened elsewhere, server shutdown).
+//! order with its reason (session finished, console opened elsewhere, server shutdown). And
+//! the page's own control messages on the console WebSocket ([`BrowserControl`]): its
+//! terminal's size.
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::CloseReason;
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TermSize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+impl TermSize {
+    /// The most rows or columns a page may ask for.
+    pub const MAX: u16 = 1000;
+
+    /// Whether both are within 1..=[`TermSize::MAX`].
+    pub fn is_valid(&self) -> bool {
+        (1..=Self::MAX).contains(&self.cols) && (1..=Self::MAX).contains(&self.rows)
+    }
+}
+
+/// A message from the page that is not keystrokes.
+///
+/// The page types with binary frames. A text frame holding a JSON object whose `"type"` is a
+/// known control is a control message: `{"type":"resize","cols":120,"rows":40}` (the page
+/// sends it on connecting and on every resize of its terminal). Any other text frame is
+/// typed, as before (see [`crate::relay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BrowserControl {
+    /// The terminal's size changed (or is told on connecting).
+    Resize {
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+}
+
+impl BrowserControl {
+    /// The prefix every control message starts with.
+    pub const PREFIX: &'static str = r#"{"type":"#;
+
+    /// `None` when `text` is not a control message (it is keystrokes); `Some(Err(why))` when
+    /// it is one but invalid (a size of 0 or over [`TermSize::MAX`], an unknown type): it is
+    /// then dropped, never typed.
+    pub fn parse(text: &str) -> Option<Result<Self, String>> {
+        if !text.starts_with(Self::PREFIX) {
+            return None;
+        }
+        Some(match serde_json::from_str::<Self>(text) {
+            Ok(Self::Resize { cols, rows }) if !(TermSize { cols, rows }).is_valid() => {
+                Err(format!(
+                    "a terminal of {cols}x{rows}: each must be 1 to {}",
+                    TermSize::MAX
+                ))
+            }
+            Ok(control) => Ok(control),
+            Err(e) => Err(e.to_string()),
+        })
+    }
+}
 
 #[derive(Debug, Clone)]
 struct State {
@@ -62,6 +126,13 @@ impl Controller {
 }
 
 impl Controls {
+    /// A follower of the deadline alone, for tasks that act before it (the warnings).
+    pub(crate) fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            rx: self.rx.clone(),
+        }
+    }
+
     /// A close order already given, or the deadline if it has passed, without waiting.
     pub fn pending(&self) -> Option<CloseReason> {
         let state = self.rx.borrow();
@@ -107,6 +178,27 @@ impl Controls {
     }
 }
 
+/// Follows the deadline of a [`Controls`].
+#[derive(Debug)]
+pub(crate) struct Deadlines {
+    rx: watch::Receiver<State>,
+}
+
+impl Deadlines {
+    /// The deadline now.
+    pub(crate) fn current(&mut self) -> Option<Instant> {
+        self.rx.borrow_and_update().deadline
+    }
+
+    /// Waits until the deadline may have changed (never returns once every controller is
+    /// gone: the deadline can no longer move).
+    pub(crate) async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -126,6 +218,33 @@ mod tests {
         let (reason, at) = waiter.await.unwrap();
         assert_eq!(reason, CloseReason::Expired);
         assert_eq!(at - start, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn resize_messages_are_controls_and_other_text_is_keystrokes() {
+        assert_eq!(
+            BrowserControl::parse(r#"{"type":"resize","cols":120,"rows":40}"#),
+            Some(Ok(BrowserControl::Resize {
+                cols: 120,
+                rows: 40
+            }))
+        );
+        for text in ["ls -l\r", "{\"resize\":1}", "", " {\"type\":\"resize\"}"] {
+            assert_eq!(BrowserControl::parse(text), None, "{text:?}");
+        }
+        for text in [
+            r#"{"type":"resize","cols":0,"rows":40}"#,
+            r#"{"type":"resize","cols":80,"rows":1001}"#,
+            r#"{"type":"resize","cols":80}"#,
+            r#"{"type":"resize","cols":80,"rows":24,"x":1}"#,
+            r#"{"type":"beep"}"#,
+            r#"{"type":"#,
+        ] {
+            assert!(
+                matches!(BrowserControl::parse(text), Some(Err(_))),
+                "{text:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,9 @@
 //! KubeVirt drops text frames), bounded buffers with backpressure, keepalive pings and the
 //! silence timeout towards the browser, the retry every second while a booting VM's console
 //! answers "not ready", and closing with a reason the student can read (session expired at
-//! the lifespan's deadline, session finished, console opened in another tab, VM stopped). See
+//! the lifespan's deadline, session finished, console opened in another tab, VM stopped), the
+//! page's terminal size passed on to the console, a redraw on connecting, and the warnings
+//! written into the terminal before the deadline at a safe point of the stream. See
 //! [`relay`](mod@relay) for the rules in detail and [`CloseReason`] for the close codes.
 //!
 //! It refuses to own the I/O on either side: the browser side is any `Sink`/`Stream` of
@@ -71,8 +73,9 @@ mod error;
 mod frame;
 mod reason;
 pub mod relay;
+pub mod safe;
 
-pub use control::{Controller, Controls, controls};
+pub use control::{BrowserControl, Controller, Controls, TermSize, controls};
 pub use error::ConsoleError;
 pub use frame::{CloseFrame, Frame, MAX_CLOSE_REASON};
 pub use reason::{CloseReason, LabKind};

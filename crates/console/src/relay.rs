@@ -14,17 +14,33 @@
 //!    of typing into the void. VM → browser: always binary frames (raw serial bytes; the page
 //!    decodes UTF-8 across frame boundaries). Output that is already waiting is coalesced into
 //!    frames of at most [`RelayConfig::max_frame`] bytes.
-//! 3. **Backpressure.** Nothing is queued without bound: the relay holds at most one frame in
+//!    A text frame that is a control message ([`BrowserControl`]: the page's terminal size) is
+//!    not typed: the relay gives the newest size to [`Upstream::resize`] (one call at a time;
+//!    sizes arriving meanwhile are coalesced into the latest), including one sent while the
+//!    console was still opening.
+//! 3. **Redraw on connecting.** Once the console is open and the page's size applied (or
+//!    after [`RelayConfig::redraw_wait`] without one), [`RelayConfig::redraw`] is typed once
+//!    if the console has printed nothing yet, so a (re)connected student sees a prompt at once
+//!    instead of an empty screen until a key is pressed. A console that already printed
+//!    something (a first connection's boot lines, a new shell's prompt) is left alone: nothing
+//!    on the screen is wiped for nothing.
+//! 4. **Warnings.** At each of [`RelayConfig::warnings`] before the deadline (5 minutes and
+//!    1 minute by default) a line saying how long is left is written into the terminal, only
+//!    at a [`Boundary`](crate::safe::Boundary) of the console's output (never inside an escape
+//!    sequence or a UTF-8 character: it waits for the sequence to end). A console opened
+//!    past a warning's instant shows it once the redraw is done (which would wipe it); an
+//!    extension re-arms the warnings it moved past.
+//! 5. **Backpressure.** Nothing is queued without bound: the relay holds at most one frame in
 //!    each direction and reads the next only when the previous one was accepted, so a slow
 //!    browser slows the reading of the console (TCP pushes back to KubeVirt) and a slow console
 //!    slows the reading of the browser. A browser that takes no frame for
 //!    [`RelayConfig::write_timeout`] is dropped ([`CloseReason::BrowserUnresponsive`]): it
 //!    cannot hold a connection, a task or memory for longer.
-//! 4. **Keepalive.** The browser gets a ping every [`RelayConfig::ping_interval`]; a browser
+//! 6. **Keepalive.** The browser gets a ping every [`RelayConfig::ping_interval`]; a browser
 //!    from which nothing (frame or pong) arrived for [`RelayConfig::browser_timeout`] is
 //!    dropped, unless the relay itself was the one waiting (on the console). Keepalive towards
 //!    KubeVirt is the console connection's own job (the upstream's WebSocket).
-//! 5. **Closing.** On the deadline (the session's expiry, movable by an extension) or an order
+//! 7. **Closing.** On the deadline (the session's expiry, movable by an extension) or an order
 //!    from the [`Controller`](crate::Controller), or when the console ends, the student gets
 //!    the reason as the terminal's last line and as the Close frame's code and reason
 //!    ([`CloseReason`]), and the console connection is closed. When the console ends by itself
@@ -44,7 +60,12 @@ use futures::future::BoxFuture;
 use futures::{FutureExt as _, Sink, SinkExt as _, Stream, StreamExt as _};
 use tokio::time::Instant;
 
-use crate::{CloseFrame, CloseReason, ConsoleError, Controls, Frame, LabKind};
+use tokio::sync::watch;
+
+use crate::safe::Inserter;
+use crate::{
+    BrowserControl, CloseFrame, CloseReason, ConsoleError, Controls, Frame, LabKind, TermSize,
+};
 
 /// What [`Upstream::connect`] returns: the console's input and output halves.
 pub type Connected<'a, U> =
@@ -70,6 +91,14 @@ pub trait Upstream: Send {
     /// at the VM. The default assumes the connection was lost.
     fn ended(&mut self, detail: String) -> BoxFuture<'_, CloseReason> {
         Box::pin(std::future::ready(CloseReason::ConsoleLost(detail)))
+    }
+
+    /// The page's terminal is `size` now: make the console's programs see it (a VM's serial
+    /// console through its agent, a pod's TTY through the exec's resize channel). Failures
+    /// are the upstream's to log; the relay goes on. The default does nothing.
+    fn resize(&mut self, size: TermSize) -> BoxFuture<'_, ()> {
+        let _ = size;
+        Box::pin(std::future::ready(()))
     }
 }
 
@@ -98,6 +127,17 @@ pub struct RelayConfig {
     /// How long a console connection that ended for no known reason waits for a close order
     /// (a takeover announced by another server replica) before it is reported as lost.
     pub takeover_grace: Duration,
+    /// Typed once after connecting, to make the console redraw (`None`: nothing). The server
+    /// types Ctrl-L into a VM's serial console: the shell clears and shows its prompt with
+    /// the line being edited, `vim`, `less` and `top` repaint; nothing is run.
+    pub redraw: Option<Bytes>,
+    /// How long the redraw waits for the page's terminal size, so it draws for that size.
+    pub redraw_wait: Duration,
+    /// How long after a redraw the console's answer (a cleared screen) is waited for before a
+    /// warning may be written.
+    pub redraw_settle: Duration,
+    /// How long before the deadline a warning line is written into the terminal.
+    pub warnings: Vec<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -113,6 +153,10 @@ impl Default for RelayConfig {
             connected_message: None,
             lab: LabKind::Vm,
             takeover_grace: Duration::from_secs(1),
+            redraw: None,
+            redraw_wait: Duration::from_secs(1),
+            redraw_settle: Duration::from_millis(500),
+            warnings: vec![Duration::from_secs(5 * 60), Duration::from_secs(60)],
         }
     }
 }
@@ -152,11 +196,13 @@ where
     U: Upstream,
 {
     let config = &config;
+    let (sizes, _) = watch::channel(None);
     let opened = open(
         &mut to_browser,
         &mut from_browser,
         &mut upstream,
         &mut controls,
+        &sizes,
         config,
     )
     .await;
@@ -175,11 +221,15 @@ where
 
     let counters = Counters::default();
     let ended = pump(
-        &mut to_browser,
-        &mut from_browser,
+        Browser {
+            to: &mut to_browser,
+            from: &mut from_browser,
+        },
+        &mut upstream,
         &mut input,
         output,
         &mut controls,
+        &sizes,
         config,
         &counters,
     )
@@ -233,6 +283,7 @@ async fn open<BS, BR, BE, U>(
     from_browser: &mut BR,
     upstream: &mut U,
     controls: &mut Controls,
+    sizes: &watch::Sender<Option<TermSize>>,
     config: &RelayConfig,
 ) -> Result<(U::Input, U::Output), CloseReason>
 where
@@ -243,7 +294,7 @@ where
     let started = Instant::now();
     let mut shown: Option<String> = None;
     loop {
-        let attempt = interruptible(upstream.connect(), controls, from_browser).await?;
+        let attempt = interruptible(upstream.connect(), controls, from_browser, sizes).await?;
         let message = match attempt {
             Ok(io) => {
                 if shown.is_some() {
@@ -288,17 +339,19 @@ where
             tokio::time::sleep(config.retry_interval),
             controls,
             from_browser,
+            sizes,
         )
         .await?;
     }
 }
 
 /// Awaits `work` unless a close order, the deadline or the browser leaving comes first.
-/// Browser frames read meanwhile are dropped.
+/// Keystrokes read meanwhile are dropped; the terminal's size is kept (in `sizes`).
 async fn interruptible<T, BR, BE>(
     work: impl Future<Output = T>,
     controls: &mut Controls,
     from_browser: &mut BR,
+    sizes: &watch::Sender<Option<TermSize>>,
 ) -> Result<T, CloseReason>
 where
     BR: Stream<Item = Result<Frame, BE>> + Unpin,
@@ -312,8 +365,18 @@ where
             done = &mut work => return Ok(done),
             reason = controls.until_close() => return Err(reason),
             frame = from_browser.next() => {
-                if matches!(frame, None | Some(Err(_)) | Some(Ok(Frame::Close(_)))) {
-                    return Err(CloseReason::BrowserClosed);
+                match frame {
+                    None | Some(Err(_) | Ok(Frame::Close(_))) => {
+                        return Err(CloseReason::BrowserClosed);
+                    }
+                    Some(Ok(Frame::Text(text))) => {
+                        if let Some(Ok(BrowserControl::Resize { cols, rows })) =
+                            BrowserControl::parse(&text)
+                        {
+                            sizes.send_replace(Some(TermSize { cols, rows }));
+                        }
+                    }
+                    Some(Ok(_)) => {}
                 }
             }
         }
@@ -337,29 +400,78 @@ enum Ended {
     ConsoleEnded(String),
 }
 
-async fn pump<BS, BR, BE, I, O, E>(
-    to_browser: &mut BS,
-    from_browser: &mut BR,
+/// The browser's two halves.
+struct Browser<'a, BS, BR> {
+    to: &'a mut BS,
+    from: &'a mut BR,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn pump<BS, BR, BE, U, I, O, E>(
+    browser: Browser<'_, BS, BR>,
+    upstream: &mut U,
     input: &mut I,
     mut output: O,
     controls: &mut Controls,
+    sizes: &watch::Sender<Option<TermSize>>,
     config: &RelayConfig,
     counters: &Counters,
 ) -> Ended
 where
     BS: Sink<Frame> + Unpin + Send,
     BR: Stream<Item = Result<Frame, BE>> + Unpin + Send,
+    U: Upstream,
     I: Sink<Bytes, Error = E> + Unpin + Send,
     O: Stream<Item = Result<Bytes, E>> + Unpin + Send,
     E: fmt::Display,
 {
+    let Browser {
+        to: to_browser,
+        from: from_browser,
+    } = browser;
     let epoch = Instant::now();
     let since_epoch = move || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let mut deadlines = controls.deadlines();
+    // Bytes the relay itself types (the redraw), merged with the keystrokes.
+    let (inject, mut injected) = tokio::sync::mpsc::channel::<Bytes>(1);
+    // The console printed something since it opened.
+    let spoke = AtomicBool::new(false);
+    // The redraw is done (or was not needed): warnings may be written.
+    let (settled_tx, settled) = watch::channel(config.redraw.is_none());
 
     let down = async {
         let mut ping = tokio::time::interval_at(epoch + config.ping_interval, config.ping_interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warnings = Warnings::new(&config.warnings);
+        let mut inserter = Inserter::new();
+        let mut settled = settled;
         loop {
+            let deadline = deadlines.current();
+            let now = Instant::now();
+            let mut next_warning = None;
+            let ready = *settled.borrow_and_update();
+            if let Some(deadline) = deadline.filter(|_| ready) {
+                let remaining = deadline.saturating_duration_since(now);
+                if warnings.due(remaining) && !remaining.is_zero() {
+                    let line = notice(&warning_text(remaining));
+                    if let Some(line) = inserter.insert(line) {
+                        let len = line.len() as u64;
+                        if let Err(reason) =
+                            send(to_browser, Frame::Binary(line), config.write_timeout).await
+                        {
+                            return Ended::Reason(reason);
+                        }
+                        counters.to_browser.fetch_add(len, Ordering::Relaxed);
+                    }
+                }
+                next_warning = warnings.next_in(remaining).map(|wait| now + wait);
+            }
+            let warning_due = async {
+                match next_warning {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 chunk = output.next() => {
                     let (data, then) = match chunk {
@@ -367,6 +479,8 @@ where
                         Some(Err(e)) => return Ended::ConsoleEnded(e.to_string()),
                         None => return Ended::ConsoleEnded("the console connection closed".to_owned()),
                     };
+                    spoke.store(true, Ordering::Relaxed);
+                    let data = inserter.output(data);
                     let len = data.len() as u64;
                     if let Err(reason) = send(to_browser, Frame::Binary(data), config.write_timeout).await {
                         return Ended::Reason(reason);
@@ -387,28 +501,80 @@ where
                         return Ended::Reason(reason);
                     }
                 }
+                () = deadlines.changed() => {}
+                () = warning_due => {}
+                Ok(()) = settled.changed(), if !ready => {}
+            }
+        }
+    };
+
+    let resizer = async {
+        let mut newest = sizes.subscribe();
+        if newest.borrow().is_none() {
+            let _ = tokio::time::timeout(config.redraw_wait, newest.changed()).await;
+        }
+        let first = *newest.borrow_and_update();
+        if let Some(size) = first {
+            upstream.resize(size).await;
+        }
+        let mut settle_at = None;
+        if let Some(redraw) = &config.redraw {
+            if spoke.load(Ordering::Relaxed) {
+                settled_tx.send_replace(true);
+            } else {
+                let _ = inject.send(redraw.clone()).await;
+                settle_at = Some(Instant::now() + config.redraw_settle);
+            }
+        }
+        loop {
+            tokio::select! {
+                changed = newest.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    let size = *newest.borrow_and_update();
+                    if let Some(size) = size {
+                        upstream.resize(size).await;
+                    }
+                }
+                () = tokio::time::sleep_until(settle_at.unwrap_or_else(Instant::now)), if settle_at.is_some() => {
+                    settle_at = None;
+                    settled_tx.send_replace(true);
+                }
             }
         }
     };
 
     let up = async {
         loop {
-            let data = match from_browser.next().await {
-                Some(Ok(Frame::Binary(bytes))) => bytes,
-                Some(Ok(Frame::Text(text))) => Bytes::from(text),
-                Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => {
+            let frame = tokio::select! {
+                biased;
+                Some(bytes) = injected.recv() => Some(Ok(Frame::Binary(bytes))),
+                frame = from_browser.next() => {
                     counters
                         .last_heard_ms
                         .store(since_epoch(), Ordering::Relaxed);
-                    continue;
+                    frame
                 }
+            };
+            let data = match frame {
+                Some(Ok(Frame::Binary(bytes))) => bytes,
+                Some(Ok(Frame::Text(text))) => match BrowserControl::parse(&text) {
+                    None => Bytes::from(text),
+                    Some(Ok(BrowserControl::Resize { cols, rows })) => {
+                        sizes.send_replace(Some(TermSize { cols, rows }));
+                        continue;
+                    }
+                    Some(Err(why)) => {
+                        tracing::debug!(%why, "control message from the page ignored");
+                        continue;
+                    }
+                },
+                Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
                 Some(Ok(Frame::Close(_)) | Err(_)) | None => {
                     return Ended::Reason(CloseReason::BrowserClosed);
                 }
             };
-            counters
-                .last_heard_ms
-                .store(since_epoch(), Ordering::Relaxed);
             if data.is_empty() {
                 continue;
             }
@@ -429,7 +595,64 @@ where
     tokio::select! {
         end = down => end,
         end = up => end,
+        () = resizer => unreachable!("the resizer never ends"),
         reason = controls.until_close() => Ended::Reason(reason),
+    }
+}
+
+/// The warnings before a deadline: which were given, re-armed when an extension moves the
+/// deadline back past them.
+struct Warnings {
+    /// Lead time before the deadline, and whether its warning was given.
+    leads: Vec<(Duration, bool)>,
+}
+
+impl Warnings {
+    fn new(leads: &[Duration]) -> Self {
+        Self {
+            leads: leads
+                .iter()
+                .filter(|l| !l.is_zero())
+                .map(|&l| (l, false))
+                .collect(),
+        }
+    }
+
+    /// With `remaining` before the deadline: whether a warning is due now (one line for all
+    /// that fell due together). Marks them given.
+    fn due(&mut self, remaining: Duration) -> bool {
+        let mut due = false;
+        for (lead, given) in &mut self.leads {
+            if remaining > *lead {
+                *given = false;
+            } else if !*given {
+                *given = true;
+                due = true;
+            }
+        }
+        due
+    }
+
+    /// How long until the next warning falls due, with `remaining` before the deadline.
+    fn next_in(&self, remaining: Duration) -> Option<Duration> {
+        self.leads
+            .iter()
+            .filter(|(lead, given)| !given && remaining > *lead)
+            .map(|(lead, _)| remaining - *lead)
+            .min()
+    }
+}
+
+/// The warning line for `remaining` time left (whole minutes, rounded up).
+fn warning_text(remaining: Duration) -> String {
+    let minutes = remaining.as_secs().div_ceil(60).max(1);
+    if minutes == 1 {
+        "1 minute left in this lab. Save your work now: the lab closes when the time is up."
+            .to_owned()
+    } else {
+        format!(
+            "{minutes} minutes left in this lab. Save your work, or extend the lab on the page."
+        )
     }
 }
 
@@ -517,4 +740,38 @@ where
         to_browser.close().await
     };
     let _ = tokio::time::timeout(config.close_timeout, goodbye).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn warnings_fall_due_once_each_and_an_extension_re_arms_them() {
+        let mut w = Warnings::new(&[5 * MIN, MIN]);
+        assert!(!w.due(10 * MIN));
+        assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
+        assert!(w.due(5 * MIN));
+        assert!(!w.due(5 * MIN - Duration::from_secs(1)));
+        assert_eq!(w.next_in(4 * MIN), Some(3 * MIN));
+        assert!(w.due(MIN));
+        assert_eq!(w.next_in(MIN / 2), None);
+        // Extended by ten minutes: both come again.
+        assert!(!w.due(10 * MIN));
+        assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
+        // Opened with 3 minutes left: the 5-minute warning at once, then the last one.
+        let mut w = Warnings::new(&[5 * MIN, MIN]);
+        assert!(w.due(3 * MIN));
+        assert_eq!(w.next_in(3 * MIN), Some(2 * MIN));
+    }
+
+    #[test]
+    fn warning_lines_say_whole_minutes_rounded_up() {
+        assert!(warning_text(5 * MIN).starts_with("5 minutes left"));
+        assert!(warning_text(4 * MIN + Duration::from_secs(1)).starts_with("5 minutes left"));
+        assert!(warning_text(MIN).starts_with("1 minute left"));
+        assert!(warning_text(Duration::from_secs(3)).starts_with("1 minute left"));
+    }
 }

@@ -1,7 +1,9 @@
 //! The VMI serial console subresource: a WebSocket with subprotocol `plain.kubevirt.io`, raw
 //! bytes in binary frames both ways, one client per VMI (a new one closes the old), and behind
 //! it the simulated terminal of [`crate::terminal`] as root's autologin shell, with boot lines
-//! for the first client. A qemu guest's console is its serial port instead: raw bytes both
+//! for the first client. The terminal's size is the one the guest's agent set (`POST
+//! /v1/console-size`, which under the agent's `--root` writes `ROWS COLS` to the guest's
+//! `dev/ttyS0`): `stty size` prints it. A qemu guest's console is its serial port instead: raw bytes both
 //! ways, and for the first client what the guest printed so far (the last 64 KiB).
 
 use std::collections::HashMap;
@@ -236,10 +238,15 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
         }
     }
     let shutdown = sim.shutdown.clone();
+    // The simulated agent sets the console's size by writing it under the guest's root.
+    let size_file = sim.kubevirt.guest(ns, name).map(|g| {
+        g.dir
+            .join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'))
+    });
     match behind {
         Behind::Sim(terminal) => ws
             .protocols([PROTOCOL])
-            .on_upgrade(move |socket| serve(socket, terminal, token, shutdown)),
+            .on_upgrade(move |socket| serve(socket, terminal, size_file, token, shutdown)),
         Behind::Qemu(console, shown) => ws
             .protocols([PROTOCOL])
             .on_upgrade(move |socket| serve_serial(socket, console, shown, token, shutdown)),
@@ -311,9 +318,20 @@ async fn serve_serial(
     let _ = writer.await;
 }
 
+/// The size the simulated guest's agent set on its console (`ROWS COLS`, written by
+/// `POST /v1/console-size` under the guest's root), if it set one.
+fn console_size(file: &std::path::Path) -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let mut words = text.split_whitespace();
+    let rows = words.next()?.parse().ok()?;
+    let cols = words.next()?.parse().ok()?;
+    Some((rows, cols))
+}
+
 async fn serve(
     socket: WebSocket,
     terminal: Arc<Mutex<Terminal>>,
+    size_file: Option<std::path::PathBuf>,
     token: CancellationToken,
     shutdown: CancellationToken,
 ) {
@@ -362,10 +380,16 @@ async fn serve(
             Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
             Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
         };
+        // What the agent set is the console's size from now on, as the kernel's TTY would
+        // hold it: the shell's `stty size` reports it.
+        let size = size_file.as_deref().and_then(console_size);
         let actions = {
             let mut t = terminal
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((rows, cols)) = size {
+                t.resize(cols, rows);
+            }
             t.input(&data)
         };
         for a in actions {

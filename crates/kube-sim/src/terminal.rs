@@ -423,6 +423,14 @@ impl Terminal {
                     actions.push(Action::Out(b"^C\r\n".to_vec()));
                     actions.push(Action::Out(self.prompt()));
                 }
+                // Ctrl-L, as readline does: clear the screen, then the prompt and the line
+                // being edited again (a reconnecting console sends it to redraw).
+                0x0c => {
+                    let mut out = b"\x1b[H\x1b[2J".to_vec();
+                    out.extend(self.prompt());
+                    out.extend_from_slice(&self.line);
+                    actions.push(Action::Out(out));
+                }
                 0x7f | 0x08 if self.line.pop().is_some() => {
                     actions.push(Action::Out(b"\x08 \x08".to_vec()));
                 }
@@ -551,6 +559,30 @@ mod tests {
         assert!(text(&t.input(b"nope\r")).contains("-bash: nope: command not found"));
         assert_eq!(t.status(), 127);
         assert_eq!(text(&t.input(b"ab\x7f")), "ab\x08 \x08");
+    }
+
+    #[test]
+    fn ctrl_l_redraws_the_prompt_and_the_line_being_typed() {
+        let mut t = console();
+        assert_eq!(
+            text(&t.input(b"who\x0c")),
+            "who\x1b[H\x1b[2Jroot@lab-1:~# who"
+        );
+        assert_eq!(text(&t.input(b"ami\r")), "ami\r\nroot\r\nroot@lab-1:~# ");
+    }
+
+    #[test]
+    fn stty_size_reports_the_size_set_on_the_console() {
+        let mut t = console();
+        assert_eq!(
+            text(&t.input(b"stty size\r")),
+            "stty size\r\n24 80\r\nroot@lab-1:~# "
+        );
+        t.resize(132, 43);
+        assert_eq!(
+            text(&t.input(b"stty size\r")),
+            "stty size\r\n43 132\r\nroot@lab-1:~# "
+        );
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! Real qemu guests behind kube-sim's KubeVirt: sessions rendered exactly as the server
-//! renders them (the shipped systemd lesson, `ttlab-cloudinit` user-data carrying the built
-//! `ttlab-agent`, the `ttlab-vm-manifest` VirtualMachine and its Secret), created over kube-rs,
-//! booted by qemu from the Debian 12 image of `ttlabctl guest-image`.
+//! renders them (the shipped systemd lesson, `ttlab-cloudinit` user-data pinning the built
+//! `ttlab-agent`, the agent's shared ConfigMap, the `ttlab-vm-manifest` VirtualMachine mounting
+//! it and its Secret), created over kube-rs, booted by qemu from the Debian 12 image of
+//! `ttlabctl guest-image`, the ConfigMap attached as KubeVirt attaches a `configMap` volume (an
+//! ISO 9660 disk labelled with its `volumeLabel`), from which the guest's first boot installs
+//! the agent after checking its digest.
 //!
 //! One guest goes from VM create to ready (the agent answering after boot, then the real
 //! readiness marker after the setup), shows root's autologin shell on the serial console
 //! subresource, grades 0/6 before and 6/6 after the task is done by typing on that console,
-//! and shuts down (ACPI, within its grace) when its VM is deleted. Then two at once: one whose
+//! follows the terminal size the agent sets (`stty size` on the console prints it), and shuts
+//! down (ACPI, within its grace) when its VM is deleted. Then two at once: one whose
 //! hard deadline has already passed at first boot powers itself off (the VMI ends
 //! `Succeeded`), one whose setup fails reports why and never writes the marker.
 //!
@@ -21,14 +25,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::Value;
 use support::*;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use ttlab_agent::AgentClient;
-use ttlab_agent::protocol::{AgentToken, PORT};
+use ttlab_agent::protocol::{AgentToken, ConsoleSize, PORT};
 use ttlab_cloudinit::{AgentPayload, UserDataInput, UserDataSecret, render_user_data};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_kube_sim::guest::{GuestBackend, QemuSettings};
@@ -37,7 +41,7 @@ use ttlab_lesson::Lesson;
 use ttlab_model::SessionId;
 use ttlab_model::labels::ObjectLabels;
 use ttlab_qemu_guest::GuestImage;
-use ttlab_vm_manifest::{SessionVms, owner_reference, render, secret_name};
+use ttlab_vm_manifest::{AgentDisk, SessionVms, owner_reference, render_with_agent, secret_name};
 
 /// Everything the test needs from the machine, or `None` after `skip_or_fail`.
 fn prerequisites() -> Option<(GuestImage, AgentPayload)> {
@@ -102,20 +106,37 @@ async fn create_session(
     let session: SessionId = session.parse().unwrap();
     let node = lesson.nodes.first().clone();
     let env: ttlab_model::EnvName = "dev".parse().unwrap();
-    let vm = render(&SessionVms {
-        session,
-        env: env.clone(),
-        lesson: lesson.id.clone(),
-        namespace: Some("ttlab".into()),
-        image: lesson.image.clone(),
-        memory: lesson.memory.as_str().to_owned(),
-        cores: lesson.cores,
-        nodes: lesson.nodes.as_slice().to_vec(),
-        disk: DiskDecision::ContainerDisk {
-            reason: FallbackReason::NotRequested,
+    // The agent's shared ConfigMap first, as the server makes sure of it.
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "ttlab");
+    match config_maps
+        .create(&PostParams::default(), &payload.config_map(&env))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("agent ConfigMap: {e}"),
+    }
+    let agent = AgentDisk {
+        config_map: payload.config_map_name(),
+        volume_label: payload.volume_label().to_owned(),
+    };
+    let vm = render_with_agent(
+        &SessionVms {
+            session,
+            env: env.clone(),
+            lesson: lesson.id.clone(),
+            namespace: Some("ttlab".into()),
+            image: lesson.image.clone(),
+            memory: lesson.memory.as_str().to_owned(),
+            cores: lesson.cores,
+            nodes: lesson.nodes.as_slice().to_vec(),
+            disk: DiskDecision::ContainerDisk {
+                reason: FallbackReason::NotRequested,
+            },
+            termination_grace_period_seconds: 60,
         },
-        termination_grace_period_seconds: 60,
-    })
+        &agent,
+    )
     .expect("manifests")
     .vms
     .remove(0);
@@ -391,6 +412,28 @@ async fn real_guests_boot_set_up_grade_power_off_and_fail_as_the_lesson_says() {
         "every check passes once the task is done; console:\n{}",
         tail(&console.seen)
     );
+
+    // The page's terminal size reaches the guest: the agent sets the serial console's rows
+    // and columns (`TIOCSWINSZ` on /dev/ttyS0) and `stty size` typed on the console prints
+    // exactly that, for each new size; a size the guest cannot have is refused before it is
+    // sent.
+    for (rows, cols) in [(37, 101), (52, 143)] {
+        let set = agent
+            .set_console_size(ConsoleSize { rows, cols })
+            .await
+            .expect("the agent sets the console's size");
+        assert_eq!(set, ConsoleSize { rows, cols });
+        console.type_text("stty size\r").await;
+        console
+            .expect(&format!("{rows} {cols}\r\n"), Duration::from_secs(30))
+            .await;
+    }
+    assert!(matches!(
+        agent
+            .set_console_size(ConsoleSize { rows: 0, cols: 80 })
+            .await,
+        Err(ttlab_agent::Error::InvalidRequest(_))
+    ));
 
     // Deleting the VM shuts the guest down: the VMI goes within its grace.
     let pid = sim.agent_pid("ttlab", &s.name);

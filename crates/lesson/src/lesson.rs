@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer};
 use ttlab_model::{LessonId, NodeName, Runtime};
 
 use crate::file::LabFile;
+use crate::instructions::Instructions;
 use crate::memory::Memory;
 
 /// Default time the server waits for the VMI to be Running: 150 s.
@@ -56,6 +57,8 @@ pub struct Lesson {
     pub setup_timeout: Duration,
     /// Grading steps, in order.
     pub grading: Vec<GradingStep>,
+    /// What the student is asked to do, shown beside the terminal; `None` for none.
+    pub instructions: Option<Instructions>,
 }
 
 /// Which root disk a VM lesson prefers.
@@ -224,6 +227,7 @@ pub(crate) struct RawLesson {
     setup_timeout_seconds: Option<u64>,
     #[serde(default)]
     grading: Vec<RawGradingStep>,
+    instructions: Option<String>,
 }
 
 fn timeout(field: &str, seconds: Option<u64>, default: Duration) -> Result<Duration, String> {
@@ -407,7 +411,12 @@ impl TryFrom<RawLesson> for Lesson {
                 node,
             });
         }
+        let instructions = match raw.instructions.map(Instructions::new).transpose() {
+            Ok(i) => i,
+            Err(e) => return fail(e),
+        };
         Ok(Lesson {
+            instructions,
             id,
             title: raw.title,
             runtime: raw.runtime,

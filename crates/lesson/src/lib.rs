@@ -52,11 +52,13 @@
 //! | `readiness_timeout_seconds` | wait for the VMI to run | 150 |
 //! | `setup_timeout_seconds` | the setup script is killed after this | 600 |
 //! | `grading` | `name`, `command`, `expect_exit` (0), `timeout_seconds` (30), `node` (first node) | none |
+//! | `instructions` | Markdown shown beside the terminal ([`instructions`]: a safe subset, HTML in it shown as text), ≤ 64 KiB | none |
 //!
 //! Every mapping refuses unknown fields.
 
 mod error;
 mod file;
+pub mod instructions;
 mod lesson;
 mod memory;
 pub mod samples;
@@ -64,6 +66,7 @@ mod set;
 
 pub use error::{LessonError, SourceLocation};
 pub use file::{FileMode, LabFile, LabPath, RESERVED_DIRS, RESERVED_NAME_DIRS, is_reserved_path};
+pub use instructions::Instructions;
 pub use lesson::{
     DEFAULT_GRADING_TIMEOUT, DEFAULT_NODE, DEFAULT_READINESS_TIMEOUT, DEFAULT_SETUP_TIMEOUT,
     GoldenDisk, GoldenSource, GradingStep, Lesson, MAX_CORES, MAX_TIMEOUT, Nodes, VmDisk,

@@ -269,3 +269,55 @@ fn empty_and_unreadable_sources_are_errors() {
     let (_, line, _, msg) = invalid("id: [unclosed\n");
     assert!(line.is_some(), "{msg}");
 }
+
+#[test]
+fn the_shipped_lessons_carry_instructions_that_name_the_page_s_button() {
+    let set = LessonSet::load(&repo_lessons()).unwrap();
+    for lesson in set.iter() {
+        let instructions = lesson
+            .instructions
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} has no instructions", lesson.id));
+        let html = instructions.html();
+        assert!(html.contains("Check my work"), "{}: {html}", lesson.id);
+        // The page's button is "Check my work": no file or instruction names another one.
+        assert!(
+            !instructions.markdown().contains("\"Grade\""),
+            "{}",
+            lesson.id
+        );
+        for file in &lesson.files {
+            let text = String::from_utf8_lossy(&file.content);
+            assert!(
+                !text.contains("\"Grade\""),
+                "{}: {:?}",
+                lesson.id,
+                file.path
+            );
+        }
+    }
+}
+
+#[test]
+fn instructions_are_markdown_with_html_escaped_and_blank_ones_are_refused() {
+    let set = load_one(
+        "ok.yaml",
+        &format!("{GOOD}instructions: |\n  # Do it\n  Run `ls` <script>alert(1)</script>\n"),
+    )
+    .unwrap();
+    let html = set
+        .iter()
+        .next()
+        .unwrap()
+        .instructions
+        .as_ref()
+        .unwrap()
+        .html();
+    assert_eq!(
+        html,
+        "<h2>Do it</h2>\n<p>Run <code>ls</code> &lt;script&gt;alert(1)&lt;/script&gt;</p>\n"
+    );
+    let (file, _, _, message) = invalid(&format!("{GOOD}instructions: \"  \"\n"));
+    assert_eq!(file, "bad.yaml");
+    assert!(message.contains("`instructions` is empty"), "{message}");
+}

@@ -21,6 +21,12 @@
 //!   fails. One task per server follows session changes (the notification hub, plus a re-read
 //!   every 10 s) for all open consoles with one query.
 //!
+//! - The page's terminal size (a text control message, see `ttlab_console::BrowserControl`)
+//!   is set on the VM's serial console through its agent, or on the pod shell's TTY through
+//!   the exec's resize channel, on connecting and on every resize; a VM's console is then
+//!   redrawn (Ctrl-L) so a (re)connected student sees the prompt at once.
+//! - Warnings are written into the terminal 5 minutes and 1 minute before the expiry.
+//!
 //! Nothing here needs sticky sessions: a ticket issued by one replica opens the console on
 //! another, and a console opened on one replica closes the one open on another.
 
@@ -467,6 +473,13 @@ fn start(
             ),
             Runtime::Pod => format!("Connected to {}.", target.node),
         }),
+        // A serial console shows nothing new on connecting: Ctrl-L makes the shell (or the
+        // full-screen program) redraw, without running anything. A pod's new shell prints its
+        // own prompt.
+        redraw: match target.runtime {
+            Runtime::Vm => Some(axum::body::Bytes::from_static(b"\x0c")),
+            Runtime::Pod => None,
+        },
         lab: match target.runtime {
             Runtime::Vm => LabKind::Vm,
             Runtime::Pod => LabKind::Container,
@@ -496,6 +509,8 @@ fn start(
                         session: target.session,
                         cluster,
                         vm: target.object.clone(),
+                        node: target.node.clone(),
+                        agent: None,
                     };
                     relay(to_browser, from_browser, vm, controls, config).await
                 }
@@ -506,6 +521,7 @@ fn start(
                         cluster,
                         pod: target.object.clone(),
                         shell: None,
+                        resize: None,
                     };
                     relay(to_browser, from_browser, pod, controls, config).await
                 }

@@ -1,20 +1,31 @@
 //! The VM side of a console: the VMI's serial console (VM labs) or a login shell in the pod
 //! (pod labs), over the `Cluster` trait, with KubeVirt's answers turned into what the relay
-//! decides on.
+//! decides on. The page's terminal size reaches a VM through its agent (`POST
+//! /v1/console-size`: the serial console has no resize channel) and a pod through the exec's
+//! resize channel.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ttlab_cluster::{ByteSink, ByteStream, Cluster, ClusterError, Kind, VmiPhase};
-use ttlab_console::{CloseReason, Connected, ConsoleError, Upstream};
-use ttlab_model::SessionId;
+use futures::SinkExt as _;
+use ttlab_agent::AgentClient;
+use ttlab_agent::protocol::ConsoleSize;
+use ttlab_cluster::{
+    ByteSink, ByteStream, Cluster, ClusterError, Kind, ResizeSink, TtySize, VmiPhase,
+};
+use ttlab_console::{CloseReason, Connected, ConsoleError, TermSize, Upstream};
+use ttlab_model::{NodeName, SessionId};
 
-use crate::AppState;
+use crate::{AppState, saga};
 
 /// Asks the pod whether it has bash (exit status 0 if so).
 const HAS_BASH: &str = "command -v bash >/dev/null 2>&1";
 /// How long that question may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long setting the console's size through the agent may take.
+const RESIZE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The VMI's serial console.
 pub(super) struct VmConsole {
@@ -22,6 +33,38 @@ pub(super) struct VmConsole {
     pub(super) session: SessionId,
     pub(super) cluster: Arc<dyn Cluster>,
     pub(super) vm: String,
+    /// The lab node the VM is (its agent's token is the node's).
+    pub(super) node: String,
+    /// The VM's agent, once found (its address and token do not change while the VM runs).
+    pub(super) agent: Option<AgentClient>,
+}
+
+impl VmConsole {
+    async fn agent(&mut self) -> Result<&AgentClient, String> {
+        if self.agent.is_none() {
+            let ip = self
+                .cluster
+                .vmi_ip(&self.vm)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{} has no address yet", self.vm))?;
+            let node: NodeName = self
+                .node
+                .parse()
+                .map_err(|_| format!("no node {:?}", self.node))?;
+            let token = saga::agent_token(&self.state, self.session, &node)
+                .await
+                .map_err(|e| e.to_string())?;
+            let client =
+                AgentClient::new(SocketAddr::new(ip, self.state.config().agent_port), token)
+                    .with_timeouts(RESIZE_TIMEOUT, RESIZE_TIMEOUT)
+                    .with_user_agent(self.state.config().user_agent.as_str());
+            self.agent = Some(client);
+        }
+        self.agent
+            .as_ref()
+            .ok_or_else(|| "no agent client".to_owned())
+    }
 }
 
 /// A shell in the pod: a login shell, bash if the image has it, else sh. Which one is asked
@@ -33,6 +76,8 @@ pub(super) struct PodShell {
     pub(super) cluster: Arc<dyn Cluster>,
     pub(super) pod: String,
     pub(super) shell: Option<&'static str>,
+    /// The resize channel of the open exec.
+    pub(super) resize: Option<ResizeSink>,
 }
 
 impl PodShell {
@@ -127,6 +172,33 @@ impl Upstream for VmConsole {
             }
         })
     }
+
+    fn resize(&mut self, size: TermSize) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let session = self.session;
+            let wanted = ConsoleSize {
+                rows: size.rows,
+                cols: size.cols,
+            };
+            let result = match self.agent().await {
+                Ok(agent) => agent
+                    .set_console_size(wanted)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(_) => {
+                    tracing::debug!(%session, rows = size.rows, cols = size.cols, "console resized")
+                }
+                Err(e) => {
+                    // A restarted VM may have another address: look it up again next time.
+                    self.agent = None;
+                    tracing::info!(%session, error = %e, "the console's size could not be set in the guest");
+                }
+            }
+        })
+    }
 }
 
 impl Upstream for PodShell {
@@ -139,7 +211,10 @@ impl Upstream for PodShell {
             let shell = self.shell().await.map_err(console_error)?;
             let command = vec![shell.to_owned(), "-l".to_owned()];
             match self.cluster.exec_pod(&self.pod, None, command).await {
-                Ok(terminal) => Ok((terminal.input, terminal.output)),
+                Ok(terminal) => {
+                    self.resize = terminal.resize;
+                    Ok((terminal.input, terminal.output))
+                }
                 Err(e) => Err(console_error(e)),
             }
         })
@@ -154,6 +229,22 @@ impl Upstream for PodShell {
                 Ok(None) => CloseReason::VmStopped,
                 Ok(Some(pod)) if pod.deleting => CloseReason::VmStopped,
                 _ => CloseReason::ConsoleLost(format!("the shell ended ({detail})")),
+            }
+        })
+    }
+
+    fn resize(&mut self, size: TermSize) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(channel) = self.resize.as_mut() else {
+                return;
+            };
+            let size = TtySize {
+                cols: size.cols,
+                rows: size.rows,
+            };
+            if let Err(e) = channel.send(size).await {
+                tracing::debug!(session = %self.session, error = %e, "the shell's TTY could not be resized");
+                self.resize = None;
             }
         })
     }

@@ -184,6 +184,7 @@ where
     Terminal {
         output: output.boxed(),
         input: Box::pin(Input { socket }),
+        resize: None,
     }
 }
 

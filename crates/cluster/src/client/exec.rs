@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt, sink};
+use futures::{SinkExt as _, StreamExt, TryStreamExt, sink};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, AttachedProcess};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use crate::{ClusterError, Terminal};
+use crate::{ClusterError, Terminal, TtySize};
 
 pub(super) async fn attach(
     api: &Api<Pod>,
@@ -32,6 +32,19 @@ pub(super) fn terminal(mut process: AttachedProcess) -> Result<Terminal, Cluster
     };
     let stdout = process.stdout().ok_or_else(|| missing("stdout"))?;
     let stdin = process.stdin().ok_or_else(|| missing("stdin"))?;
+    let resize = process.terminal_size().map(|sizes| {
+        let sink = sizes
+            .sink_map_err(|e| ClusterError::Transient {
+                message: format!("exec resize: {e}"),
+            })
+            .with(|size: TtySize| {
+                futures::future::ready(Ok::<_, ClusterError>(kube::api::TerminalSize {
+                    width: size.cols,
+                    height: size.rows,
+                }))
+            });
+        Box::pin(sink) as crate::ResizeSink
+    });
     let process = Arc::new(process);
 
     let keep = Arc::clone(&process);
@@ -59,5 +72,6 @@ pub(super) fn terminal(mut process: AttachedProcess) -> Result<Terminal, Cluster
     Ok(Terminal {
         output: output.boxed(),
         input: Box::pin(input),
+        resize,
     })
 }
