@@ -1,5 +1,6 @@
-// The admin page: capacity, the reaper's last cycles with "Collect now", and every live session.
-// Refreshes every 5 seconds.
+// The admin page: capacity, the reaper's last cycles with "Collect now", every live session
+// (open one to see its stages, objects and actions, and to end or extend it), the operators'
+// recent actions and readiness histograms per lesson and stage. Refreshes every 5 seconds.
 
 import {
   ApiError, api, clockText, dropToken, el, notice, show, takeToken, timeText, tokenUser,
@@ -7,6 +8,7 @@ import {
 
 const token = takeToken();
 const REFRESH_MS = 5000;
+let openSession = null; // the id of the session shown in detail
 
 async function main() {
   if (!token) {
@@ -16,6 +18,12 @@ async function main() {
   const who = tokenUser(token);
   document.getElementById('who').textContent = who.user;
   document.getElementById('collect').addEventListener('click', collect);
+  document.getElementById('detail-close').addEventListener('click', () => {
+    openSession = null;
+    document.getElementById('detail').hidden = true;
+  });
+  document.getElementById('end-form').addEventListener('submit', endSession);
+  document.getElementById('extend-form').addEventListener('submit', extendSession);
   show('view-admin');
   await refresh();
   setInterval(refresh, REFRESH_MS);
@@ -38,14 +46,19 @@ function handleError(e) {
 
 async function refresh() {
   try {
-    const [capacity, cycles, sessions] = await Promise.all([
+    const [capacity, cycles, sessions, actions, stats] = await Promise.all([
       api(token, 'GET', '/api/admin/capacity'),
       api(token, 'GET', '/api/admin/reaper?limit=10'),
       api(token, 'GET', '/api/admin/sessions?scope=live'),
+      api(token, 'GET', '/api/admin/actions?limit=20'),
+      api(token, 'GET', '/api/admin/stats'),
     ]);
     renderCapacity(capacity);
     renderCycles(cycles);
     renderSessions(sessions);
+    renderActions(actions);
+    renderReadiness(stats.readiness || []);
+    if (openSession) await showDetail(openSession);
     document.getElementById('refreshed').textContent = `updated ${timeText(new Date().toISOString())}`;
     const box = document.getElementById('notice');
     if (box.classList.contains('error')) notice(null);
@@ -69,9 +82,20 @@ function renderCapacity(c) {
     stat('Free places', c.available === null || c.available === undefined ? '?' : String(c.available)),
     stat('Sessions starting', String(c.starting_sessions)),
     stat('Namespace', c.namespace),
-    stat('Quota', c.quota ? JSON.stringify(c.quota) : 'none reported'),
+    stat('Quota', quotaText(c)),
   );
   if (c.error) box.append(el('p', { class: 'error small' }, `Cannot count the VMs: ${c.error}`));
+}
+
+/** The namespace's ResourceQuotas as `name: resource used / hard`, or `none`. */
+function quotaText(c) {
+  if (c.quota_error) return `unknown (${c.quota_error})`;
+  if (!c.quota || !c.quota.length) return 'none';
+  return c.quota.map((q) => {
+    const keys = Object.keys(q.hard || {}).sort();
+    const parts = keys.map((k) => `${k} ${(q.used || {})[k] ?? '0'} / ${q.hard[k]}`);
+    return `${q.name}: ${parts.join(', ') || 'no limits'}`;
+  }).join('; ');
 }
 
 function counts(d) {
@@ -115,14 +139,136 @@ function renderSessions(sessions) {
     const status = s.status === 'starting' ? `starting (${s.stage.replace('_', ' ')})`
       : s.status === 'finishing' ? `finishing → ${s.finishing_to}` : s.status;
     const disk = s.disk ? `${s.disk.kind}${s.disk.reason && s.disk.reason !== 'ready' ? ` — ${s.disk.reason}` : ''}` : '';
+    const open = el('button', { class: 'secondary small', 'data-session': s.id }, 'Open');
+    open.addEventListener('click', () => { openSession = s.id; showDetail(s.id); });
     body.append(el('tr', {},
-      el('td', {}, s.user),
+      el('td', {}, open, ' ', s.user),
       el('td', {}, s.lesson),
       el('td', {}, status),
       el('td', { class: s.remaining_seconds <= 300 ? 'warn' : '' }, clockText(s.remaining_seconds)),
       el('td', {}, s.nodes.map((n) => (s.nodes.length > 1 ? `${n.node}: ${n.vm}` : n.vm)).join(', ')),
       el('td', {}, disk),
       el('td', {}, timeText(s.started_at))));
+  }
+}
+
+function actionText(a) {
+  if (a.action === 'extend') {
+    return `extended by ${Math.round(a.added_seconds / 60)} min (to ${timeText(a.expires_after)})`;
+  }
+  return 'ended';
+}
+
+function renderActions(actions) {
+  const body = document.querySelector('#actions tbody');
+  body.replaceChildren();
+  if (!actions.length) {
+    body.append(el('tr', {}, el('td', { colspan: 5, class: 'muted' }, 'No operator action recorded yet.')));
+  }
+  for (const a of actions) {
+    body.append(el('tr', {},
+      el('td', {}, timeText(a.at)),
+      el('td', {}, a.admin),
+      el('td', {}, a.session.slice(0, 8)),
+      el('td', {}, actionText(a)),
+      el('td', {}, a.reason)));
+  }
+}
+
+/** One histogram per lesson and stage: a bar per bucket, its count beside it. */
+function renderReadiness(rows) {
+  const box = document.getElementById('readiness');
+  box.replaceChildren();
+  if (!rows.length) {
+    box.append(el('p', { class: 'muted' }, 'No session has become ready yet.'));
+    return;
+  }
+  for (const r of rows) {
+    const max = Math.max(1, ...r.buckets.map((b) => b.count));
+    const bars = r.buckets.map((b) => el('div', { class: 'hist-row' },
+      el('span', { class: 'hist-label' }, b.le === null || b.le === undefined ? '> 600 s' : `≤ ${b.le} s`),
+      el('span', { class: 'hist-bar', style: `width: ${Math.round((b.count / max) * 100)}%` }),
+      el('span', { class: 'hist-count' }, String(b.count))));
+    const d = r.seconds;
+    box.append(el('div', { class: 'hist', 'data-lesson': r.lesson, 'data-stage': r.stage },
+      el('h4', {}, `${r.lesson} — ${r.stage.replace('_', ' ')}`),
+      el('p', { class: 'muted small' }, `${d.count} ${d.count === 1 ? 'session' : 'sessions'} · p50 ${d.p50} s · p90 ${d.p90} s`),
+      ...bars));
+  }
+}
+
+/** The detail of one session: stages with times, objects with their state, actions, and
+ *  the full failure detail. */
+async function showDetail(id) {
+  let d;
+  try {
+    d = await api(token, 'GET', `/api/admin/sessions/${id}`);
+  } catch (e) {
+    handleError(e);
+    return;
+  }
+  const s = d.session;
+  const box = document.getElementById('detail');
+  box.hidden = false;
+  box.dataset.session = s.id;
+  document.getElementById('detail-title').textContent =
+    `${s.user} — ${s.lesson} (${s.status}), reference ${d.reference}`;
+  const facts = document.getElementById('detail-facts');
+  facts.replaceChildren(
+    el('li', {}, `Time left: ${clockText(s.remaining_seconds)} (expires ${timeText(s.expires_at)}, at most ${timeText(s.max_expires_at)})`),
+    el('li', {}, `Student extensions: ${s.extensions_used} used, ${s.extensions_left} left`),
+    el('li', {}, `Disk: ${s.disk ? `${s.disk.kind} — ${s.disk.reason}` : 'not chosen'}`),
+    ...(s.failure_reason ? [el('li', { class: 'error' }, `Failure: ${s.failure_reason}`)] : []));
+  const stages = document.querySelector('#detail-stages tbody');
+  stages.replaceChildren(...d.stages.map((st) => el('tr', {},
+    el('td', {}, st.stage.replace('_', ' ')),
+    el('td', {}, st.at ? timeText(st.at) : '—'),
+    el('td', {}, st.after_seconds === null || st.after_seconds === undefined ? '' : `${st.after_seconds.toFixed(1)} s`))));
+  const objects = document.querySelector('#detail-objects tbody');
+  objects.replaceChildren(...(d.objects.length ? d.objects.map((o) => el('tr', {},
+    el('td', {}, o.kind), el('td', {}, o.name), el('td', {}, o.state)))
+    : [el('tr', {}, el('td', { colspan: 3, class: 'muted' }, d.objects_error || 'No object of it in the cluster.'))]));
+  const grading = document.getElementById('detail-grading');
+  grading.replaceChildren(...(d.grading.length
+    ? d.grading.map((g) => el('li', {}, `${timeText(g.at)}: ${g.passed} of ${g.total} checks passed` +
+      (g.failed.length ? ` — failed: ${g.failed.join(', ')}` : '')))
+    : [el('li', { class: 'muted' }, 'Not checked yet.')]));
+  const acts = document.getElementById('detail-actions');
+  acts.replaceChildren(...(d.actions.length
+    ? d.actions.map((a) => el('li', {}, `${timeText(a.at)} ${a.admin} ${actionText(a)}: ${a.reason}`))
+    : [el('li', { class: 'muted' }, 'No operator action on this session.')]));
+  const live = s.status === 'running' || s.status === 'starting';
+  document.getElementById('end-form').hidden = !live;
+  document.getElementById('extend-form').hidden = s.status !== 'running';
+}
+
+async function endSession(event) {
+  event.preventDefault();
+  const id = document.getElementById('detail').dataset.session;
+  const reason = document.getElementById('end-reason').value;
+  if (!window.confirm('End this session now? Its VM is deleted and the student\'s work in it is lost.')) return;
+  try {
+    await api(token, 'POST', `/api/admin/sessions/${id}/end`, { reason });
+    notice('The session was ended; its objects are being reclaimed.', 'ok');
+    document.getElementById('end-reason').value = '';
+    await refresh();
+  } catch (e) {
+    handleError(e);
+  }
+}
+
+async function extendSession(event) {
+  event.preventDefault();
+  const id = document.getElementById('detail').dataset.session;
+  const minutes = Number(document.getElementById('extend-minutes').value);
+  const reason = document.getElementById('extend-reason').value;
+  try {
+    const r = await api(token, 'POST', `/api/admin/sessions/${id}/extend`, { minutes, reason });
+    notice(`Extended by ${Math.round(r.action.added_seconds / 60)} min: the session now ends at ${timeText(r.session.expires_at)}.`, 'ok');
+    document.getElementById('extend-reason').value = '';
+    await refresh();
+  } catch (e) {
+    handleError(e);
   }
 }
 

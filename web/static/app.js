@@ -38,7 +38,15 @@ const state = {
   link: null,          // the console connection
   node: null,          // the node whose console is shown
   warnedFor: null,     // the expires_at the 5-minute warning was shown for
+  alerted: new Set(),  // "expires_at/minutes" of the notifications given
   ticking: null,
+  startTimer: null,    // redraws the progress's elapsed times while starting
+  offerCheckedFor: null, // the opens_at the view was re-read for once the extend window opened
+  offerReadAt: 0,      // when (this browser's clock) the extend offer was last read
+  waiting: null,       // AbortController of the waitlist's event stream
+  waitView: null,      // the latest waitlist view
+  holdTimer: null,     // the held place's countdown
+  takingPlace: false,  // the held place is being taken in this tab
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -54,7 +62,11 @@ async function main() {
   document.getElementById('extend').addEventListener('click', extend);
   document.getElementById('finish').addEventListener('click', finish);
   document.getElementById('grade').addEventListener('click', grade);
+  setUpNotifyButton();
+  setUpInstructions();
   document.getElementById('cancel-start').addEventListener('click', finish);
+  document.getElementById('take-place').addEventListener('click', takePlace);
+  document.getElementById('leave-waitlist').addEventListener('click', leaveWaitlist);
   window.addEventListener('online', () => {
     if (state.link) state.link.retryNow();
   });
@@ -73,6 +85,7 @@ async function loadHome() {
     } catch (e) {
       if (e.status === 404) {
         notice(null);
+        if (await resumeWaiting()) return;
         await showLessons();
         return;
       }
@@ -151,8 +164,189 @@ async function start(lessonId, button) {
       await loadHome();
       return;
     }
+    if (e.code === 'capacity') {
+      // Full: the click puts the student in line rather than leaving them to retry.
+      await joinWaitlist(lessonId);
+      return;
+    }
+    if (e.code === 'waiting') {
+      // In line for another lab: show that place, and why.
+      if (await resumeWaiting()) notice(e.message, 'warn');
+      else handleError(e);
+      return;
+    }
     handleError(e);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The waitlist: when every place is taken, the student waits in line (the server's order,
+// the same on every replica); a freed place is held for the first in line for a short time.
+
+/** Joins the waitlist for `lessonId` (or finds the place already had) and shows it. */
+async function joinWaitlist(lessonId) {
+  try {
+    const view = await api(token, 'POST', '/api/waitlist', { lesson: lessonId });
+    notice(null);
+    enterWaiting(view);
+  } catch (e) {
+    if (e.code === 'already_waiting') {
+      if (!(await resumeWaiting())) await showLessons();
+      return;
+    }
+    if (e.code === 'session_exists') {
+      await loadHome();
+      return;
+    }
+    handleError(e);
+  }
+}
+
+/** If the student is on the waitlist, shows their place; whether they were. */
+async function resumeWaiting() {
+  try {
+    const view = await api(token, 'GET', '/api/waitlist');
+    if (!view.waiting) return false;
+    enterWaiting(view);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function enterWaiting(view) {
+  stopSession();
+  state.takingPlace = false;
+  onWaiting(view);
+  followWaiting();
+}
+
+function stopWaiting() {
+  if (state.waiting) state.waiting.abort();
+  state.waiting = null;
+  if (state.holdTimer) clearInterval(state.holdTimer);
+  state.holdTimer = null;
+  if (document.title !== PAGE_TITLE) document.title = PAGE_TITLE;
+}
+
+/** Follows the student's place (server-sent events) until they no longer wait. */
+async function followWaiting() {
+  const controller = new AbortController();
+  state.waiting = controller;
+  let failures = 0;
+  while (!controller.signal.aborted) {
+    try {
+      await followEvents(token, '/api/waitlist/events', (name, data) => {
+        if (name !== 'waitlist' || controller.signal.aborted) return;
+        if (failures) notice(null);
+        failures = 0;
+        onWaiting(data);
+      }, controller.signal);
+    } catch (e) {
+      if (controller.signal.aborted) return;
+      if (e.status === 401) {
+        handleError(e);
+        return;
+      }
+      failures++;
+      notice('Connection to the server lost — reconnecting…', 'warn');
+    }
+    if (controller.signal.aborted || !state.waitView || !state.waitView.waiting) return;
+    await sleep(Math.min(10000, 500 * 2 ** Math.min(failures, 5)));
+  }
+}
+
+/** A new view of the student's place: position, and the held place with its countdown. */
+function onWaiting(view) {
+  const before = state.waitView;
+  state.waitView = view;
+  if (!view.waiting) {
+    stopWaiting();
+    // The place was taken in this tab (the session view follows), or it lapsed, or they left.
+    if (state.takingPlace) return;
+    const lapsed = before && before.held_until;
+    showLessons();
+    notice(lapsed
+      ? 'The place held for you was not taken in time and went to the next student. You can join the line again.'
+      : 'You are no longer on the waitlist.', lapsed ? 'warn' : 'info');
+    return;
+  }
+  document.getElementById('subtitle').textContent = title(view.lesson);
+  document.getElementById('waiting-lesson').textContent = `— ${title(view.lesson)}`;
+  document.getElementById('waiting-position').textContent = ordinal(view.position);
+  const held = document.getElementById('waiting-held');
+  if (view.held_until && view.hold_seconds_left > 0) {
+    const deadline = Date.now() + view.hold_seconds_left * 1000;
+    held.hidden = false;
+    document.getElementById('waiting-hint').hidden = true;
+    const render = () => {
+      const left = Math.max(0, Math.round((deadline - Date.now()) / 1000));
+      document.getElementById('held-left').textContent = clockText(left);
+      document.title = `🔔 A place is free — ${clockText(left)} — ${PAGE_TITLE}`;
+    };
+    if (state.holdTimer) clearInterval(state.holdTimer);
+    render();
+    state.holdTimer = setInterval(render, 1000);
+    if (!before || !before.held_until) {
+      notice('A place is free for you: start your lab now.', 'ok');
+      if (typeof Notification !== 'undefined' && Notification.permission === 'granted') {
+        notifyStudent('A lab place is free for you. Start your lab now.');
+      }
+    }
+  } else {
+    held.hidden = true;
+    document.getElementById('waiting-hint').hidden = false;
+    if (state.holdTimer) clearInterval(state.holdTimer);
+    state.holdTimer = null;
+    if (document.title !== PAGE_TITLE) document.title = PAGE_TITLE;
+  }
+  show('view-waiting');
+}
+
+/** `1st`, `2nd`, `3rd`, `4th`… */
+function ordinal(n) {
+  const tens = n % 100;
+  if (tens >= 11 && tens <= 13) return `${n}th`;
+  return `${n}${{ 1: 'st', 2: 'nd', 3: 'rd' }[n % 10] || 'th'}`;
+}
+
+/** Takes the held place: opens the lab. */
+async function takePlace() {
+  const view = state.waitView;
+  if (!view) return;
+  const button = document.getElementById('take-place');
+  button.disabled = true;
+  state.takingPlace = true;
+  try {
+    const session = await api(token, 'POST', '/api/sessions', { lesson: view.lesson });
+    notice(null);
+    enterSession(session);
+  } catch (e) {
+    state.takingPlace = false;
+    if (e.code === 'capacity') {
+      notice('The place is no longer held for you; you are still in line if it was not your turn yet.', 'warn');
+      if (!(await resumeWaiting())) await showLessons();
+    } else {
+      handleError(e);
+    }
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function leaveWaitlist() {
+  try {
+    await api(token, 'DELETE', '/api/waitlist');
+  } catch (e) {
+    if (e.code !== 'not_waiting') {
+      handleError(e);
+      return;
+    }
+  }
+  stopWaiting();
+  state.waitView = null;
+  await showLessons();
+  notice('You left the waitlist.', 'ok');
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -165,12 +359,15 @@ function enterSession(view) {
 }
 
 function stopSession() {
+  stopWaiting();
   if (state.events) state.events.abort();
   state.events = null;
   if (state.link) state.link.stop();
   state.link = null;
   if (state.ticking) clearInterval(state.ticking);
   state.ticking = null;
+  if (state.startTimer) clearInterval(state.startTimer);
+  state.startTimer = null;
 }
 
 /** Follows the session's events until it is final, reconnecting after network drops. */
@@ -234,21 +431,69 @@ function onView(view) {
 // ---------------------------------------------------------------------------------------------
 // Progress
 
-function showStarting(view) {
-  document.getElementById('starting-lesson').textContent = `— ${title(view.lesson)}`;
+/** Seconds as the progress shows them: `42 s`, `2 min 5 s`. */
+function durationText(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  return s % 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s / 60} min`;
+}
+
+/** The progress's elapsed times: each stage reached took (from the one before), the stage
+ *  under way has been running for, and the whole start so far. */
+function renderStages(view) {
   const reached = STAGES.findIndex(([name]) => name === view.stage);
   const list = document.getElementById('stages');
   list.replaceChildren();
-  const requested = Date.parse(view.stages.requested);
+  const now = Date.now() + state.offsetMs;
+  let previous = Date.parse(view.stages.requested);
   STAGES.forEach(([name, label], i) => {
-    const at = view.stages[name];
-    const seconds = at ? Math.max(0, Math.round((Date.parse(at) - requested) / 1000)) : null;
+    const at = view.stages[name] ? Date.parse(view.stages[name]) : null;
     const status = i <= reached ? 'done' : i === reached + 1 ? 'active' : 'todo';
+    let time = null;
+    if (i > 0 && at !== null) {
+      time = el('span', { class: 'muted stage-time' }, ` took ${durationText((at - previous) / 1000)}`);
+      previous = at;
+    } else if (status === 'active') {
+      time = el('span', { class: 'muted stage-time' }, ` ${durationText((now - previous) / 1000)} so far`);
+    }
     list.append(el('li', { class: status, 'data-stage': name },
       el('span', { class: 'mark' }, status === 'done' ? '✓' : status === 'active' ? '…' : ''),
-      label,
-      seconds !== null && i > 0 ? el('span', { class: 'muted' }, ` after ${seconds} s`) : null));
+      label, time));
   });
+  const elapsed = (now - Date.parse(view.stages.requested)) / 1000;
+  document.getElementById('starting-elapsed').textContent = `Elapsed: ${durationText(elapsed)}`;
+}
+
+/** The expected time, from the measured recent starts of this lesson, and the disk decision. */
+function renderExpectation(view) {
+  const hint = document.getElementById('starting-hint');
+  const e = view.expected_ready;
+  hint.textContent = e
+    ? `Recent starts of this lab were ready in about ${durationText(e.p50_seconds)}; ` +
+      `9 in 10 within ${durationText(e.p90_seconds)} (last ${e.count}). ` +
+      'You can keep this page open; nothing else to do.'
+    : 'No start of this lab has been measured yet. You can keep this page open; nothing else to do.';
+  const disk = document.getElementById('starting-disk');
+  if (!view.disk) {
+    disk.textContent = 'Disk: not chosen yet.';
+  } else if (view.disk.kind === 'golden') {
+    disk.textContent = 'Disk: a prepared copy of the lab image (quicker to start).';
+  } else {
+    disk.textContent = `Disk: a fresh image, set up at boot — ${view.disk.reason}.`;
+  }
+  disk.dataset.kind = view.disk ? view.disk.kind : '';
+}
+
+function showStarting(view) {
+  document.getElementById('starting-lesson').textContent = `— ${title(view.lesson)}`;
+  const reached = STAGES.findIndex(([name]) => name === view.stage);
+  renderStages(view);
+  renderExpectation(view);
+  if (!state.startTimer) {
+    state.startTimer = setInterval(() => {
+      if (state.view && state.view.status === 'starting') renderStages(state.view);
+    }, 1000);
+  }
   const percent = Math.round((Math.max(0, reached) / (STAGES.length - 1)) * 100);
   const bar = document.getElementById('progress-bar');
   bar.style.width = `${Math.max(percent, 4)}%`;
@@ -260,10 +505,16 @@ function showStarting(view) {
 // The lab screen
 
 function showLab(view) {
+  if (state.startTimer) clearInterval(state.startTimer);
+  state.startTimer = null;
   document.getElementById('lab-lesson').textContent = title(view.lesson);
   renderNodes(view);
   renderExtend(view);
-  document.getElementById('grade').hidden = view.runtime !== 'vm';
+  // VM and pod labs alike are graded (the API runs a pod lab's checks in its container);
+  // only a lesson without checks has nothing to check.
+  const lesson = state.lessons.find((l) => l.id === view.lesson);
+  document.getElementById('grade').hidden = Boolean(lesson) && lesson.grading_steps === 0;
+  renderInstructions(lesson);
   const wasHidden = document.getElementById('view-lab').hidden;
   show('view-lab');
   if (!ensureTerminal()) return;
@@ -298,18 +549,52 @@ function renderNodes(view) {
   }
 }
 
+/** What extending gains, as the button says it: `+45 min`, `+30 s`. */
+function gainText(seconds) {
+  return seconds >= 60 ? `+${Math.floor(seconds / 60)} min` : `+${seconds} s`;
+}
+
+/** The extend button, from the server's offer (the lifespan rules): offered with what it
+ *  gains, or disabled with why and, before the window, from when. */
 function renderExtend(view) {
+  state.offerReadAt = Date.now();
   const button = document.getElementById('extend');
   const reason = document.getElementById('extend-reason');
+  const offer = view.extend || { available: false, refusal: null };
+  const code = offer.refusal ? offer.refusal.code : null;
   let why = '';
-  if (view.extensions_left === 0) {
-    why = `No extensions left (${view.extensions_used} used)`;
-  } else if (Date.parse(view.expires_at) >= Date.parse(view.max_expires_at)) {
-    why = 'Maximum lab time reached';
+  if (!offer.available) {
+    if (code === 'extension_limit' || view.extensions_left === 0) {
+      why = `No extensions left (${view.extensions_used} used)`;
+    } else if (code === 'max_lifetime') {
+      why = 'Maximum lab time reached';
+    } else if (code === 'not_yet' || code === 'too_early') {
+      why = `Extending opens at ${timeText(offer.opens_at)}`;
+    } else {
+      why = offer.refusal ? offer.refusal.message : 'Cannot be extended now';
+    }
   }
   button.disabled = Boolean(why) || button.dataset.busy === '1';
-  button.title = why || 'Add time to this lab';
+  button.textContent = offer.available ? `Extend ${gainText(offer.gain_seconds)}` : 'Extend time';
+  button.dataset.gain = offer.available ? String(offer.gain_seconds) : '';
+  button.title = why || `Adds ${durationText(offer.gain_seconds)}; uses one of ${view.extensions_left} extensions left`;
   reason.textContent = why || `${view.extensions_left} left`;
+}
+
+/** Re-reads the offer when the extend window opens, and every 30 s while it is open (what
+ *  extending gains grows as the expiry nears). */
+function refreshOffer() {
+  const offer = state.view && state.view.extend;
+  if (!offer) return;
+  const now = Date.now() + state.offsetMs;
+  if (!offer.available && offer.opens_at && now >= Date.parse(offer.opens_at)
+      && state.offerCheckedFor !== offer.opens_at) {
+    state.offerCheckedFor = offer.opens_at;
+    refresh();
+  } else if (offer.available && Date.now() - state.offerReadAt > 30000) {
+    state.offerReadAt = Date.now();
+    refresh();
+  }
 }
 
 function remainingSeconds() {
@@ -320,23 +605,92 @@ function remainingSeconds() {
 function tick() {
   if (!state.view || state.view.status !== 'running') return;
   const left = remainingSeconds();
+  refreshOffer();
   const countdown = document.getElementById('countdown');
   countdown.textContent = clockText(left);
   countdown.className = `countdown${left <= 60 ? ' danger' : left <= 300 ? ' warn' : ''}`;
+  alertStudent(left);
   const banner = document.getElementById('lab-banner');
   if (left <= 0) {
     showBanner('Time is up. The lab is being closed.', 'error');
     for (const id of ['extend', 'grade']) document.getElementById(id).disabled = true;
-  } else if (left <= 300 && state.warnedFor !== state.view.expires_at) {
-    state.warnedFor = state.view.expires_at;
-    const canExtend = !document.getElementById('extend').disabled;
+  } else if (left <= 300 && state.warnedFor !== warningKey()) {
+    state.warnedFor = warningKey();
+    const offer = state.view.extend || {};
+    const code = offer.refusal ? offer.refusal.code : null;
+    const canExtend = Boolean(offer.available);
+    const later = !canExtend && (code === 'not_yet' || code === 'too_early');
     showBanner(canExtend
-      ? 'Only 5 minutes left. Extend the lab if you need more time.'
-      : 'Only 5 minutes left, and the lab cannot be extended further. Finish what you are doing.',
+      ? `Only 5 minutes left. Extend the lab if you need more time (${gainText(offer.gain_seconds)}).`
+      : later
+        ? `Only 5 minutes left. You can extend the lab from ${timeText(offer.opens_at)}.`
+        : 'Only 5 minutes left, and the lab cannot be extended further. Finish what you are doing.',
     'warn', canExtend ? ['Extend now', extend] : null);
   } else if (left > 300 && banner.dataset.kind === 'warn') {
     hideBanner();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warnings where the student looks: the tab title and, if allowed, a notification (the
+// terminal gets its own line from the server at 5 minutes and 1 minute)
+
+const PAGE_TITLE = document.title;
+/** Minutes before the expiry at which the student is alerted. */
+const ALERT_AT = [5, 1];
+
+function alertStudent(left) {
+  if (left > 0 && left <= 300) {
+    document.title = `⏳ ${clockText(left)} left — ${PAGE_TITLE}`;
+  } else if (document.title !== PAGE_TITLE) {
+    document.title = PAGE_TITLE;
+  }
+  if (typeof Notification === 'undefined' || Notification.permission !== 'granted') return;
+  const expires = state.view.expires_at;
+  // The most urgent mark reached, once per deadline (an extension moves the deadline and
+  // re-arms them); a student who allows notifications late gets the one due at once.
+  const due = ALERT_AT.filter((m) => left > 0 && left <= m * 60);
+  if (!due.length) return;
+  const minutes = Math.min(...due);
+  if (state.alerted.has(`${expires}/${minutes}`)) return;
+  for (const m of due) state.alerted.add(`${expires}/${m}`);
+  notifyStudent(minutes === 1
+    ? 'One minute left in your lab. Save your work now.'
+    : `${minutes} minutes left in your lab. Save your work, or extend the lab.`);
+}
+
+function notifyStudent(text) {
+  try {
+    const n = new Notification('ttlab', { body: text, tag: 'ttlab-time' });
+    n.onclick = () => { window.focus(); n.close(); };
+  } catch {
+    // A browser that only notifies from a service worker: the title and the terminal remain.
+  }
+}
+
+/** The "Alert me" button: asks for permission only when clicked. */
+function setUpNotifyButton() {
+  const button = document.getElementById('notify');
+  if (!button) return;
+  const render = () => {
+    const supported = typeof Notification !== 'undefined';
+    button.hidden = !supported || Notification.permission !== 'default';
+  };
+  button.addEventListener('click', async () => {
+    try {
+      await Notification.requestPermission();
+    } catch {
+      // Refused or unsupported: nothing to do.
+    }
+    render();
+  });
+  render();
+}
+
+/** What the 5-minute warning depends on: the expiry and whether extending is offered. */
+function warningKey() {
+  const offer = state.view.extend || {};
+  return `${state.view.expires_at}|${Boolean(offer.available)}`;
 }
 
 function showBanner(text, kind, action) {
@@ -453,7 +807,8 @@ function showEnded(view) {
     case 'failed':
       titleBox.textContent = 'The lab could not be started';
       text.textContent = `${view.failure_reason || 'Something went wrong while preparing it.'} ` +
-        'Nothing of it is left running; you can start it again.';
+        'Nothing of it is left running; you can start it again.' +
+        (view.reference ? ` Reference for your teacher: ${view.reference}.` : '');
       break;
     case 'ghost':
       titleBox.textContent = 'The lab stopped';
@@ -487,6 +842,12 @@ function ensureTerminal() {
   term.open(document.getElementById('terminal'));
   fit.fit();
   window.addEventListener('resize', () => fit.fit());
+  // The guest's console takes the terminal's size: every change (the window, the instructions
+  // panel opening or closing) is sent to the console.
+  term.onResize(() => { if (state.link) state.link.sendSize(); });
+  if (typeof ResizeObserver !== 'undefined') {
+    new ResizeObserver(() => fit.fit()).observe(document.getElementById('terminal'));
+  }
   const encoder = new TextEncoder();
   term.onData((data) => state.link && state.link.send(encoder.encode(data)));
   term.onBinary((data) => {
@@ -497,6 +858,47 @@ function ensureTerminal() {
   state.fit = fit;
   window.ttlabTerminal = term; // for the browser tests: read what the screen shows
   return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lesson's instructions beside the terminal
+
+/** The panel's toggle; whether it is open is remembered for this browser. */
+function setUpInstructions() {
+  const panel = document.getElementById('instructions');
+  const toggle = document.getElementById('instructions-toggle');
+  if (!panel || !toggle) return;
+  const apply = (open) => {
+    panel.dataset.open = open ? '1' : '0';
+    toggle.setAttribute('aria-expanded', String(open));
+    toggle.textContent = open ? 'Hide instructions' : 'Show instructions';
+    try { localStorage.setItem('ttlab.instructions', open ? 'open' : 'closed'); } catch { /* private mode */ }
+    if (state.fit) state.fit.fit();
+  };
+  let open = true;
+  try { open = localStorage.getItem('ttlab.instructions') !== 'closed'; } catch { /* private mode */ }
+  toggle.addEventListener('click', () => apply(panel.dataset.open !== '1'));
+  apply(open);
+}
+
+/**
+ * Shows the lesson's instructions (HTML the server rendered from the lesson's Markdown, with
+ * any HTML in it escaped) and the steps "Check my work" checks.
+ */
+function renderInstructions(lesson) {
+  const panel = document.getElementById('instructions');
+  if (!panel) return;
+  const body = document.getElementById('instructions-body');
+  const checks = document.getElementById('instructions-checks');
+  const has = Boolean(lesson && (lesson.instructions_html || (lesson.checks && lesson.checks.length)));
+  panel.hidden = !has;
+  document.getElementById('instructions-toggle').hidden = !has;
+  if (!has || panel.dataset.lesson === lesson.id) return;
+  panel.dataset.lesson = lesson.id;
+  body.innerHTML = lesson.instructions_html || '';
+  checks.replaceChildren(...(lesson.checks || []).map((name) => el('li', {}, name)));
+  document.getElementById('instructions-checks-box').hidden = !(lesson.checks && lesson.checks.length);
+  if (state.fit) state.fit.fit();
 }
 
 /** Whether the lab shown runs in a container (a pod lab) rather than a VM. */
@@ -551,6 +953,7 @@ class ConsoleLink {
     ws.binaryType = 'arraybuffer';
     this.ws = ws;
     ws.onopen = () => {
+      this.sendSize();
       this.failures = 0;
       setConn(this.node ? `Connected to ${this.node}` : 'Connected', 'ok');
       hideReplaced();
@@ -567,6 +970,12 @@ class ConsoleLink {
 
   send(bytes) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(bytes);
+  }
+
+  /** Tells the console the terminal's size (a text control message; keystrokes are binary). */
+  sendSize() {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN || !state.term) return;
+    this.ws.send(JSON.stringify({ type: 'resize', cols: state.term.cols, rows: state.term.rows }));
   }
 
   closed(code, reason) {

@@ -86,6 +86,7 @@ try {
   });
 
   const stagesSeen = new Set();
+  const progress = {};
   await step('Start lab shows the real stages until the lab is ready', async () => {
     const buttons = page.locator('button[data-lesson]');
     assert.ok(await buttons.count() > 0, 'at least one lesson');
@@ -99,6 +100,10 @@ try {
       const stage = await page.locator('#progress-bar').getAttribute('data-stage').catch(() => null);
       if (stage) stagesSeen.add(stage);
       if (!captured && stage && stage !== 'requested') {
+        progress.elapsed = await page.locator('#starting-elapsed').innerText();
+        progress.hint = await page.locator('#starting-hint').innerText();
+        progress.disk = await page.locator('#starting-disk').innerText();
+        progress.stageTimes = await page.locator('#stages .stage-time').allInnerTexts();
         await shot(page, 'progress');
         captured = true;
       }
@@ -106,6 +111,17 @@ try {
     }
     assert.ok(await page.locator('#view-lab').isVisible(), `never ready; stages seen: ${[...stagesSeen]}`);
     assert.ok(stagesSeen.size >= 2, `the bar moved through stages: ${[...stagesSeen]}`);
+  });
+
+  await step('progress shows elapsed time per stage, the disk decision, and no fixed promise', async () => {
+    assert.match(progress.elapsed || '', /^Elapsed: \d+ s$/, `elapsed: ${progress.elapsed}`);
+    assert.ok(progress.stageTimes.length > 0, 'stage times shown');
+    assert.ok(progress.stageTimes.every((t) => /(took|so far)/.test(t) && /\d+ s/.test(t)), `${progress.stageTimes}`);
+    // No start of this lesson was measured before: no invented estimate.
+    assert.match(progress.hint, /No start of this lab has been measured yet/, progress.hint);
+    assert.ok(!/usually under a minute/.test(progress.hint), progress.hint);
+    // systemd-basics has its golden disk in the demo.
+    assert.match(progress.disk, /^Disk: (a prepared copy|not chosen yet)/, progress.disk);
   });
 
   let host = '';
@@ -133,6 +149,35 @@ try {
     // The demo's lifespan is 5 minutes: the warning is up from the start.
     await page.locator('#lab-banner', { hasText: 'Only 5 minutes left' }).waitFor({ timeout: 5000 });
     await shot(page, 'warning');
+  });
+
+  await step('Extend is refused before its window, and says when it opens', async () => {
+    // The demo's window is 4 min 20 s of a 5-minute lab: closed for the first 40 s.
+    const button = page.locator('#extend');
+    assert.ok(await button.isDisabled(), 'the button is disabled before the window');
+    const reason = await page.locator('#extend-reason').innerText();
+    assert.match(reason, /^Extending opens at \d{1,2}:\d{2}/, reason);
+    await page.locator('#lab-banner', { hasText: 'You can extend the lab from' }).waitFor({ timeout: 5000 });
+    const answer = await page.evaluate(async () => {
+      const token = sessionStorage.getItem('ttlab.token');
+      const current = await (await fetch('/api/sessions/current', { headers: { authorization: `Bearer ${token}` } })).json();
+      const r = await fetch(`/api/sessions/${current.id}/extend`, { method: 'POST', headers: { authorization: `Bearer ${token}` } });
+      return { status: r.status, body: await r.json(), opensAt: current.extend.opens_at };
+    });
+    assert.equal(answer.status, 409, JSON.stringify(answer));
+    assert.equal(answer.body.error, 'not_yet');
+    assert.equal(answer.body.opens_at, answer.opensAt);
+    assert.match(answer.body.message, /opens at/);
+    await shot(page, 'extend-not-yet');
+  });
+
+  await step('when the window opens the button says what extending gains', async () => {
+    const button = page.locator('#extend');
+    await page.waitForFunction(() => !document.getElementById('extend').disabled, null, { timeout: 60000 });
+    const text = await button.innerText();
+    assert.match(text, /^Extend \+\d+ (s|min)$/, text);
+    await page.locator('#lab-banner', { hasText: 'Extend the lab if you need more time' }).waitFor({ timeout: 5000 });
+    await shot(page, 'extend-offered');
   });
 
   await step('Extend moves the expiry and counts the extension', async () => {
@@ -184,6 +229,74 @@ try {
     await shot(page, 'finished');
   });
 
+  await step('a pod lab offers Check my work and grades in its container', async () => {
+    await page.getByRole('button', { name: 'Back to the labs' }).click();
+    await page.locator('button[data-lesson="shell-basics"]').click();
+    await page.locator('#view-lab').waitFor({ state: 'visible', timeout: 60000 });
+    const grade = page.locator('#grade');
+    assert.ok(await grade.isVisible(), 'Check my work is shown for a pod lab');
+    await grade.click();
+    const dialog = page.locator('#grade-dialog');
+    await dialog.waitFor({ state: 'visible', timeout: 30000 });
+    assert.match(await page.locator('#grade-summary').innerText(), /\d+ of \d+ checks passed/);
+    assert.ok(await dialog.locator('.step').count() > 0, 'the pod lab\'s steps are listed');
+    await shot(page, 'pod-grade');
+    await dialog.getByRole('button', { name: 'Close' }).click();
+    page.once('dialog', (d) => d.accept());
+    await page.locator('#finish').click();
+    await page.getByRole('heading', { name: 'Lab finished' }).waitFor({ timeout: 30000 });
+  });
+
+  await step('a second start of a lesson shows the time measured on the first', async () => {
+    await page.getByRole('button', { name: 'Back to the labs' }).click();
+    await page.locator('button[data-lesson="systemd-basics"]').click();
+    await page.locator('#view-starting').waitFor({ state: 'visible', timeout: 15000 });
+    const hint = await page.locator('#starting-hint').innerText();
+    assert.match(hint, /Recent starts of this lab were ready in about \d+ s; 9 in 10 within \d+ s \(last 1\)/, hint);
+    await shot(page, 'progress-expected');
+    await page.locator('#view-lab').waitFor({ state: 'visible', timeout: 60000 });
+    // Checked once, for the operators' grading history below.
+    await page.locator('#grade').click();
+    await page.locator('#grade-dialog').waitFor({ state: 'visible', timeout: 30000 });
+    await page.locator('#grade-dialog').getByRole('button', { name: 'Close' }).click();
+  });
+
+  await step('admin: opens the session, extends it with a reason, sees it recorded, then ends it', async () => {
+    const admin = await context.newPage();
+    await admin.goto(adminUrl);
+    const open = admin.locator('#sessions button[data-session]').first();
+    await open.waitFor({ timeout: 15000 });
+    await open.click();
+    const detail = admin.locator('#detail');
+    await detail.waitFor({ state: 'visible', timeout: 10000 });
+    await admin.locator('#detail-stages tbody tr', { hasText: 'ready' }).waitFor({ timeout: 10000 });
+    await admin.locator('#detail-objects tbody tr', { hasText: 'VirtualMachine' }).first().waitFor({ timeout: 10000 });
+    assert.match(await admin.locator('#detail-title').innerText(), /reference [0-9a-f]{8}/);
+    await admin.locator('#detail-grading li', { hasText: /\d+ of \d+ checks passed/ }).waitFor({ timeout: 10000 });
+    const before = seconds(await page.locator('#countdown').innerText());
+    await admin.locator('#extend-minutes').fill('5');
+    await admin.locator('#extend-reason').fill('lost time to a slow start');
+    await admin.locator('#extend-form button[type=submit]').click();
+    await admin.locator('#notice', { hasText: 'Extended by 5 min' }).waitFor({ timeout: 10000 });
+    await admin.locator('#detail-actions li', { hasText: 'lost time to a slow start' }).waitFor({ timeout: 10000 });
+    await admin.locator('#actions tbody tr', { hasText: 'extended by 5 min' }).waitFor({ timeout: 10000 });
+    await shot(admin, 'admin-session-extended', true);
+    // The student's countdown follows by itself (the session's event stream), no reload.
+    await page.waitForFunction((b) => {
+      const [m, s] = document.getElementById('countdown').innerText.split(':').map(Number);
+      return m * 60 + s > b + 200;
+    }, before, { timeout: 15000 });
+    admin.once('dialog', (d) => d.accept());
+    await admin.locator('#end-reason').fill('end of class');
+    await admin.locator('#end-form button[type=submit]').click();
+    await admin.locator('#notice', { hasText: 'The session was ended' }).waitFor({ timeout: 15000 });
+    await admin.locator('#actions tbody tr', { hasText: 'end of class' }).waitFor({ timeout: 10000 });
+    await page.getByRole('heading', { name: 'Lab finished' }).waitFor({ timeout: 30000 });
+    await shot(page, 'ended-by-admin');
+    await shot(admin, 'admin-session-ended', true);
+    await admin.close();
+  });
+
   await step('admin: capacity, cycles, sessions, and Collect now shows its report', async () => {
     const admin = await context.newPage();
     await admin.goto(adminUrl);
@@ -194,6 +307,15 @@ try {
     const report = await admin.locator('#collect-report').innerText();
     assert.match(report, /Expired sessions reclaimed: \d+/);
     await admin.locator('#cycles tbody tr td', { hasText: 'collect' }).first().waitFor({ timeout: 10000 });
+    // The demo's namespace has no ResourceQuota: the card says so in words.
+    const quota = await admin.locator('#capacity .stat', { hasText: 'Quota' }).locator('.stat-value').innerText();
+    assert.equal(quota, 'none');
+    // Readiness histograms per lesson and stage, from the sessions above.
+    const hist = admin.locator('.hist[data-lesson="systemd-basics"][data-stage="total"]');
+    await hist.waitFor({ timeout: 10000 });
+    assert.match(await hist.innerText(), /2 sessions · p50 [\d.]+ s/);
+    assert.ok(await admin.locator('.hist[data-lesson="systemd-basics"][data-stage="vm_created"]').count() === 1);
+    await admin.locator('#readiness').scrollIntoViewIfNeeded();
     await shot(admin, 'admin-collect', true);
     await admin.close();
   });

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Browser tests of the student and admin pages: headless Chromium (Debian's `chromium`, driven
+# Browser tests of the student and admin pages (browser.mjs), of the student's terminal
+# (terminal.mjs, against the same demo afterwards) and of the waitlist (waitlist.mjs, against a
+# demo of its own with room for one VM): headless Chromium (Debian's `chromium`, driven
 # by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim, ttlab-server, ttlab-reaper).
 #
 #   web/tests/run.sh            # from anywhere in the checkout
@@ -53,7 +55,8 @@ fi
 say "building ttlabctl, ttlab-server, ttlab-reaper, ttlab-agent"
 (cd "$root" && cargo build -q -p ttlab-ttlabctl-bin -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin)
 
-# The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once.
+# The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once,
+# and an extend window that opens 40 s into it.
 log="$(mktemp -d)"
 demo_pid=""
 stop_demo() {
@@ -66,7 +69,7 @@ stop_demo() {
 trap stop_demo EXIT
 
 say "starting ttlabctl demo"
-TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_EXTEND_WINDOW=4m20s TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
   "$root/target/debug/ttlabctl" demo --port 0 >"$log/out" 2>"$log/err" &
 demo_pid=$!
 for _ in $(seq 1 600); do
@@ -85,15 +88,63 @@ if ! grep -q '^ttlab demo ready:' "$log/out"; then
 fi
 student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
 admin="$(sed -n 's/^ *admin: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+sim="$(sed -n 's/^ *cluster: *kube-sim at *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
 say "demo at ${student%%\?*}"
 
 mkdir -p "$artifacts"
 status=0
 TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_ARTIFACTS="$artifacts" \
   TTLAB_CHROMIUM="$chromium" node "$web/tests/browser.mjs" || status=$?
+# The terminal: its size in the guest, warnings, instructions, a console that drops.
+TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
+  TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+  node "$web/tests/terminal.mjs" || status=$?
 if [ "$status" != 0 ]; then
   say "server and reaper log (last 40 lines):"
   tail -n 40 "$log/err" >&2
 fi
+
+# The waitlist (waitlist.mjs): a demo of its own with room for one VM, and a second student
+# whose token is minted with that demo's secret. The first demo is stopped first.
+if kill -0 "$demo_pid" 2>/dev/null; then
+  kill -TERM "$demo_pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.2; done
+fi
+wl_pid=""
+stop_waitlist_demo() {
+  if [ -n "$wl_pid" ] && kill -0 "$wl_pid" 2>/dev/null; then
+    kill -TERM "$wl_pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$wl_pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+}
+trap 'stop_waitlist_demo; stop_demo' EXIT
+wl_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+say "starting ttlabctl demo with TTLAB_VM_LIMIT=1 (waitlist)"
+TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+  "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$wl_secret" >"$log/wl-out" 2>"$log/wl-err" &
+wl_pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^ttlab demo ready:' "$log/wl-out" 2>/dev/null && break
+  kill -0 "$wl_pid" 2>/dev/null || break
+  sleep 0.2
+done
+if grep -q '^ttlab demo ready:' "$log/wl-out"; then
+  wl_first="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/wl-out" | head -n 1)"
+  wl_token="$("$root/target/debug/ttlabctl" token --user second-student --auth-secret "$wl_secret")"
+  wl_second="${wl_first%%\?*}?token=$wl_token"
+  wl_status=0
+  TTLAB_STUDENT_URL="$wl_first" TTLAB_SECOND_URL="$wl_second" TTLAB_ARTIFACTS="$artifacts" \
+    TTLAB_CHROMIUM="$chromium" node "$web/tests/waitlist.mjs" || wl_status=$?
+  if [ "$wl_status" != 0 ]; then
+    status=$wl_status
+    say "waitlist demo's server and reaper log (last 40 lines):"
+    tail -n 40 "$log/wl-err" >&2
+  fi
+else
+  status=1
+  say "FAILED: the waitlist demo did not start:"
+  tail -n 30 "$log/wl-err" >&2
+fi
+stop_waitlist_demo
 say "screenshots in $artifacts"
 exit "$status"

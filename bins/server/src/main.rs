@@ -38,6 +38,9 @@ struct Args {
     /// Longest a request may take before it is answered 503 (e.g. 60s).
     #[arg(long, env = "TTLAB_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     request_timeout: std::time::Duration,
+    /// How long a freed place is held for the first student on the waitlist (e.g. 2m).
+    #[arg(long, env = "TTLAB_WAITLIST_HOLD", default_value = "2m", value_parser = humantime::parse_duration)]
+    waitlist_hold: std::time::Duration,
     /// Most requests answered at once; beyond, 503 `overloaded` at once.
     #[arg(long, env = "TTLAB_MAX_CONCURRENT_REQUESTS", default_value_t = ttlab_api::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
@@ -73,10 +76,14 @@ struct Args {
     /// How many extensions a session may have.
     #[arg(long, env = "TTLAB_MAX_EXTENSIONS")]
     max_extensions: Option<String>,
+    /// How long before the expiry a student may extend (e.g. 15m).
+    #[arg(long, env = "TTLAB_EXTEND_WINDOW")]
+    extend_window: Option<String>,
     /// Most concurrent Kubernetes API calls.
     #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
     kube_concurrency: usize,
-    /// The guest agent binary to embed (default: `ttlab-agent` beside this executable).
+    /// The guest agent binary to deliver (default: `ttlab-agent` beside this executable): its
+    /// gzip becomes the shared ConfigMap `ttlab-agent-<digest prefix>` every VM mounts.
     #[arg(long, env = "TTLAB_AGENT_BINARY")]
     agent_binary: Option<PathBuf>,
     /// Directory of the static web pages.
@@ -153,7 +160,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.session_ttl.as_deref(),
         args.session_max.as_deref(),
         args.max_extensions.as_deref(),
-    )?;
+    )?
+    .with_extend_window_setting(args.extend_window.as_deref())?;
     let lessons = LessonSet::load(&args.lessons)?;
     let agent_path = match args.agent_binary {
         Some(p) => p,
@@ -197,6 +205,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.listen = args.listen;
     config.ops_listen = args.ops_listen;
     config.request_timeout = args.request_timeout;
+    config.waitlist_hold = args.waitlist_hold;
     config.max_concurrent_requests = args.max_concurrent_requests;
     config.user_rate_limit = ttlab_api::limits::RateLimit {
         burst: args.user_rate_burst.max(1),
@@ -207,6 +216,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.web_dir = args.web_dir;
     config.user_agent = USER_AGENT.to_owned();
     let server = Server::bind(config, store, Arc::new(cluster)).await?;
+    // The agent of this version: its ConfigMap made sure of now, its sighting recorded while
+    // the server runs (the reaper keeps versions a server saw recently).
+    let agent_seen = tokio::spawn(ttlab_api::saga::keep_agent_seen(server.state().clone()));
     tracing::info!(
         addr = %server.local_addr(),
         ops_addr = ?server.ops_addr(),
@@ -222,6 +234,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ttlab_api::saga::hand_over(&state).await;
         })
         .await?;
+    agent_seen.abort();
     Ok(())
 }
 

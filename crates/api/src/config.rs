@@ -32,6 +32,9 @@ pub const DEFAULT_CLUSTER_RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// Default of [`ApiConfig::request_timeout`]: above "collect now"'s 30 s wait.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`ApiConfig::waitlist_hold`].
+pub const DEFAULT_WAITLIST_HOLD: Duration = Duration::from_secs(120);
+
 /// Default of [`ApiConfig::max_concurrent_requests`].
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 
@@ -118,6 +121,10 @@ pub struct ApiConfig {
     /// same name is adopted. Default [`DEFAULT_CLUSTER_RETRY_BUDGET`]; zero fails at the first
     /// transient failure.
     pub cluster_retry_budget: Duration,
+    /// How long a freed place is held for the first student on the waitlist; only they can
+    /// take it meanwhile, and when it lapses the place passes to the next in line. Default
+    /// [`DEFAULT_WAITLIST_HOLD`].
+    pub waitlist_hold: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -160,6 +167,7 @@ impl ApiConfig {
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             user_rate_limit: crate::limits::RateLimit::DEFAULT,
             cluster_retry_budget: DEFAULT_CLUSTER_RETRY_BUDGET,
+            waitlist_hold: DEFAULT_WAITLIST_HOLD,
         }
     }
 }

@@ -191,6 +191,26 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// The JSON error body of [`ApiError`]'s answers: [`ErrorBody`] and what some answers add.
+#[derive(Debug, Serialize)]
+struct FullErrorBody {
+    #[serde(flatten)]
+    body: ErrorBody,
+    /// For a failure on the server's side: the reference the log line of its detail carries,
+    /// for the student to quote to an operator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// For a refused extension whose window has not opened: from when extending is offered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A fresh reference for one failure: eight hex digits, enough to find its log line.
+pub fn new_reference() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    id[..8].to_owned()
+}
+
 impl ApiError {
     /// The HTTP status of the answer.
     pub fn status(&self) -> StatusCode {
@@ -271,6 +291,20 @@ impl ApiError {
         }
     }
 
+    /// Whether this is a failure on the server's side (a defect, or a dependency that did not
+    /// answer), as opposed to an answer that is the rules working (capacity, overload, a
+    /// restart): a failure's answer carries a reference that its log line carries too.
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Internal(_)
+                | Self::DatabaseUnavailable(_)
+                | Self::ClusterUnavailable(_)
+                | Self::AgentUnavailable(_)
+                | Self::Timeout(_)
+        )
+    }
+
     /// The `Retry-After` the answer carries, if any.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
@@ -333,12 +367,27 @@ pub(crate) fn store_unavailable(e: &StoreError) -> bool {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        let reference = self.is_failure().then(new_reference);
+        if let Some(reference) = &reference {
+            tracing::warn!(code = self.code(), reference = %reference, error = %self, "request failed");
+        } else if status.is_server_error() {
             tracing::warn!(code = self.code(), error = %self, "request failed");
         }
-        let body = ErrorBody {
-            error: self.code().to_owned(),
-            message: self.public_message(),
+        let message = match &reference {
+            Some(r) => format!("{} (reference {r})", self.public_message()),
+            None => self.public_message(),
+        };
+        let opens_at = match &self {
+            Self::Extend(LifespanError::NotYet { opens_at, .. }) => Some(*opens_at),
+            _ => None,
+        };
+        let body = FullErrorBody {
+            body: ErrorBody {
+                error: self.code().to_owned(),
+                message,
+            },
+            reference,
+            opens_at,
         };
         let mut response = (status, Json(body)).into_response();
         if let Some(after) = self.retry_after() {

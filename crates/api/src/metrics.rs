@@ -12,6 +12,9 @@
 //! | `ttlab_cluster_probe_seconds` | — | how long the last cluster probe took |
 //! | `ttlab_rate_limited_total` | `action` | start, extend, grade answered 429 |
 //! | `ttlab_requests_shed_total` | `reason` | requests answered 503 `overloaded` or `request_timeout` |
+//! | `ttlab_waitlist_joined_total` | — | students put on the waitlist |
+//! | `ttlab_waitlist_granted_total` | — | freed places held for the first in line (by this replica) |
+//! | `ttlab_waitlist_lapsed_total` | — | holds that lapsed untaken (removed by this replica) |
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -93,6 +96,12 @@ pub struct Metrics {
     pub rate_limited: Family<ActionLabels, Counter>,
     /// Requests refused by the concurrency limit or cut by the request timeout.
     pub shed: Family<ShedLabels, Counter>,
+    /// Students put on the waitlist.
+    pub waitlist_joined: Counter,
+    /// Holds granted.
+    pub waitlist_granted: Counter,
+    /// Holds that lapsed untaken.
+    pub waitlist_lapsed: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -151,6 +160,24 @@ impl Metrics {
         let cluster_probe_seconds = Gauge::<f64, AtomicU64>::default();
         let rate_limited = Family::<ActionLabels, Counter>::default();
         let shed = Family::<ShedLabels, Counter>::default();
+        let waitlist_joined = Counter::default();
+        let waitlist_granted = Counter::default();
+        let waitlist_lapsed = Counter::default();
+        registry.register(
+            "ttlab_waitlist_joined",
+            "Students put on the waitlist",
+            waitlist_joined.clone(),
+        );
+        registry.register(
+            "ttlab_waitlist_granted",
+            "Freed places held for the first student in line",
+            waitlist_granted.clone(),
+        );
+        registry.register(
+            "ttlab_waitlist_lapsed",
+            "Waitlist holds that lapsed untaken",
+            waitlist_lapsed.clone(),
+        );
         registry.register(
             "ttlab_cluster_reachable",
             "1 if the last probe of the Kubernetes API answered in time, else 0",
@@ -177,6 +204,9 @@ impl Metrics {
             cluster_probe_seconds,
             rate_limited,
             shed,
+            waitlist_joined,
+            waitlist_granted,
+            waitlist_lapsed,
             sessions,
             opened,
             ended,

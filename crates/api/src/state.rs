@@ -61,6 +61,9 @@ struct Inner {
     hub: broadcast::Sender<HubEvent>,
     capacity: tokio::sync::Mutex<()>,
     listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
+    /// When the agent's ConfigMap was last found present (see
+    /// `saga::agent::ensure_agent_config_map`).
+    agent_present_at: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     cluster_health: Mutex<ClusterHealth>,
     limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
@@ -165,6 +168,7 @@ impl AppState {
                 hub,
                 capacity: tokio::sync::Mutex::new(()),
                 listed_vms: tokio::sync::Mutex::new(None),
+                agent_present_at: tokio::sync::Mutex::new(None),
                 cluster_health: Mutex::new(ClusterHealth::default()),
                 limiter,
                 tasks: Mutex::new(JoinSet::new()),
@@ -203,6 +207,12 @@ impl AppState {
     /// connection).
     pub(crate) async fn capacity_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.inner.capacity.lock().await
+    }
+
+    /// When the agent's ConfigMap was last found present (see
+    /// `saga::agent::ensure_agent_config_map`).
+    pub(crate) fn agent_present_at(&self) -> &tokio::sync::Mutex<Option<tokio::time::Instant>> {
+        &self.inner.agent_present_at
     }
 
     /// The last listing of the namespace's VMs the capacity check took (see
@@ -330,6 +340,7 @@ impl AppState {
     /// Starts the task that listens on the sessions channel and broadcasts hints for this
     /// environment. It reconnects with backoff when the database goes away.
     pub fn start_hub(&self) {
+        self.start_waitlist();
         let state = self.clone();
         self.spawn(async move {
             let env = state.config().env.as_str().to_owned();
@@ -362,6 +373,51 @@ impl AppState {
         });
     }
 }
+
+impl AppState {
+    /// Starts the task that hands freed places to the waitlist: every
+    /// [`WAITLIST_TICK`] and on every change hint (a session ended on any replica), while
+    /// anybody waits, it grants holds ([`crate::saga::grant_waitlist`]). Every replica
+    /// runs one; the capacity lock makes their grants take turns.
+    fn start_waitlist(&self) {
+        let state = self.clone();
+        let mut rx = self.subscribe();
+        self.spawn(async move {
+            loop {
+                if let Ok(Err(broadcast::error::RecvError::Closed)) =
+                    tokio::time::timeout(WAITLIST_TICK, rx.recv()).await
+                {
+                    return;
+                }
+                match state.store().waitlist().any().await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot read the waitlist");
+                        continue;
+                    }
+                }
+                match crate::saga::grant_waitlist(&state).await {
+                    Ok(report) => {
+                        let metrics = state.metrics();
+                        metrics.waitlist_granted.inc_by(report.granted.len() as u64);
+                        metrics.waitlist_lapsed.inc_by(report.lapsed.len() as u64);
+                        for user in &report.granted {
+                            tracing::info!(%user, "a place is held for the first on the waitlist");
+                        }
+                        for user in &report.lapsed {
+                            tracing::info!(%user, "a waitlist hold lapsed");
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot grant waitlist holds now"),
+                }
+            }
+        });
+    }
+}
+
+/// How often each replica looks for freed places while anybody waits.
+pub const WAITLIST_TICK: Duration = Duration::from_secs(1);
 
 impl FromRef<AppState> for AuthConfig {
     fn from_ref(state: &AppState) -> Self {

@@ -38,6 +38,8 @@ pub struct SessionView {
     pub extensions_used: u32,
     /// Extensions left under the current policy.
     pub extensions_left: u32,
+    /// What the extend button offers at `server_time` (the lifespan rules, described).
+    pub extend: ExtendView,
     /// The database clock when this view was made (for client-side countdowns).
     pub server_time: DateTime<Utc>,
     /// The root disk decision, once made.
@@ -50,6 +52,68 @@ pub struct SessionView {
     pub finished_at: Option<DateTime<Utc>>,
     /// Why provisioning failed.
     pub failure_reason: Option<String>,
+    /// With a failure reason: the reference a student quotes to an operator (the start of the
+    /// session id, which the log lines of its provisioning carry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// While starting: how long sessions of this lesson took to become ready recently.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_ready: Option<ExpectedView>,
+}
+
+/// The measured time to ready of a lesson's recent sessions (request to ready, seconds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExpectedView {
+    /// How many recent ready sessions were measured.
+    pub count: usize,
+    /// Half of them were ready within this many seconds.
+    pub p50_seconds: f64,
+    /// Nine in ten were ready within this many seconds.
+    pub p90_seconds: f64,
+}
+
+impl ExpectedView {
+    /// The p50 and p90 (nearest rank) of `seconds`; `None` when there are none.
+    pub fn from_seconds(mut seconds: Vec<f64>) -> Option<Self> {
+        if seconds.is_empty() {
+            return None;
+        }
+        seconds.sort_by(f64::total_cmp);
+        let pick = |p: f64| {
+            let rank = ((p * seconds.len() as f64).ceil() as usize).clamp(1, seconds.len());
+            seconds[rank - 1]
+        };
+        Some(Self {
+            count: seconds.len(),
+            p50_seconds: pick(0.5),
+            p90_seconds: pick(0.9),
+        })
+    }
+}
+
+/// What extending would do at the view's `server_time` ([`ttlab_lifespan::Lifespan::offer`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExtendView {
+    /// Whether the student may extend now.
+    pub available: bool,
+    /// Seconds the expiry would move later if extended now (0 when not available).
+    pub gain_seconds: u64,
+    /// From when extending is offered (the extend window opens).
+    pub opens_at: DateTime<Utc>,
+    /// The extend window: extending is offered only this many seconds before the expiry.
+    pub window_seconds: u64,
+    /// Why it is not available: the refusal's code (`not_yet`, `too_early`, `extension_limit`,
+    /// `max_lifetime`, `expired`) and sentence.
+    pub refusal: Option<RefusalView>,
+}
+
+/// A refusal, as code and sentence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusalView {
+    /// Stable code.
+    pub code: &'static str,
+    /// Human sentence.
+    pub message: String,
 }
 
 /// The disk decision.
@@ -146,6 +210,13 @@ pub fn student_reason(reason: &str) -> String {
     }
 }
 
+/// The reference a student quotes for a failure of session `id`: the first eight characters
+/// of its id, which every log line of its provisioning carries (`session=…`) and the admin
+/// page shows with the full detail.
+pub fn reference_of(id: &str) -> String {
+    id.chars().take(8).collect()
+}
+
 /// Whether `text` holds a URL or an IPv4 address.
 fn names_an_address(text: &str) -> bool {
     text.contains("://")
@@ -171,6 +242,28 @@ impl SessionView {
             expires_at: s.expires_at,
             extensions_used: s.extensions_used,
         };
+        let offer = lifespan.offer(now, policy);
+        let extend = ExtendView {
+            available: offer.available && s.status == SessionStatus::Running,
+            gain_seconds: if s.status == SessionStatus::Running {
+                offer.gain.as_secs()
+            } else {
+                0
+            },
+            opens_at: offer.opens_at,
+            window_seconds: policy.extend_window.as_secs(),
+            refusal: if s.status == SessionStatus::Running {
+                offer.refusal.map(|e| RefusalView {
+                    code: e.code(),
+                    message: e.to_string(),
+                })
+            } else {
+                Some(RefusalView {
+                    code: "not_running",
+                    message: format!("the session is {}", s.status),
+                })
+            },
+        };
         let remaining = if s.status.is_live() {
             lifespan.remaining(now).as_secs()
         } else {
@@ -190,6 +283,7 @@ impl SessionView {
             remaining_seconds: remaining,
             extensions_used: s.extensions_used,
             extensions_left: lifespan.extensions_left(policy),
+            extend,
             server_time: now,
             disk: s.disk.as_ref().map(|(kind, reason)| DiskView {
                 kind: kind.as_str().to_owned(),
@@ -212,7 +306,18 @@ impl SessionView {
             },
             finished_at: s.finished_at,
             failure_reason: s.failure_reason.clone(),
+            reference: s
+                .failure_reason
+                .as_ref()
+                .map(|_| reference_of(&s.id.to_string())),
+            expected_ready: None,
         }
+    }
+
+    /// The view with the lesson's measured time to ready.
+    pub fn with_expected(mut self, expected: Option<ExpectedView>) -> Self {
+        self.expected_ready = expected;
+        self
     }
 }
 
@@ -261,5 +366,20 @@ mod tests {
         ] {
             assert_eq!(student_reason(recorded), shown, "{recorded}");
         }
+    }
+
+    #[test]
+    fn the_expected_time_is_the_median_and_the_ninetieth_percentile() {
+        let e = super::ExpectedView::from_seconds((1..=10).map(f64::from).rev().collect()).unwrap();
+        assert_eq!((e.count, e.p50_seconds, e.p90_seconds), (10, 5.0, 9.0));
+        assert_eq!(super::ExpectedView::from_seconds(vec![]), None);
+    }
+
+    #[test]
+    fn the_reference_is_the_start_of_the_session_id() {
+        assert_eq!(
+            super::reference_of("1a2b3c4d-0000-4000-8000-000000000000"),
+            "1a2b3c4d"
+        );
     }
 }

@@ -335,6 +335,14 @@ async fn the_openapi_document_names_every_route() {
         ("get", "/api/admin/reaper"),
         ("post", "/api/admin/reaper/collect"),
         ("get", "/api/admin/stats"),
+        ("get", "/api/admin/sessions/{id}"),
+        ("post", "/api/admin/sessions/{id}/end"),
+        ("post", "/api/admin/sessions/{id}/extend"),
+        ("get", "/api/admin/actions"),
+        ("get", "/api/waitlist"),
+        ("post", "/api/waitlist"),
+        ("delete", "/api/waitlist"),
+        ("get", "/api/waitlist/events"),
     ];
     for (method, path) in routes {
         assert!(

@@ -55,6 +55,10 @@ pub enum LifespanError {
         /// The rejected duration.
         value: Duration,
     },
+    /// The extend window is zero: no student could ever extend (set `TTLAB_MAX_EXTENSIONS=0`
+    /// for that).
+    #[error("{setting} is zero; to allow no extensions set {ext} to 0", setting = crate::EXTEND_WINDOW_VAR, ext = crate::MAX_EXTENSIONS_VAR)]
+    ZeroExtendWindow,
     /// The maximum lifetime is shorter than a single time-to-live.
     #[error(
         "{max_setting} ({}) is shorter than {ttl_setting} ({})",
@@ -106,6 +110,19 @@ pub enum LifespanError {
         /// The latest instant the session may ever run until (start + max).
         max_expires_at: DateTime<Utc>,
     },
+    /// Extension refused: the extend window has not opened yet (extending is offered only in
+    /// the last [`Policy::extend_window`](crate::Policy::extend_window) before the expiry). No
+    /// extension is used up; `opens_at` says from when it is offered. API code `not_yet`.
+    #[error(
+        "extending is possible only in the last {} before the expiry; it opens at {opens_at}",
+        fmt_duration(*.window)
+    )]
+    NotYet {
+        /// The first instant extending is offered.
+        opens_at: DateTime<Utc>,
+        /// The window.
+        window: Duration,
+    },
     /// Extension refused: extending now would not move the expiry later (the session was
     /// opened or extended too recently). No extension is used up; trying again after
     /// `adds_time_after` gains time. API code `too_early`.
@@ -123,7 +140,8 @@ pub enum LifespanError {
 impl LifespanError {
     /// A short, stable, machine-readable code, suitable as an API error code.
     ///
-    /// Extension refusals give `expired`, `extension_limit`, `max_lifetime` and `too_early`;
+    /// Extension refusals give `expired`, `extension_limit`, `max_lifetime`, `not_yet` and
+    /// `too_early`;
     /// every policy error gives `invalid_policy`.
     pub const fn code(&self) -> &'static str {
         match self {
@@ -131,10 +149,12 @@ impl LifespanError {
             Self::ExtensionLimit { .. } => "extension_limit",
             Self::MaxLifetime { .. } => "max_lifetime",
             Self::TooEarly { .. } => "too_early",
+            Self::NotYet { .. } => "not_yet",
             Self::InvalidDuration { .. }
             | Self::InvalidCount { .. }
             | Self::EmptySetting { .. }
             | Self::ZeroTtl
+            | Self::ZeroExtendWindow
             | Self::FractionalSeconds { .. }
             | Self::MaxShorterThanTtl { .. }
             | Self::TooLong { .. }
@@ -151,6 +171,7 @@ impl LifespanError {
                 | Self::ExtensionLimit { .. }
                 | Self::MaxLifetime { .. }
                 | Self::TooEarly { .. }
+                | Self::NotYet { .. }
         )
     }
 }

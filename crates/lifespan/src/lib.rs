@@ -17,11 +17,18 @@
 //! - Extending at `now` moves the expiry to `min(now + ttl, start + max)`, at most
 //!   `max_extensions` times ([`Lifespan::extend`]). A granted extension always moves the expiry
 //!   strictly later; the expiry never moves backwards and never passes `start + max`.
+//! - A student may extend only in the final `extend_window` before the expiry (15 minutes by
+//!   default, `TTLAB_EXTEND_WINDOW`), so an extension is not spent for a few minutes.
+//!   [`Lifespan::offer`] says whether extending is offered at `now`, from when, and how much
+//!   it gains: the page's button, the API and the refusal all come from it.
 //! - A refused extension changes nothing and uses up no extension. Each refusal is its own
 //!   [`LifespanError`] variant with an API code: `expired` (at or past the expiry),
 //!   `max_lifetime` (already runs until `start + max`), `extension_limit` (every extension
-//!   used), and `too_early` (extending now would add no time, e.g. right after opening, or
-//!   after the ttl was shortened; the error says from when extending helps).
+//!   used), `not_yet` (the extend window has not opened; the error says when it opens), and
+//!   `too_early` (extending now would add no time, e.g. right after opening, or after the ttl
+//!   was shortened; the error says from when extending helps).
+//! - An operator may extend by a chosen amount beyond the student's extensions
+//!   ([`Lifespan::extend_by_operator`]): no window, no count, but never past `start + max`.
 //! - [`Lifespan::remaining`] never goes negative, and [`Lifespan::is_expired`] is defined as
 //!   "remaining is zero", so a session is expired from `expires_at` on, for everyone.
 //! - Last-resort deadlines sit 15 minutes past the maximum lifetime: a pod lab's
@@ -45,6 +52,11 @@
 //! let session = Lifespan::open(start, &policy);
 //! assert_eq!(session.expires_at, minutes(60));
 //! assert_eq!(session.remaining(minutes(45)), Duration::from_secs(15 * 60));
+//!
+//! // Extending is offered in the last 15 minutes only, and says what it gains.
+//! let err = session.extend(minutes(30), &policy).unwrap_err();
+//! assert_eq!(err.code(), "not_yet");
+//! assert_eq!(session.offer(minutes(50), &policy).gain, Duration::from_secs(50 * 60));
 //!
 //! // Extending moves the expiry to now + 60 min, never past start + 180 min.
 //! let session = session.extend(minutes(50), &policy).unwrap();
@@ -70,10 +82,11 @@ mod lifespan;
 mod policy;
 
 pub use error::LifespanError;
-pub use lifespan::Lifespan;
+pub use lifespan::{ExtendOffer, Lifespan};
 pub use policy::{
-    DEFAULT_MAX, DEFAULT_MAX_EXTENSIONS, DEFAULT_TTL, EXTENSIONS_LIMIT, HARD_DEADLINE_GRACE,
-    LIFETIME_LIMIT, MAX_EXTENSIONS_VAR, Policy, SESSION_MAX_VAR, SESSION_TTL_VAR,
+    DEFAULT_EXTEND_WINDOW, DEFAULT_MAX, DEFAULT_MAX_EXTENSIONS, DEFAULT_TTL, EXTEND_WINDOW_VAR,
+    EXTENSIONS_LIMIT, HARD_DEADLINE_GRACE, LIFETIME_LIMIT, MAX_EXTENSIONS_VAR, Policy,
+    SESSION_MAX_VAR, SESSION_TTL_VAR,
 };
 
 /// A duration as the settings are usually written: `90s`, `60m`, `7d`, or humantime's form

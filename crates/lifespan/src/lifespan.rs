@@ -46,7 +46,9 @@ impl Lifespan {
     ///    `start + max` (or later, if the policy was tightened since);
     /// 3. [`ExtensionLimit`](LifespanError::ExtensionLimit) when every allowed extension is
     ///    used;
-    /// 4. [`TooEarly`](LifespanError::TooEarly) when `min(now + ttl, start + max)` is not later
+    /// 4. [`NotYet`](LifespanError::NotYet) when `now` is before the extend window, i.e. before
+    ///    `expires_at - extend_window` ([`Lifespan::extend_opens_at`]);
+    /// 5. [`TooEarly`](LifespanError::TooEarly) when `min(now + ttl, start + max)` is not later
     ///    than the current expiry, e.g. right after opening. An extension that would add no
     ///    time is refused rather than granted for nothing, and the expiry never moves
     ///    backwards (which a shortened ttl could otherwise cause).
@@ -68,6 +70,13 @@ impl Lifespan {
                 limit: policy.max_extensions,
             });
         }
+        let opens_at = self.extend_opens_at(policy);
+        if now < opens_at {
+            return Err(LifespanError::NotYet {
+                opens_at,
+                window: policy.extend_window,
+            });
+        }
         let expires_at = add(now, policy.ttl).min(max_expires_at);
         if expires_at <= self.expires_at {
             return Err(LifespanError::TooEarly {
@@ -79,6 +88,68 @@ impl Lifespan {
             started_at: self.started_at,
             expires_at,
             extensions_used: self.extensions_used + 1,
+        })
+    }
+
+    /// The first instant a student may extend: `expires_at - extend_window`.
+    pub fn extend_opens_at(&self, policy: &Policy) -> DateTime<Utc> {
+        sub(self.expires_at, policy.extend_window)
+    }
+
+    /// What extending at `now` would do, for the page's button and the API's session view:
+    /// whether it is offered, the time it gains, and from when it opens. Exactly
+    /// [`Lifespan::extend`] at `now`, described.
+    pub fn offer(&self, now: DateTime<Utc>, policy: &Policy) -> ExtendOffer {
+        let opens_at = self.extend_opens_at(policy);
+        match self.extend(now, policy) {
+            Ok(next) => ExtendOffer {
+                available: true,
+                gain: next
+                    .expires_at
+                    .signed_duration_since(self.expires_at)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
+                opens_at,
+                refusal: None,
+            },
+            Err(refusal) => ExtendOffer {
+                available: false,
+                gain: Duration::ZERO,
+                opens_at: match refusal {
+                    LifespanError::TooEarly {
+                        adds_time_after, ..
+                    } => adds_time_after.max(opens_at),
+                    _ => opens_at,
+                },
+                refusal: Some(refusal),
+            },
+        }
+    }
+
+    /// The lifespan after an operator extends it at `now` by `by`: the expiry moves `by` later
+    /// but never past `start + max`, whatever the window and the student's extensions (none
+    /// is used up). Refused as [`Expired`](LifespanError::Expired) when the session is
+    /// expired at `now`, and as [`MaxLifetime`](LifespanError::MaxLifetime) when it would
+    /// gain nothing (already at the cap, or `by` is zero).
+    pub fn extend_by_operator(
+        &self,
+        now: DateTime<Utc>,
+        by: Duration,
+        policy: &Policy,
+    ) -> Result<Self, LifespanError> {
+        if self.is_expired(now) {
+            return Err(LifespanError::Expired {
+                expired_at: self.expires_at,
+            });
+        }
+        let max_expires_at = self.max_expires_at(policy);
+        let expires_at = add(self.expires_at, by).min(max_expires_at);
+        if expires_at <= self.expires_at {
+            return Err(LifespanError::MaxLifetime { max_expires_at });
+        }
+        Ok(Self {
+            expires_at,
+            ..*self
         })
     }
 
@@ -113,6 +184,19 @@ impl Lifespan {
     pub fn hard_deadline(&self, policy: &Policy) -> DateTime<Utc> {
         add(self.started_at, policy.hard_lifetime())
     }
+}
+
+/// What extending at one instant would do ([`Lifespan::offer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendOffer {
+    /// Whether extending now would be granted.
+    pub available: bool,
+    /// How much later the expiry would move (zero when not available).
+    pub gain: Duration,
+    /// From when extending is offered (the window opens, or extending starts to add time).
+    pub opens_at: DateTime<Utc>,
+    /// Why extending now is refused, if it is.
+    pub refusal: Option<LifespanError>,
 }
 
 /// `t + d`, saturating at the end of the calendar.
@@ -177,6 +261,95 @@ mod tests {
         assert_eq!(s.started_at, start());
     }
 
+    /// `policy` with an extend window longer than any session, so only the other rules refuse.
+    fn anytime(policy: Policy) -> Policy {
+        policy.with_extend_window(crate::LIFETIME_LIMIT).unwrap()
+    }
+
+    #[test]
+    fn extending_before_the_window_is_refused_and_says_when_it_opens() {
+        let policy = Policy::default(); // 60 min, window 15 min
+        let s = Lifespan::open(start(), &policy);
+        let err = s.extend(at(5), &policy).unwrap_err();
+        assert_eq!(
+            err,
+            LifespanError::NotYet {
+                opens_at: at(45),
+                window: mins(15)
+            }
+        );
+        assert_eq!(err.code(), "not_yet");
+        assert!(err.is_extend_refusal());
+        assert_eq!(
+            err.to_string(),
+            "extending is possible only in the last 15m before the expiry; it opens at 2026-10-16 \
+             09:45:00 UTC"
+        );
+        let just_before = at(45) - TimeDelta::microseconds(1);
+        assert_eq!(
+            s.extend(just_before, &policy).unwrap_err().code(),
+            "not_yet"
+        );
+        // From the opening instant on it is granted and gains 45 minutes or more.
+        let s = s.extend(at(45), &policy).unwrap();
+        assert_eq!(s.expires_at, at(105));
+        assert_eq!(s.extensions_used, 1);
+    }
+
+    #[test]
+    fn the_offer_says_what_extending_gains_and_from_when() {
+        let policy = Policy::default();
+        let s = Lifespan::open(start(), &policy);
+        let early = s.offer(at(5), &policy);
+        assert!(!early.available);
+        assert_eq!(early.gain, Duration::ZERO);
+        assert_eq!(early.opens_at, at(45));
+        assert_eq!(early.refusal.map(|e| e.code()), Some("not_yet"));
+        let open = s.offer(at(50), &policy);
+        assert!(open.available);
+        assert_eq!(open.gain, mins(50));
+        assert_eq!(open.refusal, None);
+        // Near the cap the gain is what is left up to start + max.
+        let s = Lifespan {
+            expires_at: at(170),
+            ..s
+        };
+        assert_eq!(s.offer(at(160), &policy).gain, mins(10));
+        // A window longer than the ttl: offered as soon as it adds time.
+        let wide = policy.with_extend_window(mins(90)).unwrap();
+        let fresh = Lifespan::open(start(), &wide);
+        let offer = fresh.offer(start(), &wide);
+        assert_eq!(offer.refusal.map(|e| e.code()), Some("too_early"));
+        assert_eq!(offer.opens_at, start());
+    }
+
+    #[test]
+    fn an_operator_extends_beyond_the_student_rules_but_not_past_the_cap() {
+        let policy = Policy::new(mins(60), mins(180), 0).unwrap(); // no student extensions
+        let s = Lifespan::open(start(), &policy);
+        let s2 = s.extend_by_operator(at(5), mins(30), &policy).unwrap();
+        assert_eq!(s2.expires_at, at(90));
+        assert_eq!(s2.extensions_used, 0, "no student extension used");
+        let capped = s2.extend_by_operator(at(6), mins(500), &policy).unwrap();
+        assert_eq!(capped.expires_at, at(180));
+        let err = capped
+            .extend_by_operator(at(7), mins(1), &policy)
+            .unwrap_err();
+        assert_eq!(err.code(), "max_lifetime");
+        assert_eq!(
+            s.extend_by_operator(at(60), mins(10), &policy)
+                .unwrap_err()
+                .code(),
+            "expired"
+        );
+        assert_eq!(
+            s.extend_by_operator(at(5), Duration::ZERO, &policy)
+                .unwrap_err()
+                .code(),
+            "max_lifetime"
+        );
+    }
+
     #[test]
     fn extending_an_expired_session_is_refused_from_the_expiry_instant_on() {
         let policy = Policy::default();
@@ -225,7 +398,7 @@ mod tests {
     #[test]
     fn extending_past_the_limit_is_refused_as_extension_limit() {
         // A long max, so only the count can refuse.
-        let policy = Policy::new(mins(60), mins(1000), 2).unwrap();
+        let policy = anytime(Policy::new(mins(60), mins(1000), 2).unwrap());
         let s = Lifespan::open(start(), &policy);
         let s = s.extend(at(30), &policy).unwrap();
         let s = s.extend(at(60), &policy).unwrap();
@@ -250,7 +423,7 @@ mod tests {
 
     #[test]
     fn an_extension_that_adds_no_time_is_refused_and_says_when_it_would() {
-        let policy = Policy::default();
+        let policy = anytime(Policy::default());
         let s = Lifespan::open(start(), &policy);
         let err = s.extend(start(), &policy).unwrap_err();
         assert_eq!(
@@ -273,7 +446,7 @@ mod tests {
         let generous = Policy::default();
         let s = Lifespan::open(start(), &generous);
         // The deployment is reconfigured to 10-minute extensions while the session runs.
-        let strict = Policy::new(mins(10), mins(180), 3).unwrap();
+        let strict = anytime(Policy::new(mins(10), mins(180), 3).unwrap());
         let err = s.extend(at(30), &strict).unwrap_err();
         assert_eq!(
             err,
@@ -348,6 +521,7 @@ mod tests {
             ttl: Duration::MAX,
             max: Duration::MAX,
             max_extensions: u32::MAX,
+            extend_window: Duration::MAX,
         };
         let s = Lifespan::open(DateTime::<Utc>::MAX_UTC, &policy);
         assert_eq!(s.expires_at, DateTime::<Utc>::MAX_UTC);
@@ -357,6 +531,10 @@ mod tests {
         let s = Lifespan::open(DateTime::<Utc>::MIN_UTC, &Policy::default());
         let err = s
             .extend(DateTime::<Utc>::MIN_UTC, &Policy::default())
+            .unwrap_err();
+        assert!(matches!(err, LifespanError::NotYet { .. }), "{err}");
+        let err = s
+            .extend(DateTime::<Utc>::MIN_UTC, &anytime(Policy::default()))
             .unwrap_err();
         assert!(matches!(err, LifespanError::TooEarly { .. }), "{err}");
     }

@@ -12,6 +12,9 @@ pub const SESSION_TTL_VAR: &str = "TTLAB_SESSION_TTL";
 pub const SESSION_MAX_VAR: &str = "TTLAB_SESSION_MAX";
 /// The name of the setting that holds how many times a session may be extended.
 pub const MAX_EXTENSIONS_VAR: &str = "TTLAB_MAX_EXTENSIONS";
+/// The name of the setting that holds the extend window: a student may extend only in this
+/// final stretch before the expiry.
+pub const EXTEND_WINDOW_VAR: &str = "TTLAB_EXTEND_WINDOW";
 
 /// Default time-to-live: 60 minutes.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60 * 60);
@@ -19,6 +22,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(60 * 60);
 pub const DEFAULT_MAX: Duration = Duration::from_secs(180 * 60);
 /// Default number of extensions: 3.
 pub const DEFAULT_MAX_EXTENSIONS: u32 = 3;
+/// Default extend window: the last 15 minutes before the expiry.
+pub const DEFAULT_EXTEND_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// The longest time-to-live or maximum lifetime a policy accepts: 7 days.
 pub const LIFETIME_LIMIT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// The most extensions a policy accepts.
@@ -45,29 +50,78 @@ pub struct Policy {
     pub max: Duration,
     /// How many times a session may be extended. Default 3 ([`MAX_EXTENSIONS_VAR`]).
     pub max_extensions: u32,
+    /// The final stretch before the expiry in which a student may extend: earlier, an
+    /// extension would spend one of the few allowed for little time. Default 15 minutes
+    /// ([`EXTEND_WINDOW_VAR`]).
+    #[serde(default = "default_extend_window")]
+    pub extend_window: Duration,
+}
+
+fn default_extend_window() -> Duration {
+    DEFAULT_EXTEND_WINDOW
 }
 
 impl Default for Policy {
-    /// 60 minutes, at most 180 minutes, extended at most 3 times.
+    /// 60 minutes, at most 180 minutes, extended at most 3 times, each time in the last 15
+    /// minutes.
     fn default() -> Self {
         Self {
             ttl: DEFAULT_TTL,
             max: DEFAULT_MAX,
             max_extensions: DEFAULT_MAX_EXTENSIONS,
+            extend_window: DEFAULT_EXTEND_WINDOW,
         }
     }
 }
 
 impl Policy {
-    /// A validated policy (see [`Policy::validate`] for the rules).
+    /// A validated policy (see [`Policy::validate`] for the rules) with the default extend
+    /// window ([`Policy::with_extend_window`] sets another).
     pub fn new(ttl: Duration, max: Duration, max_extensions: u32) -> Result<Self, LifespanError> {
         let policy = Self {
             ttl,
             max,
             max_extensions,
+            extend_window: DEFAULT_EXTEND_WINDOW,
         };
         policy.validate()?;
         Ok(policy)
+    }
+
+    /// This policy with the extend window `window`, validated.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ttlab_lifespan::Policy;
+    ///
+    /// let policy = Policy::default().with_extend_window(Duration::from_secs(600)).unwrap();
+    /// assert_eq!(policy.extend_window, Duration::from_secs(600));
+    /// assert!(Policy::default().with_extend_window(Duration::ZERO).is_err());
+    /// ```
+    pub fn with_extend_window(self, window: Duration) -> Result<Self, LifespanError> {
+        let policy = Self {
+            extend_window: window,
+            ..self
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// This policy with the extend window read from the text of [`EXTEND_WINDOW_VAR`]
+    /// (`None`: the default, 15 minutes), validated.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ttlab_lifespan::Policy;
+    ///
+    /// let policy = Policy::default().with_extend_window_setting(Some("10m")).unwrap();
+    /// assert_eq!(policy.extend_window, Duration::from_secs(600));
+    /// let err = Policy::default().with_extend_window_setting(Some("soon")).unwrap_err();
+    /// assert!(err.to_string().starts_with("TTLAB_EXTEND_WINDOW (\"soon\")"), "{err}");
+    /// ```
+    pub fn with_extend_window_setting(self, text: Option<&str>) -> Result<Self, LifespanError> {
+        let window = parse_duration(EXTEND_WINDOW_VAR, text, DEFAULT_EXTEND_WINDOW)?;
+        self.with_extend_window(window)
     }
 
     /// A validated policy from the text of the three settings, as a binary reads them from
@@ -111,12 +165,22 @@ impl Policy {
     ///   ([`LifespanError::MaxShorterThanTtl`]); equal is allowed and means extensions never
     ///   add time;
     /// - at most [`EXTENSIONS_LIMIT`] extensions ([`LifespanError::TooManyExtensions`]); zero
-    ///   is allowed and means sessions cannot be extended.
+    ///   is allowed and means sessions cannot be extended;
+    /// - the extend window is not zero ([`LifespanError::ZeroExtendWindow`]), whole seconds
+    ///   and at most [`LIFETIME_LIMIT`]; a window longer than the ttl means "whenever
+    ///   extending adds time".
     pub fn validate(&self) -> Result<(), LifespanError> {
         if self.ttl.is_zero() {
             return Err(LifespanError::ZeroTtl);
         }
-        for (setting, value) in [(SESSION_TTL_VAR, self.ttl), (SESSION_MAX_VAR, self.max)] {
+        if self.extend_window.is_zero() {
+            return Err(LifespanError::ZeroExtendWindow);
+        }
+        for (setting, value) in [
+            (SESSION_TTL_VAR, self.ttl),
+            (SESSION_MAX_VAR, self.max),
+            (EXTEND_WINDOW_VAR, self.extend_window),
+        ] {
             if value.subsec_nanos() != 0 {
                 return Err(LifespanError::FractionalSeconds { setting, value });
             }
@@ -230,6 +294,36 @@ mod tests {
     }
 
     #[test]
+    fn the_extend_window_is_read_and_checked() {
+        let p = Policy::default();
+        assert_eq!(p.extend_window, mins(15));
+        assert_eq!(p.with_extend_window_setting(None), Ok(p));
+        assert_eq!(
+            p.with_extend_window_setting(Some(" 5m "))
+                .unwrap()
+                .extend_window,
+            mins(5)
+        );
+        let zero = p.with_extend_window_setting(Some("0s")).unwrap_err();
+        assert_eq!(zero, LifespanError::ZeroExtendWindow);
+        assert_eq!(
+            zero.to_string(),
+            "TTLAB_EXTEND_WINDOW is zero; to allow no extensions set TTLAB_MAX_EXTENSIONS to 0"
+        );
+        assert!(matches!(
+            p.with_extend_window_setting(Some("")),
+            Err(LifespanError::EmptySetting { .. })
+        ));
+        assert!(matches!(
+            p.with_extend_window(Duration::from_millis(1500)),
+            Err(LifespanError::FractionalSeconds {
+                setting: "TTLAB_EXTEND_WINDOW",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn defaults_are_60_180_3_and_valid() {
         let p = Policy::default();
         assert_eq!((p.ttl, p.max, p.max_extensions), (mins(60), mins(180), 3));
@@ -258,12 +352,14 @@ mod tests {
             ttl: Duration::from_millis(1500),
             max: Duration::from_millis(1500),
             max_extensions: 0,
+            extend_window: DEFAULT_EXTEND_WINDOW,
         };
         assert_eq!(p.pod_active_deadline_seconds(), 15 * 60 + 2);
         let p = Policy {
             ttl: Duration::MAX,
             max: Duration::MAX,
             max_extensions: 0,
+            extend_window: DEFAULT_EXTEND_WINDOW,
         };
         assert_eq!(p.pod_active_deadline_seconds(), i64::MAX);
     }

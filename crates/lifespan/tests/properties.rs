@@ -33,9 +33,16 @@ fn valid_policy() -> impl Strategy<Value = Policy> {
         (1..=600u64, 0..=1800u64, 0..=5u32),
         (1..=limit, 0..=limit, 0..=1000u32),
     ]
-    .prop_map(move |(ttl, extra, n)| {
+    .prop_flat_map(move |(ttl, extra, n)| {
         let max = (ttl + extra).min(limit);
-        Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), n).unwrap()
+        // Windows shorter than, around and longer than the ttl.
+        (Just((ttl, max, n)), 1..=(ttl * 2).min(limit))
+    })
+    .prop_map(|((ttl, max, n), window)| {
+        Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), n)
+            .unwrap()
+            .with_extend_window(Duration::from_secs(window))
+            .unwrap()
     })
 }
 
@@ -47,11 +54,14 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         (0..=u64::MAX, 0..1_000_000_000u32).prop_map(|(s, n)| Duration::new(s, n)),
         Just(Duration::MAX),
     ];
-    (duration.clone(), duration, any::<u32>()).prop_map(|(ttl, max, max_extensions)| Policy {
-        ttl,
-        max,
-        max_extensions,
-    })
+    (duration.clone(), duration.clone(), any::<u32>(), duration).prop_map(
+        |(ttl, max, max_extensions, extend_window)| Policy {
+            ttl,
+            max,
+            max_extensions,
+            extend_window,
+        },
+    )
 }
 
 /// Extension attempts, each as a step forward from the previous attempt measured in
@@ -80,6 +90,8 @@ fn expected_refusal(s: &Lifespan, now: DateTime<Utc>, p: &Policy) -> Option<&'st
         Some("max_lifetime")
     } else if s.extensions_used >= p.max_extensions {
         Some("extension_limit")
+    } else if now < s.expires_at - TimeDelta::from_std(p.extend_window).unwrap() {
+        Some("not_yet")
     } else if plus(now, p.ttl).min(cap) <= s.expires_at {
         Some("too_early")
     } else {
@@ -110,9 +122,14 @@ proptest! {
             now += TimeDelta::microseconds(micros(policy.ttl) / 1000 * permille + jitter);
             let before = session;
             let expected = expected_refusal(&before, now, &policy);
+            let offer = before.offer(now, &policy);
+            prop_assert_eq!(offer.available, expected.is_none());
+            prop_assert_eq!(offer.refusal.as_ref().map(|e| e.code()), expected);
             match before.extend(now, &policy) {
                 Ok(after) => {
                     prop_assert_eq!(expected, None);
+                    prop_assert_eq!(offer.gain, (after.expires_at - before.expires_at).to_std().unwrap());
+                    prop_assert!(offer.gain <= policy.extend_window.max(policy.ttl));
                     prop_assert!(!before.is_expired(now));
                     prop_assert_eq!(after.started_at, before.started_at);
                     prop_assert_eq!(after.expires_at, plus(now, policy.ttl).min(cap));
@@ -193,6 +210,32 @@ proptest! {
         }
     }
 
+    /// An operator's extension never passes start + max, never uses a student's extension,
+    /// moves the expiry by exactly `by` when the cap allows, and is refused only when the
+    /// session is expired or would gain nothing.
+    #[test]
+    fn operator_extensions_are_capped_by_the_maximum_lifetime(
+        start in instant(),
+        policy in valid_policy(),
+        elapsed_permille in 0..=1200i64,
+        by in 0..=LIFETIME_LIMIT.as_secs(),
+    ) {
+        let s = Lifespan::open(start, &policy);
+        let now = start + TimeDelta::microseconds(micros(policy.ttl) / 1000 * elapsed_permille);
+        let cap = s.max_expires_at(&policy);
+        match s.extend_by_operator(now, Duration::from_secs(by), &policy) {
+            Ok(after) => {
+                prop_assert!(!s.is_expired(now));
+                prop_assert_eq!(after.expires_at, plus(s.expires_at, Duration::from_secs(by)).min(cap));
+                prop_assert!(after.expires_at > s.expires_at);
+                prop_assert_eq!(after.extensions_used, s.extensions_used);
+            }
+            Err(LifespanError::Expired { .. }) => prop_assert!(s.is_expired(now)),
+            Err(LifespanError::MaxLifetime { .. }) => prop_assert!(by == 0 || s.expires_at >= cap),
+            Err(other) => prop_assert!(false, "unexpected refusal {}", other),
+        }
+    }
+
     /// Every valid policy survives being written as settings and read back, and its pod
     /// deadline is exactly max + 15 minutes.
     #[test]
@@ -200,7 +243,12 @@ proptest! {
         let ttl = format!("{}s", policy.ttl.as_secs());
         let max = format!("{}s", policy.max.as_secs());
         let n = policy.max_extensions.to_string();
-        prop_assert_eq!(Policy::from_settings(Some(&ttl), Some(&max), Some(&n)), Ok(policy));
+        let window = format!("{}s", policy.extend_window.as_secs());
+        prop_assert_eq!(
+            Policy::from_settings(Some(&ttl), Some(&max), Some(&n))
+                .and_then(|p| p.with_extend_window_setting(Some(&window))),
+            Ok(policy)
+        );
         let expected = i64::try_from(policy.max.as_secs()).unwrap() + 15 * 60;
         prop_assert_eq!(policy.pod_active_deadline_seconds(), expected);
     }

@@ -36,11 +36,14 @@
 //!
 //! [`SessionStatus::can_become`]: ttlab_model::SessionStatus::can_become
 
+pub mod admin_actions;
 pub mod agent_tokens;
+pub mod agent_versions;
 pub mod collect_requests;
 pub mod console_tickets;
 pub mod ephemeral;
 mod error;
+pub mod grading_results;
 pub mod leases;
 pub mod locks;
 mod migrate;
@@ -50,6 +53,7 @@ pub mod reaper_cycles;
 pub mod sessions;
 pub mod testing;
 mod url;
+pub mod waitlist;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,10 +61,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 
+pub use admin_actions::{AdminAction, AdminActionKind, AdminActions};
 pub use agent_tokens::AgentTokens;
+pub use agent_versions::{AgentVersion, AgentVersions, RemovalGuard};
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
 pub use console_tickets::{ConsoleTicket, ConsoleTickets, TicketDigest};
 pub use error::StoreError;
+pub use grading_results::{GradingResult, GradingResults};
 pub use leases::{HeldLease, Lease, LeaseHolder, LeaseKind, Leases};
 pub use locks::{CapacityGuard, LeaderLock, LeaseTtls, ProvisioningLock};
 pub use migrate::{MigrationReport, SCHEMA_VERSION};
@@ -74,6 +81,7 @@ pub use sessions::{
     DiskKind, NewSession, Session, SessionTimes, SessionVm, Sessions, Stage, TerminatingSession,
 };
 pub use url::{DEFAULT_CONNECT_TIMEOUT, DbUrl, redact};
+pub use waitlist::{GrantReport, Joined, Reservations, Waitlist, WaitlistEntry};
 
 /// Pool settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,6 +236,16 @@ impl Store {
     /// Queries on the `sessions` table.
     pub fn sessions(&self) -> Sessions<'_> {
         Sessions::new(self)
+    }
+
+    /// Queries on the `admin_actions` table (the operators' audit trail).
+    pub fn admin_actions(&self) -> AdminActions<'_> {
+        AdminActions::new(self)
+    }
+
+    /// Queries on the `grading_results` table (each session's "Check my work" history).
+    pub fn grading_results(&self) -> GradingResults<'_> {
+        GradingResults::new(self)
     }
 
     /// Queries on the `agent_tokens` table (secrets: see [`agent_tokens`]).

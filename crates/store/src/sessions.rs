@@ -473,6 +473,32 @@ impl<'a> Sessions<'a> {
         })
     }
 
+    /// Seconds from request to ready of the `n` most recent sessions of `lesson` in `env`
+    /// that became ready, newest first (the measured distribution a starting session's
+    /// expected time comes from).
+    pub async fn recent_ready_seconds(
+        &self,
+        env: &EnvName,
+        lesson: &LessonId,
+        n: u32,
+    ) -> Result<Vec<f64>, StoreError> {
+        const SQL: &str = "SELECT extract(epoch FROM ready_at - created_at)::float8 \
+             FROM sessions WHERE env = $1 AND lesson = $2 AND ready_at IS NOT NULL \
+             ORDER BY ready_at DESC LIMIT $3";
+        const WHAT: &str = "reading recent readiness times";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let rows = client
+            .query(
+                &statement,
+                &[&env.as_str(), &lesson.as_str(), &i64::from(n)],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter()
+            .map(|r| r.try_get::<_, f64>(0).map_err(StoreError::query(WHAT)))
+            .collect()
+    }
+
     /// One session by id.
     pub async fn get(&self, id: SessionId) -> Result<Option<Session>, StoreError> {
         const SQL: &str = concat!("SELECT ", columns!(), " FROM sessions WHERE id = $1");

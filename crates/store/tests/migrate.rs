@@ -16,7 +16,11 @@ async fn migrating_twice_applies_once() {
             "V3__console_tickets",
             "V4__live_sessions_by_id",
             "V5__leases",
-            "V6__objects_gone"
+            "V6__objects_gone",
+            "V7__agent_versions",
+            "V8__admin_actions",
+            "V9__grading_results",
+            "V10__waitlist"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -1,4 +1,6 @@
-//! Admin routes: every session, capacity, reaper reports, "collect now", statistics.
+//! Admin routes: every session, one session in detail, ending and extending a session (each
+//! recorded in `admin_actions`), capacity, reaper reports, "collect now", statistics with
+//! readiness histograms per lesson and stage.
 
 use std::collections::BTreeMap;
 
@@ -13,12 +15,17 @@ use ttlab_model::SessionStatus;
 use ttlab_store::{ReaperCycle, StoreError};
 
 use crate::auth::AdminUser;
+use crate::extract::{ApiJson, SessionPath};
 use crate::view::SessionView;
 use crate::{ApiError, AppState};
 
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/admin/sessions", get(sessions))
+        .route("/api/admin/sessions/{id}", get(session_detail))
+        .route("/api/admin/sessions/{id}/end", post(end))
+        .route("/api/admin/sessions/{id}/extend", post(extend))
+        .route("/api/admin/actions", get(actions))
         .route("/api/admin/capacity", get(capacity))
         .route("/api/admin/reaper", get(reaper))
         .route("/api/admin/reaper/collect", post(collect))
@@ -253,6 +260,7 @@ async fn stats(State(state): State<AppState>, _admin: AdminUser) -> Result<Json<
             reclaim.push(seconds(s.expires_at, at));
         }
     }
+    let readiness = readiness_histograms(&rows);
     let time_to_ready: Vec<Value> = ready
         .into_iter()
         .map(|((lesson, disk), v)| json!({"lesson": lesson, "disk": disk, "seconds": distribution(v)}))
@@ -262,7 +270,310 @@ async fn stats(State(state): State<AppState>, _admin: AdminUser) -> Result<Json<
         "by_status": by_status,
         "time_to_ready": time_to_ready,
         "expiry_to_reclaimed": {"seconds": distribution(reclaim)},
+        "readiness": readiness,
     })))
+}
+
+/// Upper bounds (seconds) of the readiness histograms' buckets; a last bucket holds the rest.
+const BUCKETS: [f64; 10] = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+
+/// How long each provisioning stage took, per lesson, as histograms over the recorded stage
+/// times of `rows`: `vm_created` (request → object created), `vmi_running`, `agent_up`,
+/// `ready` (each from the stage before it that was recorded) and `total` (request → ready).
+fn readiness_histograms(rows: &[ttlab_store::Session]) -> Vec<Value> {
+    let mut by: BTreeMap<(String, &'static str), Vec<f64>> = BTreeMap::new();
+    for s in rows {
+        let Some(ready) = s.ready_at else { continue };
+        let lesson = s.lesson.to_string();
+        let mut previous = s.created_at;
+        for (stage, at) in [
+            ("1_vm_created", s.vm_created_at),
+            ("2_vmi_running", s.vmi_running_at),
+            ("3_agent_up", s.agent_up_at),
+            ("4_ready", Some(ready)),
+        ] {
+            if let Some(at) = at {
+                by.entry((lesson.clone(), stage))
+                    .or_default()
+                    .push(seconds(previous, at).max(0.0));
+                previous = at;
+            }
+        }
+        by.entry((lesson, "5_total"))
+            .or_default()
+            .push(seconds(s.created_at, ready).max(0.0));
+    }
+    by.into_iter()
+        .map(|((lesson, stage), values)| {
+            let mut counts = [0usize; BUCKETS.len() + 1];
+            for v in &values {
+                let i = BUCKETS.iter().position(|b| v <= b).unwrap_or(BUCKETS.len());
+                counts[i] += 1;
+            }
+            let buckets: Vec<Value> = counts
+                .iter()
+                .enumerate()
+                .map(|(i, n)| json!({"le": BUCKETS.get(i), "count": n}))
+                .collect();
+            json!({
+                "lesson": lesson,
+                "stage": &stage[2..],
+                "buckets": buckets,
+                "seconds": distribution(values),
+            })
+        })
+        .collect()
+}
+
+/// The session view of `s` for an admin, at the database's now.
+async fn admin_view(state: &AppState, s: &ttlab_store::Session) -> Result<SessionView, ApiError> {
+    let now = state.store().db_now().await?;
+    Ok(SessionView::new(s, &state.config().policy, now))
+}
+
+async fn find(
+    state: &AppState,
+    id: ttlab_model::SessionId,
+) -> Result<ttlab_store::Session, ApiError> {
+    state
+        .store()
+        .sessions()
+        .get(id)
+        .await?
+        .ok_or(ApiError::SessionNotFound)
+}
+
+/// `GET /api/admin/sessions/{id}`: one session with everything an operator needs: the view
+/// (the full failure detail included), each stage with its time since the request, the
+/// cluster objects with their state, the reference students quote, the grading history (the
+/// last 50 "Check my work") and the operators' actions.
+async fn session_detail(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    let s = find(&state, id).await?;
+    let view = admin_view(&state, &s).await?;
+    let stages: Vec<Value> = [
+        ("requested", Some(s.created_at)),
+        ("vm_created", s.vm_created_at),
+        ("vmi_running", s.vmi_running_at),
+        ("agent_up", s.agent_up_at),
+        ("ready", s.ready_at),
+        ("finished", s.finished_at),
+        ("reclaimed", s.reclaimed_at),
+    ]
+    .into_iter()
+    .map(|(stage, at)| {
+        json!({
+            "stage": stage,
+            "at": at,
+            "after_seconds": at.map(|at| seconds(s.created_at, at)),
+        })
+    })
+    .collect();
+    let selector = ttlab_model::labels::session_selector(&s.env, s.id);
+    let mut objects = Vec::new();
+    let mut objects_error = None;
+    for kind in ttlab_cluster::Kind::ALL {
+        match state.cluster().list_all(kind, &selector).await {
+            Ok(found) => {
+                for o in found {
+                    let status = if kind == ttlab_cluster::Kind::VirtualMachine {
+                        state
+                            .cluster()
+                            .vm_status(&o.name)
+                            .await
+                            .ok()
+                            .flatten()
+                            .and_then(|v| v.printable_status)
+                    } else {
+                        None
+                    };
+                    objects.push(json!({
+                        "kind": kind.to_string(),
+                        "name": o.name,
+                        "state": if o.deleting { "deleting".to_owned() } else { status.unwrap_or_else(|| "present".into()) },
+                        "created_at": o.created_at,
+                    }));
+                }
+            }
+            Err(e) => objects_error = Some(e.to_string()),
+        }
+    }
+    let actions = state.store().admin_actions().for_session(s.id).await?;
+    let grading = state
+        .store()
+        .grading_results()
+        .for_session(s.id, 50)
+        .await?;
+    Ok(Json(json!({
+        "grading": grading,
+        "session": view,
+        "reference": crate::view::reference_of(&s.id.to_string()),
+        "stages": stages,
+        "objects": objects,
+        "objects_error": objects_error,
+        "actions": actions,
+    })))
+}
+
+/// `POST /api/admin/sessions/{id}/end` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndBody {
+    /// Why (recorded).
+    reason: String,
+}
+
+/// `POST /api/admin/sessions/{id}/extend` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    /// Minutes to add (capped at the session's maximum lifetime).
+    minutes: u32,
+    /// Why (recorded).
+    reason: String,
+}
+
+fn reason(text: &str) -> Result<&str, ApiError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(ApiError::bad_request(
+            "reason_required",
+            "say why (the reason is recorded with the action)",
+        ));
+    }
+    if text.chars().count() > ttlab_store::admin_actions::MAX_REASON_CHARS {
+        return Err(ApiError::bad_request(
+            "reason_too_long",
+            "the reason is longer than 500 characters",
+        ));
+    }
+    Ok(text)
+}
+
+/// Ends a `starting` or `running` session as `finished`, as a student's Finish would: its
+/// objects are deleted now (what fails is left finishing for the reaper), and the action is
+/// recorded.
+async fn end(
+    State(state): State<AppState>,
+    AdminUser(admin): AdminUser,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<EndBody>,
+) -> Result<Json<Value>, ApiError> {
+    let why = reason(&body.reason)?;
+    let s = find(&state, id).await?;
+    if !matches!(s.status, SessionStatus::Starting | SessionStatus::Running) {
+        return Err(ApiError::WrongState {
+            code: "not_live",
+            message: format!(
+                "the session is {}; only a live session can be ended",
+                s.status
+            ),
+        });
+    }
+    let Some(row) = crate::saga::finish_by_student(&state, &s).await? else {
+        return Err(ApiError::WrongState {
+            code: "not_live",
+            message: "the session ended meanwhile".into(),
+        });
+    };
+    let action = state
+        .store()
+        .admin_actions()
+        .record_end(id, &admin.user, why)
+        .await?;
+    tracing::info!(session = %id, admin = %admin.user, reason = why, "session ended by an operator");
+    Ok(Json(json!({
+        "session": admin_view(&state, &row).await?,
+        "action": action,
+    })))
+}
+
+/// Moves a running session's expiry `minutes` later, beyond the student's extensions (none
+/// is used) but never past its maximum lifetime, and records the action.
+async fn extend(
+    State(state): State<AppState>,
+    AdminUser(admin): AdminUser,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<ExtendBody>,
+) -> Result<Json<Value>, ApiError> {
+    let why = reason(&body.reason)?;
+    if body.minutes == 0 || body.minutes > 24 * 60 {
+        return Err(ApiError::bad_request(
+            "invalid_minutes",
+            "minutes must be from 1 to 1440",
+        ));
+    }
+    let by = std::time::Duration::from_secs(u64::from(body.minutes) * 60);
+    let policy = state.config().policy;
+    for _ in 0..5 {
+        let s = find(&state, id).await?;
+        if s.status != SessionStatus::Running {
+            return Err(ApiError::WrongState {
+                code: "not_running",
+                message: format!(
+                    "the session is {}; only a running session can be extended",
+                    s.status
+                ),
+            });
+        }
+        let now = state.store().db_now().await?;
+        let lifespan = ttlab_lifespan::Lifespan {
+            started_at: s.started_at,
+            expires_at: s.expires_at,
+            extensions_used: s.extensions_used,
+        };
+        let next = lifespan
+            .extend_by_operator(now, by, &policy)
+            .map_err(ApiError::Extend)?;
+        let next_expires_at = next.expires_at.min(s.max_expires_at);
+        if next_expires_at <= s.expires_at {
+            return Err(ApiError::Extend(
+                ttlab_lifespan::LifespanError::MaxLifetime {
+                    max_expires_at: s.max_expires_at,
+                },
+            ));
+        }
+        if let Some(action) = state
+            .store()
+            .admin_actions()
+            .extend(id, &admin.user, s.expires_at, next_expires_at, why)
+            .await?
+        {
+            tracing::info!(session = %id, admin = %admin.user, added_seconds = action.added_seconds, reason = why, "session extended by an operator");
+            let row = find(&state, id).await?;
+            return Ok(Json(json!({
+                "session": admin_view(&state, &row).await?,
+                "action": action,
+            })));
+        }
+    }
+    Err(ApiError::Internal(
+        "the session kept changing while it was extended".into(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionsQuery {
+    limit: Option<u32>,
+}
+
+/// `GET /api/admin/actions`: the most recent operator actions, newest first.
+async fn actions(
+    State(state): State<AppState>,
+    _admin: AdminUser,
+    q: Result<Query<ActionsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(q)?;
+    let actions = state
+        .store()
+        .admin_actions()
+        .recent(q.limit.unwrap_or(20).clamp(1, 500))
+        .await?;
+    Ok(Json(json!(actions)))
 }
 
 #[cfg(test)]

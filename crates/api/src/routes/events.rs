@@ -1,6 +1,9 @@
 //! `GET /api/sessions/{id}/events`: server-sent events, one `session` event with the full
 //! view now and on every change (stage, status, expiry), until the session is final.
 //!
+//! `GET /api/waitlist/events`: the same for the student's place on the waitlist (`waitlist`
+//! events), until they leave it or take their place.
+//!
 //! Changes arrive as Postgres notifications (so a change made by another replica or the
 //! reaper shows up too), with a re-read every few seconds as the fallback for a missed one.
 
@@ -25,7 +28,66 @@ use crate::{ApiError, AppState};
 const FALLBACK: Duration = Duration::from_secs(5);
 
 pub(super) fn routes() -> Router<AppState> {
-    Router::new().route("/api/sessions/{id}/events", get(events))
+    Router::new()
+        .route("/api/sessions/{id}/events", get(events))
+        .route("/api/waitlist/events", get(waitlist_events))
+}
+
+/// How often the waitlist stream re-reads without a hint (the hold's countdown and a
+/// position that moved on another environment's change need no notification).
+const WAITLIST_FALLBACK: Duration = Duration::from_secs(2);
+
+/// `GET /api/waitlist/events`: one `waitlist` event with the student's place now and on
+/// every change (position, a held place, leaving), until they are no longer waiting.
+async fn waitlist_events(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let rx = state.subscribe();
+    let first = super::sessions::waitlist_view(&state, &user.user).await?;
+    let init = (state, user, rx, Some(first), None::<String>, false);
+    let stream = futures::stream::unfold(
+        init,
+        |(state, user, mut rx, mut pending, mut last, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let view = match pending.take() {
+                    Some(v) => v,
+                    None => {
+                        if let Ok(Err(broadcast::error::RecvError::Closed)) =
+                            tokio::time::timeout(WAITLIST_FALLBACK, rx.recv()).await
+                        {
+                            return None;
+                        }
+                        match super::sessions::waitlist_view(&state, &user.user).await {
+                            Ok(v) => v,
+                            Err(_) => continue,
+                        }
+                    }
+                };
+                let json = serde_json::to_string(&view).unwrap_or_default();
+                // The countdown moves every second; send when anything but it changed.
+                let key = serde_json::to_value(&view)
+                    .map(|mut v| {
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("hold_seconds_left");
+                        }
+                        v.to_string()
+                    })
+                    .unwrap_or_default();
+                if last.as_ref() == Some(&key) {
+                    continue;
+                }
+                last = Some(key);
+                let finished = !view.is_waiting();
+                let event = Event::default().event("waitlist").data(json);
+                return Some((Ok(event), (state, user, rx, None, last, finished)));
+            }
+        },
+    );
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 struct Watch {
@@ -94,7 +156,10 @@ async fn events(
                 .db_now()
                 .await
                 .unwrap_or_else(|_| chrono::Utc::now());
-            let view = SessionView::new(&row, &w.state.config().policy, now).for_viewer(&w.viewer);
+            let expected = super::sessions::expected(&w.state, &row).await;
+            let view = SessionView::new(&row, &w.state.config().policy, now)
+                .with_expected(expected)
+                .for_viewer(&w.viewer);
             let event = Event::default()
                 .event("session")
                 .json_data(&view)

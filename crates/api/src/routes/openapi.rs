@@ -68,10 +68,10 @@ pub fn document() -> Value {
          shutting down and leftovers, against the limit); or the database or cluster is \
          unavailable",
     );
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {"title": "ttlab", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Lab sessions on KubeVirt VMs: start, follow, extend, grade, finish; admin views. Errors are {\"error\": code, \"message\": sentence}."},
+                 "description": "Lab sessions on KubeVirt VMs: start, follow, extend, grade, finish; admin views. Errors are {\"error\": code, \"message\": sentence}; failures on the server's side add a `reference` that the server's log line of the detail carries."},
         "paths": {
             "/healthz": {"get": {"summary": "The process answers. On the ops port when one is configured (TTLAB_OPS_LISTEN), not on the public one", "responses": {"200": ok("alive", json!({"type": "object"}))}}},
             "/readyz": {"get": {"summary": "This process and its database answer (the cluster is not consulted: see /healthz/cluster). On the ops port when one is configured", "responses": {"200": ok("ready", json!({"type": "object"})), "503": err("database unreachable")}}},
@@ -98,7 +98,7 @@ pub fn document() -> Value {
             },
             "/api/sessions/{id}/extend": {
                 "parameters": id_param(),
-                "post": op("Extend: expiry becomes min(now + ttl, start + max)", limited(auth_errors(json!({"200": ok("the session with its new expiry", session()), "404": err("no such session, or not yours"), "409": err("extension_limit, max_lifetime, expired, too_early or not_running")}))))
+                "post": op("Extend, in the last TTLAB_EXTEND_WINDOW (15 min by default) before the expiry: expiry becomes min(now + ttl, start + max); the session's `extend` says whether it is offered, what it gains and from when", limited(auth_errors(json!({"200": ok("the session with its new expiry", session()), "404": err("no such session, or not yours"), "409": err("not_yet (before the extend window: `opens_at` in the body says when it opens), extension_limit, max_lifetime, expired, too_early or not_running")}))))
             },
             "/api/sessions/{id}/grade": {
                 "parameters": id_param(),
@@ -148,12 +148,12 @@ pub fn document() -> Value {
                 "responses": admin_errors(json!({"200": ok("cycles", json!({"type": "array", "items": {"type": "object"}}))}))
             }},
             "/api/admin/reaper/collect": {"post": op("Collect now: the reaper runs a cycle and answers with its report", admin_errors(json!({"200": ok("the cycle report", json!({"type": "object"})), "504": err("no reaper answered in time")})))},
-            "/api/admin/stats": {"get": op("p50/p90/p99 and count of time-to-ready per lesson and disk, and of expiry to reclaimed", admin_errors(json!({"200": ok("statistics", json!({"type": "object"}))})))}
+            "/api/admin/stats": {"get": op("p50/p90/p99 and count of time-to-ready per lesson and disk, and of expiry to reclaimed; `readiness`: a histogram per lesson and stage (vm_created, vmi_running, agent_up, ready, total) from the recorded stage times", admin_errors(json!({"200": ok("statistics", json!({"type": "object"}))})))}
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT (HS256; claims sub, role, exp)"}},
             "schemas": {
-                "Error": {"type": "object", "required": ["error", "message"], "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
+                "Error": {"type": "object", "required": ["error", "message"], "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "reference": {"type": "string", "description": "failures on the server's side (5xx): the reference of the log line with the detail; the message ends with it"}, "opens_at": {"type": "string", "format": "date-time", "description": "not_yet: when the extend window opens"}}},
                 "Capacity": {"type": "object", "properties": {
                     "live_vms": {"type": ["integer", "null"], "description": "VMs ttlab manages in the namespace (any environment); null if the cluster could not be read"},
                     "starting_sessions": {"type": "integer"}, "limit": {"type": "integer"}, "available": {"type": ["integer", "null"]},
@@ -185,5 +185,67 @@ pub fn document() -> Value {
                 }}
             }
         }
-    })
+    });
+    let admin_actions = json!({
+            "/api/admin/sessions/{id}": {
+                "parameters": id_param(),
+                "get": op("One session for an operator: the session (full failure detail), the reference its student is shown, each stage with its time, the cluster objects with their state, the grading history (when, passed of total, which failed) and the operators' actions", admin_errors(json!({"200": ok("the session in detail", json!({"type": "object"})), "400": err("invalid_id"), "404": err("no such session")})))
+            },
+            "/api/admin/sessions/{id}/end": {
+                "parameters": id_param(),
+                "post": {"summary": "End a starting or running session (as finished; its objects are deleted, what fails is left to the reaper) and record who, when and why", "security": [{"bearer": []}],
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["reason"], "additionalProperties": false, "properties": {"reason": {"type": "string", "maxLength": 500}}}}}},
+                         "responses": admin_errors(json!({"200": ok("the session and the recorded action", json!({"type": "object"})), "400": err("reason_required, reason_too_long, invalid_json"), "404": err("no such session"), "409": err("not_live")}))}
+            },
+            "/api/admin/sessions/{id}/extend": {
+                "parameters": id_param(),
+                "post": {"summary": "Move a running session's expiry `minutes` later, beyond its student's extensions (none is used) but never past start + max, and record who, when, how much and why", "security": [{"bearer": []}],
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["minutes", "reason"], "additionalProperties": false, "properties": {"minutes": {"type": "integer", "minimum": 1, "maximum": 1440}, "reason": {"type": "string", "maxLength": 500}}}}}},
+                         "responses": admin_errors(json!({"200": ok("the session and the recorded action (added_seconds: what the cap allowed)", json!({"type": "object"})), "400": err("invalid_minutes, reason_required, reason_too_long, invalid_json"), "404": err("no such session"), "409": err("max_lifetime, expired, not_running")}))}
+            },
+            "/api/admin/actions": {"get": {
+                "summary": "The operators' recent actions (end, extend), newest first",
+                "security": [{"bearer": []}],
+                "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
+                "responses": admin_errors(json!({"200": ok("actions", json!({"type": "array", "items": {"type": "object"}}))}))
+            }}
+    });
+    if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), admin_actions.as_object()) {
+        paths.extend(more.clone());
+    }
+    let waitlist_view = json!({"$ref": "#/components/schemas/Waitlist"});
+    let waitlist = json!({
+            "/api/waitlist": {
+                "get": op("The caller's place on the waitlist (`waiting: false` when not on it)", auth_errors(json!({"200": ok("the caller's place", waitlist_view.clone())}))),
+                "post": {"summary": "Wait for a place in a VM lab when the VM limit is reached (the page joins on a 503 `capacity` from POST /api/sessions): the queue is served first come, first served across every server replica; when a place frees it is held for the first in line for TTLAB_WAITLIST_HOLD (2 min by default), and only they can start that lab meanwhile (POST /api/sessions). One entry per user", "security": [{"bearer": []}],
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}}}}}},
+                         "responses": auth_errors(json!({"201": ok("on the waitlist", waitlist_view.clone()), "400": err("not_limited (a pod lab: start it directly), malformed body, unknown fields"), "404": err("lesson_not_found"), "409": err("session_exists (a live lab cannot wait), already_waiting"), "415": err("not application/json")}))},
+                "delete": op("Leave the waitlist", auth_errors(json!({"200": ok("no longer waiting", waitlist_view.clone()), "409": err("not_waiting")})))
+            },
+            "/api/waitlist/events": {
+                "get": {"summary": "Server-sent `waitlist` events: the caller's place now and on every change (position, a place held, leaving), until they are no longer waiting", "security": [{"bearer": []}],
+                        "responses": auth_errors(json!({"200": {"description": "event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}))}
+            }
+    });
+    if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), waitlist.as_object()) {
+        paths.extend(more.clone());
+    }
+    doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
+        "waiting": {"type": "boolean"},
+        "lesson": {"type": "string"},
+        "position": {"type": "integer", "description": "1 for the first in line"},
+        "enqueued_at": {"type": "string", "format": "date-time"},
+        "held_until": {"type": "string", "format": "date-time", "description": "while a place is held for the caller: until when only they can take it"},
+        "hold_seconds_left": {"type": "integer"}}});
+    let session = &mut doc["components"]["schemas"]["Session"]["properties"];
+    session["extend"] = json!({"type": "object", "description": "what the extend button offers at server_time", "properties": {
+        "available": {"type": "boolean"},
+        "gain_seconds": {"type": "integer", "description": "how much later the expiry moves if extended now"},
+        "opens_at": {"type": "string", "format": "date-time", "description": "from when extending is offered"},
+        "window_seconds": {"type": "integer"},
+        "refusal": {"type": ["object", "null"], "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}});
+    session["reference"] = json!({"type": "string", "description": "with a failure reason: the reference its student quotes to an operator (the first 8 characters of the session id, which the provisioning's log lines carry)"});
+    session["expected_ready"] = json!({"type": "object", "description": "while starting, if measured: p50_seconds, p90_seconds and count of the lesson's recent starts (request to ready)", "properties": {
+        "count": {"type": "integer"}, "p50_seconds": {"type": "number"}, "p90_seconds": {"type": "number"}}});
+    doc
 }

@@ -19,7 +19,7 @@ use crate::auth::CurrentUser;
 use crate::extract::{ApiJson, SessionPath};
 use crate::limits::Action;
 use crate::saga;
-use crate::view::SessionView;
+use crate::view::{ExpectedView, SessionView};
 use crate::{ApiError, AppState};
 
 pub(super) fn routes() -> Router<AppState> {
@@ -30,6 +30,12 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/api/sessions/{id}", get(read).delete(finish))
         .route("/api/sessions/{id}/extend", post(extend))
         .route("/api/sessions/{id}/grade", post(grade))
+        .route(
+            "/api/waitlist",
+            get(waitlist_read)
+                .post(waitlist_join)
+                .delete(waitlist_leave),
+        )
 }
 
 /// A lesson as listed.
@@ -40,6 +46,12 @@ struct LessonView {
     runtime: Runtime,
     nodes: Vec<String>,
     grading_steps: usize,
+    /// The names of the grading steps (what "Check my work" checks), in order.
+    checks: Vec<String>,
+    /// The lesson's instructions as safe HTML (rendered from its Markdown, HTML in it
+    /// escaped); absent when the lesson has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions_html: Option<String>,
 }
 
 async fn lessons(State(state): State<AppState>, _user: CurrentUser) -> Json<Vec<LessonView>> {
@@ -54,6 +66,8 @@ async fn lessons(State(state): State<AppState>, _user: CurrentUser) -> Json<Vec<
                 runtime: l.runtime,
                 nodes: l.nodes.iter().map(ToString::to_string).collect(),
                 grading_steps: l.grading.len(),
+                checks: l.grading.iter().map(|g| g.name.clone()).collect(),
+                instructions_html: l.instructions.as_ref().map(|i| i.html()),
             })
             .collect(),
     )
@@ -93,10 +107,29 @@ async fn create(
         .into_response())
 }
 
-/// The view of a row at the database's now.
+/// How many recent ready sessions of a lesson its expected time to ready is measured over.
+const EXPECTED_OVER: u32 = 20;
+
+/// The view of a row at the database's now (with the lesson's expected time to ready while
+/// it starts).
 pub(super) async fn view(state: &AppState, s: &Session) -> Result<SessionView, ApiError> {
     let now = state.store().db_now().await?;
-    Ok(SessionView::new(s, &state.config().policy, now))
+    Ok(SessionView::new(s, &state.config().policy, now).with_expected(expected(state, s).await))
+}
+
+/// While `s` starts: how long the last ready sessions of its lesson took. A failed read
+/// only leaves the estimate out.
+pub(super) async fn expected(state: &AppState, s: &Session) -> Option<ExpectedView> {
+    if s.status != SessionStatus::Starting {
+        return None;
+    }
+    let seconds = state
+        .store()
+        .sessions()
+        .recent_ready_seconds(&s.env, &s.lesson, EXPECTED_OVER)
+        .await
+        .ok()?;
+    ExpectedView::from_seconds(seconds)
 }
 
 /// The session `id` if `user` may read it (its owner, or an admin); otherwise 404, so
@@ -144,9 +177,14 @@ async fn read(
 ) -> Result<Json<SessionView>, ApiError> {
     // One round trip: the row and the database clock it is rendered against.
     match state.store().sessions().get_with_now(id).await? {
-        Some((s, now)) if s.user == user.user || user.is_admin() => Ok(Json(
-            SessionView::new(&s, &state.config().policy, now).for_viewer(&user),
-        )),
+        Some((s, now)) if s.user == user.user || user.is_admin() => {
+            let expected = expected(&state, &s).await;
+            Ok(Json(
+                SessionView::new(&s, &state.config().policy, now)
+                    .with_expected(expected)
+                    .for_viewer(&user),
+            ))
+        }
         _ => Err(ApiError::SessionNotFound),
     }
 }
@@ -289,6 +327,26 @@ async fn grade(
     }
     let passed = steps.iter().filter(|s| s.passed).count();
     tracing::info!(session = %s.id, passed, total = steps.len(), "graded");
+    // The operators' history of this session's gradings; a failure to record it does not
+    // take the result from the student.
+    let failed: Vec<String> = steps
+        .iter()
+        .filter(|s| !s.passed)
+        .map(|s| s.name.clone())
+        .collect();
+    if let Err(e) = state
+        .store()
+        .grading_results()
+        .record(
+            s.id,
+            u32::try_from(passed).unwrap_or(u32::MAX),
+            u32::try_from(steps.len()).unwrap_or(u32::MAX),
+            &failed,
+        )
+        .await
+    {
+        tracing::warn!(session = %s.id, error = %e, "could not record the grading");
+    }
     Ok(Json(json!({
         "session": s.id.to_string(),
         "passed": passed,
@@ -356,4 +414,138 @@ async fn grade_in_pod(
         out.stderr,
         u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
     ))
+}
+
+/// The student's place on the waitlist (`GET`/`POST /api/waitlist`, and the `waitlist`
+/// events of `GET /api/waitlist/events`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(super) struct WaitlistView {
+    /// Whether the student is on the waitlist.
+    waiting: bool,
+    /// The lesson they wait for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lesson: Option<String>,
+    /// 1 for the first in line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<u32>,
+    /// When they joined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enqueued_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// While a place is held for them: until when (only they can take it meanwhile).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_until: Option<chrono::DateTime<chrono::Utc>>,
+    /// While a place is held for them: whole seconds left to take it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_seconds_left: Option<i64>,
+}
+
+impl WaitlistView {
+    /// Whether the student is on the waitlist.
+    pub(super) fn is_waiting(&self) -> bool {
+        self.waiting
+    }
+}
+
+/// The waitlist view of `user` now.
+pub(super) async fn waitlist_view(
+    state: &AppState,
+    user: &ttlab_model::UserId,
+) -> Result<WaitlistView, ApiError> {
+    let Some(entry) = state.store().waitlist().get(user).await? else {
+        return Ok(WaitlistView {
+            waiting: false,
+            lesson: None,
+            position: None,
+            enqueued_at: None,
+            held_until: None,
+            hold_seconds_left: None,
+        });
+    };
+    let now = state.store().db_now().await?;
+    let held_until = entry.hold_until.filter(|h| *h > now);
+    Ok(WaitlistView {
+        waiting: true,
+        lesson: Some(entry.lesson.to_string()),
+        position: Some(entry.position),
+        enqueued_at: Some(entry.enqueued_at),
+        held_until,
+        hold_seconds_left: held_until.map(|h| (h - now).num_seconds()),
+    })
+}
+
+/// `POST /api/waitlist` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinWaitlist {
+    lesson: String,
+}
+
+async fn waitlist_read(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> Result<Json<WaitlistView>, ApiError> {
+    Ok(Json(waitlist_view(&state, &user.user).await?))
+}
+
+async fn waitlist_join(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    ApiJson(body): ApiJson<JoinWaitlist>,
+) -> Result<Response, ApiError> {
+    let lesson = body
+        .lesson
+        .parse::<LessonId>()
+        .ok()
+        .and_then(|id| state.config().lessons.get(&id).cloned())
+        .ok_or_else(|| ApiError::LessonNotFound(body.lesson.clone()))?;
+    if lesson.runtime != Runtime::Vm {
+        return Err(ApiError::BadRequest {
+            code: "not_limited",
+            message: format!(
+                "{} runs in a pod, which the VM limit does not hold back: start it directly",
+                lesson.id
+            ),
+        });
+    }
+    if let Some(open) = state.store().sessions().live_for_user(&user.user).await? {
+        return Err(ApiError::SessionExists {
+            lesson: open.lesson,
+            session: open.id,
+        });
+    }
+    let needed = u32::try_from(lesson.nodes.len()).unwrap_or(u32::MAX);
+    match state
+        .store()
+        .waitlist()
+        .join(&user.user, &lesson.id, &state.config().env, needed)
+        .await?
+    {
+        ttlab_store::Joined::Existing(entry) => Err(ApiError::WrongState {
+            code: "already_waiting",
+            message: format!(
+                "you are already on the waitlist for {} (position {})",
+                entry.lesson, entry.position
+            ),
+        }),
+        ttlab_store::Joined::New(entry) => {
+            state.metrics().waitlist_joined.inc();
+            tracing::info!(user = %user.user, lesson = %lesson.id, position = entry.position, "joined the waitlist");
+            let view = waitlist_view(&state, &user.user).await?;
+            Ok((StatusCode::CREATED, Json(view)).into_response())
+        }
+    }
+}
+
+async fn waitlist_leave(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> Result<Json<WaitlistView>, ApiError> {
+    if !state.store().waitlist().remove(&user.user).await? {
+        return Err(ApiError::WrongState {
+            code: "not_waiting",
+            message: "you are not on the waitlist".to_owned(),
+        });
+    }
+    tracing::info!(user = %user.user, "left the waitlist");
+    Ok(Json(waitlist_view(&state, &user.user).await?))
 }

@@ -8,6 +8,7 @@
 //! the `starting` sessions nobody holds the lease of and resumes them ([`recover`]); a server
 //! told to stop hands its sessions over ([`hand_over`]).
 
+mod agent;
 mod disk;
 mod open;
 mod pod;
@@ -23,7 +24,11 @@ use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
+pub use agent::{
+    AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, keep_agent_seen, record_agent_seen,
+};
 pub(crate) use open::ListedVm;
+pub(crate) use open::grant_waitlist;
 pub use open::open_session;
 pub(crate) use pod::LAB_CONTAINER;
 pub(crate) use tokens::stored as agent_token;

@@ -48,6 +48,18 @@ pub async fn open_session(
         },
         readiness_deadline: now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX),
     };
+    // Waiting for a place in one lab, a student cannot open another meanwhile.
+    if let Some(waiting) = state.store().waitlist().get(user).await?
+        && waiting.lesson != lesson.id
+    {
+        return Err(ApiError::WrongState {
+            code: "waiting",
+            message: format!(
+                "you are on the waitlist for {}; leave it before starting another lab",
+                waiting.lesson
+            ),
+        });
+    }
     let session = match lesson.runtime {
         Runtime::Pod => state.store().sessions().insert(&new).await?,
         Runtime::Vm => open_vm_session(state, lesson, &new).await?,
@@ -79,14 +91,31 @@ async fn open_vm_session(
             Ok(listing) => count_vms(state, &listing).await,
             Err(e) => Err(e),
         };
+        // Places held for students on the waitlist are taken for everybody but their
+        // holder; a free place goes to those waiting ahead first.
+        let count = match count {
+            Ok(usage) => {
+                let now = state.store().db_now().await?;
+                let wl = state
+                    .store()
+                    .waitlist()
+                    .reservations(&new.user, now)
+                    .await?;
+                let queued = wl.own_hold.is_none() && wl.waiting_ahead > 0;
+                Ok((usage, wl.held_for_others, queued))
+            }
+            Err(e) => Err(e),
+        };
         match count {
-            Ok(usage) if usage.total() + needed > limit => {
+            Ok((usage, held, queued)) if queued || usage.total() + held + needed > limit => {
                 guard.rollback().await?;
                 state.metrics().capacity_rejections.inc();
                 tracing::info!(
                     labs = usage.labs,
                     shutting_down = usage.shutting_down,
                     without_lab = usage.without_lab,
+                    held_for_waitlist = held,
+                    queued,
                     needed,
                     limit,
                     "VM limit reached"
@@ -102,7 +131,13 @@ async fn open_vm_session(
             Err(e) => tracing::warn!(error = %e, "cannot count live VMs; not limiting"),
         }
         match guard.insert_session(new).await {
-            Ok(session) => return Ok(session),
+            Ok(session) => {
+                // A held place (or a wait) ends with the session it was for.
+                if let Err(e) = state.store().waitlist().remove(&new.user).await {
+                    tracing::warn!(error = %e, "cannot remove the waitlist entry of an opened session");
+                }
+                return Ok(session);
+            }
             // The user's other session ended while this one was opened: try again.
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -111,6 +146,29 @@ async fn open_vm_session(
     Err(ApiError::Internal(
         "the user's sessions kept changing while one was opened".into(),
     ))
+}
+
+/// Entries that waited this long without a hold are removed (the student has surely gone).
+pub(crate) const WAITLIST_MAX_WAIT: Duration = Duration::from_secs(60 * 60);
+
+/// Gives waitlist holds for the places free now: under the capacity lock (so no start and
+/// no other replica's grant counts at the same time), counts the places sessions and VMs
+/// take as the capacity check does, and lets the store grant them first in line first,
+/// removing lapsed holds and stale entries in the same transaction.
+pub(crate) async fn grant_waitlist(state: &AppState) -> Result<ttlab_store::GrantReport, ApiError> {
+    let _turn = state.capacity_turn().await;
+    let listing = listed_vms(state).await?;
+    let guard = state.store().lock_capacity().await?;
+    let usage = count_vms(state, &listing).await?;
+    let free = state.config().vm_limit.saturating_sub(usage.total());
+    let now = state.store().db_now().await?;
+    let report = state
+        .store()
+        .waitlist()
+        .grant(free, now, state.config().waitlist_hold, WAITLIST_MAX_WAIT)
+        .await?;
+    guard.rollback().await?;
+    Ok(report)
 }
 
 /// How old a listing of the namespace's VMs the capacity check may use.

@@ -325,6 +325,19 @@ impl Running {
     }
 }
 
+/// A policy whose extend window is the whole ttl: extending is offered whenever it adds time
+/// (the tests of other rules extend right after the start).
 pub fn policy(ttl: u64, max: u64, ext: u32) -> Policy {
-    Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), ext).unwrap()
+    Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), ext)
+        .unwrap()
+        .with_extend_window(Duration::from_secs(ttl))
+        .unwrap()
+}
+
+/// A policy with an extend window of `window` seconds.
+pub fn windowed_policy(ttl: u64, max: u64, ext: u32, window: u64) -> Policy {
+    Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), ext)
+        .unwrap()
+        .with_extend_window(Duration::from_secs(window))
+        .unwrap()
 }
