@@ -152,6 +152,7 @@ pub struct ControlPlane {
     front_proxy_ca_pem: Vec<u8>,
     admin_token: String,
     audit_log: PathBuf,
+    etcd_url: String,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -179,6 +180,7 @@ impl ControlPlane {
             front_proxy_ca_pem: layout.front_proxy_ca_pem,
             admin_token: layout.admin_token,
             audit_log: layout.audit_log,
+            etcd_url: layout.etcd_url,
         };
         let crds = load_crds()?;
         plane.block_on(async {
@@ -217,6 +219,49 @@ impl ControlPlane {
     /// (`<service>.<namespace>.svc`, the name the aggregator checks).
     pub fn serving_certificate(&self, dns_name: &str) -> Result<(PathBuf, PathBuf), EnvtestError> {
         process::serving_certificate(&self.dir.join("pki"), dns_name)
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`, plain HTTP on loopback).
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// etcd's `/metrics` (Prometheus text format), read from its client URL.
+    pub fn etcd_metrics(&self) -> Result<String, EnvtestError> {
+        use std::io::{Read as _, Write as _};
+        let authority = self
+            .etcd_url
+            .strip_prefix("http://")
+            .unwrap_or(&self.etcd_url);
+        let what = || format!("reading {}/metrics", self.etcd_url);
+        let mut stream =
+            std::net::TcpStream::connect(authority).map_err(EnvtestError::io(what()))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(EnvtestError::io(what()))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {authority}\r\nAccept: text/plain\r\n\r\n"
+        )
+        .map_err(EnvtestError::io(what()))?;
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .map_err(EnvtestError::io(what()))?;
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| EnvtestError::Manifest(format!("{}: no HTTP answer", what())))?;
+        if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+            let status = head.lines().next().unwrap_or_default();
+            return Err(EnvtestError::Manifest(format!("{}: {status}", what())));
+        }
+        Ok(body.to_owned())
+    }
+
+    /// The value of the unlabelled metric `name` (e.g. `etcd_mvcc_db_total_size_in_bytes`) in
+    /// etcd's `/metrics`; `None` when etcd does not report it.
+    pub fn etcd_metric(&self, name: &str) -> Result<Option<f64>, EnvtestError> {
+        Ok(metric_value(&self.etcd_metrics()?, name))
     }
 
     /// The directory holding the plane's certificates, data, logs and kubeconfigs.
@@ -411,6 +456,14 @@ fn http_get(path: &str) -> http::Request<Vec<u8>> {
     http::Request::get(path)
         .body(Vec::new())
         .expect("a GET request builds")
+}
+
+/// The value of the unlabelled metric `name` in a Prometheus text exposition.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (metric, value) = l.split_once(char::is_whitespace)?;
+        (metric == name).then(|| value.trim().parse().ok())?
+    })
 }
 
 /// `<prefix>-<8 random hex digits>`, a valid namespace or object name for a short prefix.

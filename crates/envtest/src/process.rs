@@ -16,6 +16,7 @@ pub(crate) struct Layout {
     pub ca_pem: Vec<u8>,
     pub admin_token: String,
     pub audit_log: PathBuf,
+    pub etcd_url: String,
 }
 
 /// The running processes (etcd, kube-apiserver, kube-controller-manager, watchdog).
@@ -293,6 +294,7 @@ pub(crate) fn start(bin: &Path) -> Result<(Processes, Layout), EnvtestError> {
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let path = |p: &Path| p.display().to_string();
 
+    let etcd_client_url = etcd_url.clone();
     let etcd = vec![
         s("--data-dir"),
         path(&dir.join("etcd")),
@@ -436,6 +438,7 @@ pub(crate) fn start(bin: &Path) -> Result<(Processes, Layout), EnvtestError> {
             ca_pem,
             admin_token,
             audit_log,
+            etcd_url: etcd_client_url,
         },
     ))
 }

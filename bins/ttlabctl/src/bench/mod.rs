@@ -3,6 +3,8 @@
 
 pub mod api;
 pub mod console;
+mod objects;
+pub mod real;
 pub mod reaper;
 
 use clap::{Args, Subcommand};
@@ -24,6 +26,10 @@ enum BenchCommand {
     Api(api::ApiBenchArgs),
     /// The console relay: keystroke echo straight and relayed, bulk output, many idle consoles.
     Console(console::ConsoleBenchArgs),
+    /// On a real API server (the real control plane, or any cluster's namespace): reclaiming
+    /// expired sessions against the raw delete limit, "Start lab" clicks at once, the no-op
+    /// cycle at scale, etcd's size per 1,000 live sessions.
+    Real(real::RealBenchArgs),
 }
 
 /// Runs the chosen benchmark.
@@ -32,5 +38,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Reaper(args) => reaper::run(args).await,
         BenchCommand::Api(args) => api::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,
+        BenchCommand::Real(args) => real::run(args).await,
     }
 }

@@ -2,15 +2,19 @@
 //! real `KubeCluster`) and a throwaway PostgreSQL (or `DATABASE_URL`), on this machine.
 //!
 //! - Detection: sessions with expiries spread over a window, the reaper's real scheduler
-//!   running; for each, the delay from `expires_at` to its VM's delete request reaching
-//!   kube-sim (target p99 ≤ 1 s).
+//!   running and the KubeVirt simulation running (VMIs, their finalizers, the guest's shutdown
+//!   grace); for each, the delay from `expires_at` to its VM's delete request reaching
+//!   kube-sim (target p99 ≤ 1 s) and to the VM being gone (target p99 ≤ 1 s plus the grace).
 //! - Throughput: expired sessions reclaimed with latency injected into every API call, at the
 //!   configured concurrency and at concurrency 1 in the same run (target ≤ 4 s, ≥ 10×).
-//! - Scale: live VMs plus finished rows; a cycle with nothing to do (target ≤ 1 s), and the
-//!   resident memory of the real `ttlab-reaper` binary running that cycle (target < 150 MB).
+//! - Scale: live VMs plus finished rows; a cycle with nothing to do, every run printed, its
+//!   median and worst (target median ≤ 1 s), and the resident memory of the real
+//!   `ttlab-reaper` binary running that cycle (target < 150 MB).
 //!
-//! KubeVirt is paused in the simulation (VMs are objects only: no VMIs, no guests), so the
-//! figures are the reaper's and the API's, not the simulated guests'.
+//! In the throughput and scale phases KubeVirt is paused in the simulation (VMs are objects
+//! only: no VMIs, no guests), so those figures are the reaper's and the API's, not the
+//! simulated guests'. The Secrets of this benchmark are small placeholders: `bench real`
+//! measures with the rendered ones on a real API server.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,6 +64,12 @@ pub struct ReaperBenchArgs {
     /// The `ttlab-reaper` binary measured in the scale phase (default: next to ttlabctl).
     #[arg(long, value_name = "PATH")]
     pub reaper_binary: Option<PathBuf>,
+    /// The simulated guest's shutdown grace in the detection phase (deleted VMI → gone).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+    /// No-op cycles of the scale phase (each printed).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
     /// Phases to skip (detection, throughput, scale), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
@@ -82,8 +92,8 @@ pub async fn run(args: ReaperBenchArgs) -> anyhow::Result<()> {
     let mut config = SimConfig::for_tests();
     config.namespaces.push(NS.into());
     config.namespaces.dedup();
+    config.timings.stop = args.shutdown_grace;
     let sim = KubeSim::start(config).await?;
-    sim.pause_kubevirt(true);
     let dir = tempfile::tempdir()?;
     sim.write_kubeconfig(&dir.path().join("kubeconfig"), NS)?;
     let cluster = Arc::new(
@@ -103,13 +113,20 @@ pub async fn run(args: ReaperBenchArgs) -> anyhow::Result<()> {
         env: ENV.parse()?,
     };
     println!(
-        "ttlabctl bench reaper (kube-sim over HTTP, KubeVirt paused; PostgreSQL {})",
+        "ttlabctl bench reaper ({} build, kube-sim over HTTP; PostgreSQL {})",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         b.store.target()
     );
     let skip = |p: &str| args.skip.iter().any(|s| s == p);
     if !skip("detection") {
         detection(&b, &args).await?;
     }
+    // From here on VMs are objects only.
+    b.sim.pause_kubevirt(true);
     if !skip("throughput") {
         throughput(&b, &args).await?;
     }
@@ -232,63 +249,97 @@ async fn detection(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
         .map(|i| first + TimeDelta::microseconds((step * i as f64 * 1e6) as i64))
         .collect();
     let ids = b.sessions(expiries, true).await?;
+    wait_vmis(b, &ids).await?;
     b.sim.faults().clear_calls();
+    // When each VM is gone: polled in process every 10 ms.
+    let names: Vec<String> = ids
+        .iter()
+        .map(|id| ttlab_vm_manifest::vm_name(*id, &"vm".parse().expect("a node name")))
+        .collect();
+    let watching = std::sync::atomic::AtomicBool::new(true);
     let ctx = b.ctx(16);
     let metrics = Arc::new(Metrics::new());
     let shutdown = ctx.shutdown.clone();
     let reaper = tokio::spawn(ttlab_reaper::run(ctx, Duration::from_secs(60), metrics));
     let give_up = Instant::now() + lead + args.spread + Duration::from_secs(70);
-    loop {
-        let live = b.store.sessions().count_live(&b.env).await?;
-        if live == 0 || Instant::now() > give_up {
-            break;
+    let wait = async {
+        loop {
+            let live = b.store.sessions().count_live(&b.env).await?;
+            let gone = b.sim.stats().vms == 0;
+            if (live == 0 && gone) || Instant::now() > give_up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        watching.store(false, std::sync::atomic::Ordering::Relaxed);
+        anyhow::Ok(())
+    };
+    let (waited, gone_at) = tokio::join!(wait, watch_gone(&b.sim, &names, &watching));
     shutdown.cancel();
     let _ = reaper.await;
-    let deletes: std::collections::BTreeMap<String, DateTime<Utc>> = b
-        .sim
-        .calls()
-        .into_iter()
-        .filter(|c| c.verb == Verb::Delete && c.resource == "virtualmachines")
-        .filter_map(|c| {
-            Some((
-                c.name?,
-                DateTime::parse_from_rfc3339(&c.at)
-                    .ok()?
-                    .with_timezone(&Utc),
-            ))
-        })
-        .collect();
+    waited?;
+    // The first delete of each VM (a VM still terminating is deleted again by later cycles).
+    let mut deletes: std::collections::BTreeMap<String, DateTime<Utc>> =
+        std::collections::BTreeMap::new();
+    for c in b.sim.calls() {
+        if c.verb != Verb::Delete || c.resource != "virtualmachines" {
+            continue;
+        }
+        let (Some(name), Ok(at)) = (c.name, DateTime::parse_from_rfc3339(&c.at)) else {
+            continue;
+        };
+        let at = at.with_timezone(&Utc);
+        deletes
+            .entry(name)
+            .and_modify(|first| *first = (*first).min(at))
+            .or_insert(at);
+    }
     let mut delays = Vec::new();
-    let mut missing = 0;
+    let mut gone_delays = Vec::new();
+    let (mut missing, mut not_gone) = (0, 0);
     for id in &ids {
         let s = b.store.sessions().get(*id).await?.context("session row")?;
         let vm = ttlab_vm_manifest::vm_name(*id, &"vm".parse()?);
+        let since =
+            |at: &DateTime<Utc>| (*at - s.expires_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
         match deletes.get(&vm) {
-            Some(at) => {
-                delays.push((*at - s.expires_at).num_microseconds().unwrap_or(0) as f64 / 1e6)
-            }
+            Some(at) => delays.push(since(at)),
             None => missing += 1,
+        }
+        match gone_at.get(&vm) {
+            Some(at) => gone_delays.push(since(at)),
+            None => not_gone += 1,
         }
     }
     delays.sort_by(f64::total_cmp);
+    gone_delays.sort_by(f64::total_cmp);
     let p99 = percentile(&delays, 99.0);
+    let gone_p99 = percentile(&gone_delays, 99.0);
+    let grace = args.shutdown_grace.as_secs_f64();
     println!(
-        "detection: {n} sessions, expiries spread over {:?}, scheduler running (interval 60s)",
+        "detection: {n} sessions, expiries spread over {:?}, scheduler running (interval 60s), \
+         KubeVirt simulated (VMIs Running, finalizers, shutdown grace {grace:.1}s)",
         args.spread
     );
     println!(
-        "  expires_at -> VM delete at kube-sim: p50 {:.3}s  p99 {:.3}s  max {:.3}s  min {:.3}s  (not deleted: {missing})",
+        "  expires_at -> VM delete accepted by kube-sim: p50 {:.3}s  p99 {:.3}s  max {:.3}s  min {:.3}s  (not deleted: {missing})",
         percentile(&delays, 50.0),
         p99,
         delays.last().copied().unwrap_or(f64::NAN),
         delays.first().copied().unwrap_or(f64::NAN),
     );
     println!(
-        "  target p99 <= 1s: {}",
-        verdict(p99 <= 1.0 && missing == 0)
+        "  expires_at -> VM gone (VMI shut down, finalizers released): p50 {:.3}s  p99 {:.3}s  max {:.3}s  min {:.3}s  (not gone: {not_gone})",
+        percentile(&gone_delays, 50.0),
+        gone_p99,
+        gone_delays.last().copied().unwrap_or(f64::NAN),
+        gone_delays.first().copied().unwrap_or(f64::NAN),
+    );
+    println!(
+        "  target delete accepted p99 <= 1s: {}; target gone p99 <= 1s + grace ({:.1}s): {}",
+        verdict(p99 <= 1.0 && missing == 0),
+        1.0 + grace,
+        verdict(gone_p99 <= 1.0 + grace && not_gone == 0)
     );
     Ok(())
 }
@@ -359,7 +410,7 @@ async fn scale(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
     );
     let ctx = b.ctx(16);
     let mut took = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..args.runs.max(1) {
         let report = reap_once(&ctx).await;
         anyhow::ensure!(
             report.ran() && report.cluster_listed,
@@ -371,14 +422,18 @@ async fn scale(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
         took.push(report.duration.as_secs_f64());
     }
     println!(
-        "  no-op cycle (in process, 3 runs): {}",
+        "  no-op cycle (in process, {} runs): {}",
+        took.len(),
         took.iter()
             .map(|t| format!("{t:.3}s"))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let best = took.iter().copied().fold(f64::INFINITY, f64::min);
-    println!("  target <= 1s: {}", verdict(best <= 1.0));
+    let (median, worst) = median_and_worst(&took);
+    println!(
+        "  median {median:.3}s, worst {worst:.3}s; target median <= 1s: {}",
+        verdict(median <= 1.0)
+    );
     measure_binary(b, args).await
 }
 
@@ -458,4 +513,57 @@ async fn measure_binary(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()>
         _ => println!("  ttlab-reaper binary: no cycle recorded within 120 s; memory not measured"),
     }
     Ok(())
+}
+
+/// The median and the largest of `runs` (NaN for none).
+pub(crate) fn median_and_worst(runs: &[f64]) -> (f64, f64) {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    };
+    (median, sorted.last().copied().unwrap_or(f64::NAN))
+}
+
+/// Waits until the VMI of each session's VM is Running in kube-sim.
+async fn wait_vmis(b: &Bench, ids: &[SessionId]) -> anyhow::Result<()> {
+    let until = Instant::now() + Duration::from_secs(120);
+    for id in ids {
+        let vm = ttlab_vm_manifest::vm_name(*id, &"vm".parse()?);
+        loop {
+            let phase = b
+                .sim
+                .get("virtualmachineinstances", NS, &vm)
+                .and_then(|v| v["status"]["phase"].as_str().map(str::to_owned));
+            if phase.as_deref() == Some("Running") {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < until,
+                "VMI {vm} not Running after 120 s ({phase:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Polls `names` every 10 ms while `running`, recording when each VM was first seen absent.
+async fn watch_gone(
+    sim: &KubeSim,
+    names: &[String],
+    running: &std::sync::atomic::AtomicBool,
+) -> std::collections::BTreeMap<String, DateTime<Utc>> {
+    let mut gone = std::collections::BTreeMap::new();
+    while running.load(std::sync::atomic::Ordering::Relaxed) && gone.len() < names.len() {
+        for name in names {
+            if !gone.contains_key(name) && sim.get("virtualmachines", NS, name).is_none() {
+                gone.insert(name.clone(), Utc::now());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gone
 }
