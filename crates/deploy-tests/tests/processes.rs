@@ -238,8 +238,19 @@ async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_p
             .await
             .unwrap();
     let prod: ttlab_model::EnvName = env["TTLAB_ENV"].parse().unwrap();
-    let cycles = store.reaper_cycles().recent(None, 10).await.unwrap();
-    assert!(!cycles.is_empty(), "no reaper cycle recorded");
+    // The report line is logged just before the cycle is recorded: wait for the row.
+    let asked = std::time::Instant::now();
+    let cycles = loop {
+        let cycles = store.reaper_cycles().recent(None, 10).await.unwrap();
+        if !cycles.is_empty() || asked.elapsed() > Duration::from_secs(15) {
+            break cycles;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !cycles.is_empty(),
+        "no reaper cycle recorded within 15 s of its report line"
+    );
     assert!(cycles.iter().all(|c| c.cycle.env == prod), "{cycles:?}");
     store.close();
 

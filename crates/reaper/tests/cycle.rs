@@ -376,22 +376,25 @@ async fn an_unlisted_cluster_still_gets_what_the_database_alone_allows() {
             .iter()
             .any(|e| e.direction == Direction::Orphans)
     );
-    // Its objects are deleted, but without a list nothing confirms them gone: the row stays
-    // finishing, a failure of this cycle, until a look finds them absent.
+    // Its objects are deleted all the same (by name, from the row). Whether this cycle also
+    // confirms them gone depends on how fast the deleted VM goes: a look that still finds it
+    // terminating leaves the row finishing, a failure of this cycle, for the next one.
     assert!(!h.vm_alive(expired.id, "vm").await);
-    assert_eq!(
-        (report.expired.done, report.expired.failed),
-        (0, 1),
-        "{report:?}"
-    );
-    assert_eq!(h.status(expired.id).await, SessionStatus::Finishing);
+    assert_eq!(report.expired.done + report.expired.failed, 1, "{report:?}");
+    let confirmed_at_once = report.expired.done == 1;
+    if !confirmed_at_once {
+        assert_eq!(h.status(expired.id).await, SessionStatus::Finishing);
+    }
     assert!(h.sim().faults().remove(fault));
     let report = reap_once(&ctx).await;
-    assert_eq!(
-        (report.stuck.done, report.stuck.failed),
-        (1, 0),
-        "{report:?}"
-    );
+    assert!(report.cluster_listed, "{report:?}");
+    if !confirmed_at_once {
+        assert_eq!(
+            (report.stuck.done, report.stuck.failed),
+            (1, 0),
+            "{report:?}"
+        );
+    }
     assert_eq!(h.status(expired.id).await, SessionStatus::Expired);
     assert!(
         h.store
