@@ -1,6 +1,7 @@
 // The admin page: capacity, the reaper's last cycles with "Collect now", every live session
-// (open one to see its stages, objects and actions, and to end or extend it), the operators'
-// recent actions and readiness histograms per lesson and stage. Refreshes every 5 seconds.
+// (open one to see its stages, console owner, objects and actions, and to end or extend it),
+// the operators' recent actions and readiness histograms per lesson and stage. Refreshes every
+// 5 seconds.
 
 import {
   ApiError, api, clockText, dropToken, el, notice, show, takeToken, timeText, tokenUser,
@@ -197,8 +198,8 @@ function renderReadiness(rows) {
   }
 }
 
-/** The detail of one session: stages with times, objects with their state, actions, and
- *  the full failure detail. */
+/** The detail of one session: stages with times, the console's owner, objects with their
+ *  state, actions, and the full failure detail. */
 async function showDetail(id) {
   let d;
   try {
@@ -218,6 +219,7 @@ async function showDetail(id) {
     el('li', {}, `Time left: ${clockText(s.remaining_seconds)} (expires ${timeText(s.expires_at)}, at most ${timeText(s.max_expires_at)})`),
     el('li', {}, `Student extensions: ${s.extensions_used} used, ${s.extensions_left} left`),
     el('li', {}, `Disk: ${s.disk ? `${s.disk.kind} — ${s.disk.reason}` : 'not chosen'}`),
+    ...consoleFacts(d.console || []),
     ...(s.failure_reason ? [el('li', { class: 'error' }, `Failure: ${s.failure_reason}`)] : []));
   const stages = document.querySelector('#detail-stages tbody');
   stages.replaceChildren(...d.stages.map((st) => el('tr', {},
@@ -240,6 +242,21 @@ async function showDetail(id) {
   const live = s.status === 'running' || s.status === 'starting';
   document.getElementById('end-form').hidden = !live;
   document.getElementById('extend-form').hidden = s.status !== 'running';
+}
+
+const CLOSED_WHY = {
+  browser_closed: 'browser closed',
+  taken_over: 'taken over by another tab',
+  session_ended: 'session ended',
+  lost: 'connection lost',
+};
+
+/** Who holds each node's console (or last held it), on which server replica. */
+function consoleFacts(consoles) {
+  if (!consoles.length) return [el('li', { class: 'console-owner' }, 'Console: never opened')];
+  return consoles.map((c) => el('li', { class: 'console-owner' }, `Console of ${c.node}: ` + (c.closed_at
+    ? `closed at ${timeText(c.closed_at)} (${CLOSED_WHY[c.closed_why] || 'reason unknown'}), opened by ${c.user} on replica ${c.replica}`
+    : `open since ${timeText(c.opened_at)} by ${c.user} on replica ${c.replica}`)));
 }
 
 async function endSession(event) {

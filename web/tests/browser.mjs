@@ -273,6 +273,8 @@ try {
     await admin.locator('#detail-objects tbody tr', { hasText: 'VirtualMachine' }).first().waitFor({ timeout: 10000 });
     assert.match(await admin.locator('#detail-title').innerText(), /reference [0-9a-f]{8}/);
     await admin.locator('#detail-grading li', { hasText: /\d+ of \d+ checks passed/ }).waitFor({ timeout: 10000 });
+    // The student's page holds the VM's console: the operator sees whose it is and since when.
+    await admin.locator('#detail-facts li.console-owner', { hasText: /^Console of vm: open since .+ by .+ on replica .+/ }).waitFor({ timeout: 10000 });
     const before = seconds(await page.locator('#countdown').innerText());
     await admin.locator('#extend-minutes').fill('5');
     await admin.locator('#extend-reason').fill('lost time to a slow start');

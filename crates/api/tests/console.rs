@@ -586,3 +586,92 @@ async fn a_pod_lab_whose_container_stops_is_told_so_without_a_word_of_a_vm() {
     assert!(!text.contains("VM"), "{text:?}");
     s.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The console's owner in the admin's session view
+
+/// The `console` list of the admin's view of `sid`.
+async fn console_owners(s: &Running, sid: &str) -> Vec<Value> {
+    let admin = token("root-admin", Role::Admin);
+    let (status, v) = s.get(&format!("/api/admin/sessions/{sid}"), &admin).await;
+    assert_eq!(status, 200, "{v}");
+    v["console"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("no console list: {v}"))
+}
+
+fn at(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("not a time: {v}"))
+}
+
+#[tokio::test]
+async fn the_admin_sees_who_holds_the_console_and_when_it_closed() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    assert_eq!(
+        console_owners(&s, &sid).await,
+        Vec::<Value>::new(),
+        "never opened"
+    );
+
+    let mut first = open(&s, &sid, &alice).await;
+    read_until(&mut first, ":~# ").await;
+    let owners = console_owners(&s, &sid).await;
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let held = &owners[0];
+    assert_eq!(held["user"], "alice", "{held}");
+    assert!(
+        held["node"].as_str().is_some_and(|n| !n.is_empty()),
+        "{held}"
+    );
+    assert!(
+        held["replica"].as_str().is_some_and(|r| !r.is_empty()),
+        "{held}"
+    );
+    assert!(held["opened_at"].is_string(), "{held}");
+    assert_eq!(held["closed_at"], Value::Null, "open: {held}");
+    assert_eq!(held["closed_why"], Value::Null, "{held}");
+
+    // A second tab takes the console: the first one's close does not mark the second closed.
+    let mut second = open(&s, &sid, &alice).await;
+    let (_, code, _, _) = read_to_close(&mut first, Duration::from_secs(5)).await;
+    assert_eq!(code, 4003);
+    read_until(&mut second, "Connected to the console").await;
+    type_line(&mut second, "whoami").await;
+    read_until(&mut second, "\r\nroot\r\n").await;
+    let owners = console_owners(&s, &sid).await;
+    assert_eq!(owners.len(), 1, "one row per console: {owners:?}");
+    assert_eq!(
+        owners[0]["closed_at"],
+        Value::Null,
+        "the second tab holds it: {owners:?}"
+    );
+    assert!(
+        at(&owners[0]["opened_at"]) >= at(&held["opened_at"]),
+        "{owners:?} after {held}"
+    );
+
+    // The browser closes it: the view says when and why.
+    second.close(None).await.unwrap();
+    let mut closed = None;
+    for _ in 0..200 {
+        let owners = console_owners(&s, &sid).await;
+        if !owners[0]["closed_at"].is_null() {
+            closed = Some(owners[0].clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closed = closed.expect("the close is recorded within 10 s");
+    assert_eq!(closed["closed_why"], "browser_closed", "{closed}");
+    assert_eq!(closed["user"], "alice", "{closed}");
+    assert!(
+        at(&closed["closed_at"]) >= at(&closed["opened_at"]),
+        "{closed}"
+    );
+    s.stop().await;
+}

@@ -40,6 +40,7 @@ pub mod admin_actions;
 pub mod agent_tokens;
 pub mod agent_versions;
 pub mod collect_requests;
+pub mod console_connections;
 pub mod console_tickets;
 pub mod ephemeral;
 mod error;
@@ -65,6 +66,7 @@ pub use admin_actions::{AdminAction, AdminActionKind, AdminActions};
 pub use agent_tokens::AgentTokens;
 pub use agent_versions::{AgentVersion, AgentVersions, RemovalGuard};
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
+pub use console_connections::{ConsoleClosedWhy, ConsoleConnection, ConsoleConnections};
 pub use console_tickets::{ConsoleTicket, ConsoleTickets, TicketDigest};
 pub use error::StoreError;
 pub use grading_results::{GradingResult, GradingResults};
@@ -256,6 +258,11 @@ impl Store {
     /// Queries on the `console_tickets` table (digests only: see [`console_tickets`]).
     pub fn console_tickets(&self) -> ConsoleTickets<'_> {
         ConsoleTickets::new(self)
+    }
+
+    /// Queries on the `console_connections` table (who holds each console, on which replica).
+    pub fn console_connections(&self) -> ConsoleConnections<'_> {
+        ConsoleConnections::new(self)
     }
 
     /// Queries on the `reaper_cycles` table.

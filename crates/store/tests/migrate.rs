@@ -20,7 +20,8 @@ async fn migrating_twice_applies_once() {
             "V7__agent_versions",
             "V8__admin_actions",
             "V9__grading_results",
-            "V10__waitlist"
+            "V10__waitlist",
+            "V11__console_connections"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -26,6 +26,9 @@
 //!   the exec's resize channel, on connecting and on every resize; a VM's console is then
 //!   redrawn (Ctrl-L) so a (re)connected student sees the prompt at once.
 //! - Warnings are written into the terminal 5 minutes and 1 minute before the expiry.
+//! - Each console's owner is recorded in PostgreSQL (`console_connections`: the user, this
+//!   replica's name, when it opened, when and why it closed) for the admin's session view. A
+//!   failure to record is logged and never closes the console.
 //!
 //! Nothing here needs sticky sessions: a ticket issued by one replica opens the console on
 //! another, and a console opened on one replica closes the one open on another.
@@ -35,7 +38,7 @@ mod upstream;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
@@ -52,8 +55,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 use ttlab_console::{CloseReason, Controller, Frame, LabKind, RelayConfig, relay};
-use ttlab_model::{FinalStatus, NodeName, Runtime, SessionId, SessionStatus};
-use ttlab_store::{Channel, ConsoleTaken, Session};
+use ttlab_model::{FinalStatus, NodeName, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_store::{Channel, ConsoleClosedWhy, ConsoleTaken, Session};
 use uuid::Uuid;
 
 use crate::auth::CurrentUser;
@@ -348,6 +351,8 @@ async fn console(
 /// What a checked console request opens.
 struct Target {
     session: SessionId,
+    /// Who opens it (the ticket's user).
+    user: UserId,
     runtime: Runtime,
     node: String,
     object: String,
@@ -438,6 +443,7 @@ async fn prepare(
     };
     Ok(Target {
         session: id,
+        user: ticket.user,
         runtime: session.runtime,
         node: vm.node.to_string(),
         object: vm.name.clone(),
@@ -500,7 +506,17 @@ fn start(
                 if let Err(e) = state.store().announce_console_taken(taken).await {
                     tracing::warn!(session = %taken.session, error = %e, "console takeover not announced to other replicas");
                 }
+                // The new owner replaces the row of the connection it took over.
+                if let Err(e) = state
+                    .store()
+                    .console_connections()
+                    .opened(taken.session, &taken.node, taken.connection, &target.user, replica())
+                    .await
+                {
+                    tracing::warn!(session = %taken.session, node = %taken.node, error = %e, "console connection not recorded");
+                }
             }
+            let store = state.store().clone();
             let (to_browser, from_browser) = browser_frames(socket);
             let end = match target.runtime {
                 Runtime::Vm => {
@@ -527,6 +543,14 @@ fn start(
                 }
             };
             drop(registration);
+            if let Some(taken) = &taken
+                && let Err(e) = store
+                    .console_connections()
+                    .closed(taken.session, &taken.node, taken.connection, Some(closed_why(&end.reason)))
+                    .await
+            {
+                tracing::warn!(session = %taken.session, node = %taken.node, error = %e, "console close not recorded");
+            }
             tracing::info!(
                 session = %target.session,
                 node = %target.node,
@@ -536,6 +560,39 @@ fn start(
                 "console closed"
             );
         })
+}
+
+/// This server process as console records name it: its host name (a pod's name) and a random
+/// id drawn once per process, so two replicas on one host, or a restarted one, differ.
+fn replica() -> &'static str {
+    static REPLICA: OnceLock<String> = OnceLock::new();
+    REPLICA.get_or_init(|| {
+        let id = Uuid::new_v4().simple().to_string();
+        let id = &id[..8];
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        if host.is_empty() || host.chars().count() > 200 {
+            id.to_owned()
+        } else {
+            format!("{host}/{id}")
+        }
+    })
+}
+
+/// How a relay's end is recorded for the admin's session view.
+fn closed_why(reason: &CloseReason) -> ConsoleClosedWhy {
+    match reason {
+        CloseReason::BrowserClosed => ConsoleClosedWhy::BrowserClosed,
+        CloseReason::Replaced => ConsoleClosedWhy::TakenOver,
+        CloseReason::Expired | CloseReason::Finished | CloseReason::VmStopped => {
+            ConsoleClosedWhy::SessionEnded
+        }
+        CloseReason::Unavailable(_)
+        | CloseReason::ConsoleLost(_)
+        | CloseReason::BrowserUnresponsive
+        | CloseReason::ServerShutdown => ConsoleClosedWhy::Lost,
+    }
 }
 
 /// The browser's WebSocket as relay frames.

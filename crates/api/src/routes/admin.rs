@@ -407,7 +407,26 @@ async fn session_detail(
         .grading_results()
         .for_session(s.id, 50)
         .await?;
+    // Who holds each console (or last held it), on which replica: any replica may relay it.
+    let console: Vec<Value> = state
+        .store()
+        .console_connections()
+        .for_session(s.id)
+        .await?
+        .into_iter()
+        .map(|c| {
+            json!({
+                "node": c.node,
+                "user": c.user,
+                "replica": c.replica,
+                "opened_at": c.opened_at,
+                "closed_at": c.closed_at,
+                "closed_why": c.closed_why,
+            })
+        })
+        .collect();
     Ok(Json(json!({
+        "console": console,
         "grading": grading,
         "session": view,
         "reference": crate::view::reference_of(&s.id.to_string()),

@@ -1,0 +1,175 @@
+//! The `console_connections` table against a real throwaway PostgreSQL: an open is recorded
+//! with its user and replica, a newer open of the same console replaces it (a takeover), the
+//! late close of the replaced connection leaves the newer one open, and a close records when
+//! and why.
+
+use chrono::{DateTime, Duration, Utc};
+use ttlab_model::{NodeName, Runtime, SessionId, UserId};
+use ttlab_store::testing::TestDb;
+use ttlab_store::{ConsoleClosedWhy, NewSession, SessionTimes, Store};
+use uuid::Uuid;
+
+async fn running(store: &Store, user: &str, now: DateTime<Utc>) -> ttlab_store::Session {
+    let new = NewSession {
+        id: SessionId::new_random(),
+        user: UserId::new(user).unwrap(),
+        lesson: "quick".parse().unwrap(),
+        runtime: Runtime::Vm,
+        env: "dev".parse().unwrap(),
+        times: SessionTimes {
+            started_at: now,
+            expires_at: now + Duration::minutes(60),
+            max_expires_at: now + Duration::minutes(90),
+        },
+        readiness_deadline: now + Duration::seconds(150),
+    };
+    let row = store.sessions().insert(&new).await.unwrap();
+    store
+        .sessions()
+        .mark_running(row.id, None)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_takeover_replaces_the_connection_and_a_stale_close_leaves_it_open() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let now = store.db_now().await.unwrap();
+    let s = running(&store, "alice", now).await;
+    let other = running(&store, "bob", now).await;
+    let consoles = store.console_connections();
+    let node: NodeName = "vm".parse().unwrap();
+    let alice = UserId::new("alice").unwrap();
+
+    assert!(consoles.for_session(s.id).await.unwrap().is_empty());
+
+    let first = Uuid::new_v4();
+    let opened = consoles
+        .opened(s.id, &node, first, &alice, "server-a")
+        .await
+        .unwrap();
+    assert_eq!(opened.connection, first);
+    assert_eq!(opened.user, alice);
+    assert_eq!(opened.replica, "server-a");
+    assert_eq!(opened.closed_at, None);
+    assert_eq!(
+        consoles.for_session(s.id).await.unwrap(),
+        std::slice::from_ref(&opened)
+    );
+
+    // Another tab, relayed by another replica, takes the console.
+    let second = Uuid::new_v4();
+    let taken = consoles
+        .opened(s.id, &node, second, &alice, "server-b")
+        .await
+        .unwrap();
+    assert!(taken.opened_at >= opened.opened_at);
+    let rows = consoles.for_session(s.id).await.unwrap();
+    assert_eq!(rows.len(), 1, "one row per console: {rows:?}");
+    assert_eq!(rows[0].connection, second);
+    assert_eq!(rows[0].replica, "server-b");
+
+    // The replaced connection's relay ends afterwards: its close does not touch the newer one.
+    assert!(
+        !consoles
+            .closed(s.id, &node, first, Some(ConsoleClosedWhy::TakenOver))
+            .await
+            .unwrap()
+    );
+    let rows = consoles.for_session(s.id).await.unwrap();
+    assert_eq!(rows[0].connection, second);
+    assert_eq!(rows[0].closed_at, None);
+    assert_eq!(rows[0].closed_why, None);
+
+    // Another session's console is its own.
+    assert!(consoles.for_session(other.id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_close_records_when_and_why_once() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let now = store.db_now().await.unwrap();
+    let s = running(&store, "carol", now).await;
+    let consoles = store.console_connections();
+    let carol = UserId::new("carol").unwrap();
+    let (vm, worker): (NodeName, NodeName) =
+        ("control".parse().unwrap(), "worker".parse().unwrap());
+
+    let a = Uuid::new_v4();
+    let b = Uuid::new_v4();
+    consoles.opened(s.id, &vm, a, &carol, "r1").await.unwrap();
+    consoles
+        .opened(s.id, &worker, b, &carol, "r1")
+        .await
+        .unwrap();
+
+    assert!(
+        consoles
+            .closed(s.id, &vm, a, Some(ConsoleClosedWhy::BrowserClosed))
+            .await
+            .unwrap()
+    );
+    // Closed once: a second close changes nothing.
+    assert!(
+        !consoles
+            .closed(s.id, &vm, a, Some(ConsoleClosedWhy::Lost))
+            .await
+            .unwrap()
+    );
+    assert!(consoles.closed(s.id, &worker, b, None).await.unwrap());
+
+    let rows = consoles.for_session(s.id).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].node, vm);
+    let closed_at = rows[0].closed_at.expect("closed");
+    assert!(closed_at >= rows[0].opened_at);
+    assert_eq!(rows[0].closed_why, Some(ConsoleClosedWhy::BrowserClosed));
+    assert_eq!(rows[1].node, worker);
+    assert!(rows[1].closed_at.is_some());
+    assert_eq!(rows[1].closed_why, None, "an unknown reason stays unknown");
+
+    // Opening again after a close starts a fresh, open row.
+    let c = Uuid::new_v4();
+    consoles.opened(s.id, &vm, c, &carol, "r2").await.unwrap();
+    let rows = consoles.for_session(s.id).await.unwrap();
+    assert_eq!(rows[0].connection, c);
+    assert_eq!(rows[0].closed_at, None);
+    assert_eq!(rows[0].closed_why, None);
+
+    // Every reason is stored and read back.
+    for why in ConsoleClosedWhy::ALL {
+        let id = Uuid::new_v4();
+        consoles.opened(s.id, &vm, id, &carol, "r2").await.unwrap();
+        assert!(consoles.closed(s.id, &vm, id, Some(why)).await.unwrap());
+        let rows = consoles.for_session(s.id).await.unwrap();
+        assert_eq!(rows[0].closed_why, Some(why));
+        assert_eq!(why.as_str().parse::<ConsoleClosedWhy>().unwrap(), why);
+    }
+}
+
+#[tokio::test]
+async fn a_console_needs_a_replica_name() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let now = store.db_now().await.unwrap();
+    let s = running(&store, "dave", now).await;
+    let dave = UserId::new("dave").unwrap();
+    let node: NodeName = "vm".parse().unwrap();
+    let err = store
+        .console_connections()
+        .opened(s.id, &node, Uuid::new_v4(), &dave, "")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("replica"), "{err}");
+    assert!(
+        store
+            .console_connections()
+            .for_session(s.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
