@@ -2,33 +2,13 @@
 //! moves the expiry and is recorded in one conditional statement, never past the maximum
 //! lifetime and never on a stale read; ends are recorded; reasons are required.
 
-use chrono::{DateTime, Duration, Utc};
-use ttlab_model::{Runtime, SessionId, UserId};
-use ttlab_store::testing::TestDb;
-use ttlab_store::{AdminActionKind, NewSession, SessionTimes, Store, StoreError};
+use chrono::Duration;
+use ttlab_model::UserId;
+mod common;
 
-async fn running(store: &Store, user: &str, now: DateTime<Utc>) -> ttlab_store::Session {
-    let new = NewSession {
-        id: SessionId::new_random(),
-        user: UserId::new(user).unwrap(),
-        lesson: "quick".parse().unwrap(),
-        runtime: Runtime::Vm,
-        env: "dev".parse().unwrap(),
-        times: SessionTimes {
-            started_at: now,
-            expires_at: now + Duration::minutes(60),
-            max_expires_at: now + Duration::minutes(90),
-        },
-        readiness_deadline: now + Duration::seconds(150),
-    };
-    let row = store.sessions().insert(&new).await.unwrap();
-    store
-        .sessions()
-        .mark_running(row.id, None)
-        .await
-        .unwrap()
-        .unwrap()
-}
+use common::running;
+use ttlab_store::testing::TestDb;
+use ttlab_store::{AdminActionKind, StoreError};
 
 #[tokio::test]
 async fn an_extension_applies_once_is_recorded_and_never_passes_the_cap() {

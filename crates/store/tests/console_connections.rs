@@ -3,34 +3,13 @@
 //! late close of the replaced connection leaves the newer one open, and a close records when
 //! and why.
 
-use chrono::{DateTime, Duration, Utc};
-use ttlab_model::{NodeName, Runtime, SessionId, UserId};
-use ttlab_store::testing::TestDb;
-use ttlab_store::{ConsoleClosedWhy, NewSession, SessionTimes, Store};
-use uuid::Uuid;
+use ttlab_model::{NodeName, UserId};
+mod common;
 
-async fn running(store: &Store, user: &str, now: DateTime<Utc>) -> ttlab_store::Session {
-    let new = NewSession {
-        id: SessionId::new_random(),
-        user: UserId::new(user).unwrap(),
-        lesson: "quick".parse().unwrap(),
-        runtime: Runtime::Vm,
-        env: "dev".parse().unwrap(),
-        times: SessionTimes {
-            started_at: now,
-            expires_at: now + Duration::minutes(60),
-            max_expires_at: now + Duration::minutes(90),
-        },
-        readiness_deadline: now + Duration::seconds(150),
-    };
-    let row = store.sessions().insert(&new).await.unwrap();
-    store
-        .sessions()
-        .mark_running(row.id, None)
-        .await
-        .unwrap()
-        .unwrap()
-}
+use common::running;
+use ttlab_store::ConsoleClosedWhy;
+use ttlab_store::testing::TestDb;
+use uuid::Uuid;
 
 #[tokio::test]
 async fn a_takeover_replaces_the_connection_and_a_stale_close_leaves_it_open() {

@@ -1,30 +1,17 @@
 //! The `grading_results` table against a real throwaway PostgreSQL: each grading of a
 //! session is kept, read back oldest first and bounded to the last few.
 
-use chrono::Duration;
-use ttlab_model::{Runtime, SessionId, UserId};
+mod common;
+
+use ttlab_store::StoreError;
 use ttlab_store::testing::TestDb;
-use ttlab_store::{NewSession, SessionTimes, StoreError};
 
 #[tokio::test]
 async fn gradings_are_kept_in_order_and_the_last_ones_are_read() {
     let db = TestDb::new().await.unwrap();
     let store = db.store().await.unwrap();
     let now = store.db_now().await.unwrap();
-    let new = NewSession {
-        id: SessionId::new_random(),
-        user: UserId::new("alice").unwrap(),
-        lesson: "quick".parse().unwrap(),
-        runtime: Runtime::Vm,
-        env: "dev".parse().unwrap(),
-        times: SessionTimes {
-            started_at: now,
-            expires_at: now + Duration::minutes(60),
-            max_expires_at: now + Duration::minutes(90),
-        },
-        readiness_deadline: now + Duration::seconds(150),
-    };
-    let s = store.sessions().insert(&new).await.unwrap();
+    let s = common::starting(&store, "alice", now).await;
     let g = store.grading_results();
     assert!(g.for_session(s.id, 10).await.unwrap().is_empty());
     g.record(s.id, 0, 2, &["a".into(), "b".into()])
