@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
-use support::{NS, Running, World, policy, token};
+use support::{NS, Running, World, policy, start_running, token};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -15,20 +15,6 @@ use ttlab_api::auth::Role;
 use ttlab_kube_sim::{FaultRule, Verb};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-async fn start_running(s: &Running, user: &str, lesson: &str) -> (String, String) {
-    let t = token(user, Role::Student);
-    let (status, v) = s
-        .post("/api/sessions", &t, json!({ "lesson": lesson }))
-        .await;
-    assert_eq!(status, 202, "{v}");
-    let sid = v["id"].as_str().unwrap().to_owned();
-    let v = s
-        .wait_session(&sid, &t, |v| v["status"] != "starting")
-        .await;
-    assert_eq!(v["status"], "running", "{v}");
-    (sid, t)
-}
 
 async fn ticket(s: &Running, sid: &str, token: &str) -> Value {
     let (status, v) = s

@@ -8,22 +8,8 @@ mod support;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use support::{Running, World, policy, token, windowed_policy};
+use support::{World, policy, start_running, token, windowed_policy};
 use ttlab_api::auth::Role;
-
-async fn start_running(s: &Running, user: &str) -> (String, String) {
-    let t = token(user, Role::Student);
-    let (status, v) = s
-        .post("/api/sessions", &t, json!({ "lesson": "quick" }))
-        .await;
-    assert_eq!(status, 202, "{v}");
-    let sid = v["id"].as_str().unwrap().to_owned();
-    let v = s
-        .wait_session(&sid, &t, |v| v["status"] != "starting")
-        .await;
-    assert_eq!(v["status"], "running", "{v}");
-    (sid, t)
-}
 
 fn instant(v: &Value) -> DateTime<Utc> {
     v.as_str()
@@ -49,7 +35,7 @@ async fn extending_before_the_window_is_refused_with_when_it_opens() {
     let w = World::new().await;
     // 60 minutes, at most 180, extended only in the last 15.
     let s = w.server(windowed_policy(3600, 3 * 3600, 3, 900), 8).await;
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
 
     let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
     let expires_at = instant(&v["expires_at"]);
@@ -104,7 +90,7 @@ async fn an_operator_extends_beyond_the_students_extensions_capped_and_recorded(
     // No student extensions at all; at most 4,000 s from the start.
     let s = w.server(policy(3600, 4000, 0), 8).await;
     let admin = token("root-admin", Role::Admin);
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     let (status, e) = s
         .post(&format!("/api/sessions/{sid}/extend"), &alice, json!({}))
         .await;
@@ -212,7 +198,7 @@ async fn an_operator_ends_a_session_and_its_objects_are_reclaimed() {
     let w = World::new().await;
     let s = w.server(policy(3600, 7200, 3), 8).await;
     let admin = token("root-admin", Role::Admin);
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     assert!(w.leftovers() > 0, "the VM exists");
 
     let (status, r) = s
@@ -257,7 +243,7 @@ async fn an_operator_ends_a_session_and_its_objects_are_reclaimed() {
 async fn students_get_403_from_every_operator_route_and_nothing_changes() {
     let w = World::new().await;
     let s = w.server(policy(3600, 7200, 3), 8).await;
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     let (_, before) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
     for (method, path, body) in [
         ("GET", format!("/api/admin/sessions/{sid}"), json!({})),
@@ -293,7 +279,7 @@ async fn students_get_403_from_every_operator_route_and_nothing_changes() {
 async fn a_server_failure_tells_the_student_a_plain_message_with_a_reference() {
     let w = World::new().await;
     let s = w.server(policy(3600, 7200, 3), 8).await;
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     // The VM's agent dies: grading fails on the server's side (502) with a plain sentence
     // and a reference, never the agent's address.
     let (_, view) = s.get(&format!("/api/sessions/{sid}"), &alice).await;

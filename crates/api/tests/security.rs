@@ -5,22 +5,8 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::{Running, World, policy, token};
+use support::{Running, World, policy, start_running, token};
 use ttlab_api::auth::Role;
-
-async fn start_running(s: &Running, user: &str) -> (String, String) {
-    let t = token(user, Role::Student);
-    let (status, v) = s
-        .post("/api/sessions", &t, json!({ "lesson": "quick" }))
-        .await;
-    assert_eq!(status, 202, "{v}");
-    let sid = v["id"].as_str().unwrap().to_owned();
-    let v = s
-        .wait_session(&sid, &t, |v| v["status"] != "starting")
-        .await;
-    assert_eq!(v["status"], "running", "{v}");
-    (sid, t)
-}
 
 async fn ticket(s: &Running, sid: &str, token: &str) -> (u16, Value) {
     s.post(
@@ -79,7 +65,7 @@ async fn call(s: &Running, method: &str, path: &str, token: Option<&str>) -> (u1
 async fn another_students_session_is_404_on_every_route_and_its_console_403() {
     let w = World::new().await;
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     let bob = token("bob", Role::Student);
 
     for (method, suffix) in SESSION_ROUTES {
@@ -106,7 +92,7 @@ async fn another_students_session_is_404_on_every_route_and_its_console_403() {
 
     // Alice's own ticket used by anyone is still only for her session; bob's ticket for his
     // own session does not open hers; a ticket taken by the wrong session is spent.
-    let (bob_sid, bob) = start_running(&s, "bob").await;
+    let (bob_sid, bob) = start_running(&s, "bob", "quick").await;
     let (status, t) = ticket(&s, &bob_sid, &bob).await;
     assert_eq!(status, 200, "{t}");
     let bobs = t["ticket"].as_str().unwrap();
@@ -242,7 +228,7 @@ fn bad_tokens() -> Vec<(&'static str, String)> {
 async fn forged_stale_or_incomplete_tokens_are_401_on_every_route() {
     let w = World::new().await;
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
-    let (sid, _alice) = start_running(&s, "alice").await;
+    let (sid, _alice) = start_running(&s, "alice", "quick").await;
     let mut routes: Vec<(&str, String)> = vec![
         ("GET", "/api/lessons".into()),
         ("POST", "/api/sessions".into()),
@@ -311,7 +297,7 @@ async fn an_expired_or_finished_session_gets_no_console_even_with_a_ticket() {
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
 
     // Expired: the lifespan has passed but no reaper has reclaimed it yet (still `running`).
-    let (sid, alice) = start_running(&s, "alice").await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
     let (status, t) = ticket(&s, &sid, &alice).await;
     assert_eq!(status, 200, "{t}");
     let (db, connection) = tokio_postgres::connect(w.db.url(), tokio_postgres::NoTls)
@@ -336,7 +322,7 @@ async fn an_expired_or_finished_session_gets_no_console_even_with_a_ticket() {
     assert_eq!((status, e["error"].as_str()), (409, Some("expired")), "{e}");
 
     // Finished: a ticket taken before the finish does not open the console after it.
-    let (sid, carol) = start_running(&s, "carol").await;
+    let (sid, carol) = start_running(&s, "carol", "quick").await;
     let (status, t) = ticket(&s, &sid, &carol).await;
     assert_eq!(status, 200, "{t}");
     let (status, v) = s.delete(&format!("/api/sessions/{sid}"), &carol).await;

@@ -324,6 +324,21 @@ impl Running {
         }
     }
 }
+/// Opens a session of `lesson` for the student `user` and waits until it runs; its id and the
+/// student's token.
+pub async fn start_running(s: &Running, user: &str, lesson: &str) -> (String, String) {
+    let t = token(user, Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &t, serde_json::json!({ "lesson": lesson }))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = v["id"].as_str().unwrap().to_owned();
+    let v = s
+        .wait_session(&sid, &t, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    (sid, t)
+}
 
 /// A policy whose extend window is the whole ttl: extending is offered whenever it adds time
 /// (the tests of other rules extend right after the start).
