@@ -74,6 +74,11 @@ struct Args {
     /// up (half-open connections, stalled servers).
     #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
     db_call_timeout: Duration,
+    /// The environment's VMs and Secrets are read from watch-fed listings, each rebuilt from
+    /// a full list at least this often (a cycle lists them itself while a listing is being
+    /// rebuilt or after its watch failed). 0 lists them every cycle. Not used with --once.
+    #[arg(long, env = "TTLAB_REAP_RELIST_EVERY", default_value = "5m", value_parser = humantime::parse_duration)]
+    relist_every: Duration,
     /// Run one cycle and exit (for a CronJob).
     #[arg(long, env = "TTLAB_REAP_ONCE")]
     once: bool,
@@ -177,6 +182,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
     }
 
+    let ctx = if args.relist_every.is_zero() {
+        ctx
+    } else {
+        ctx.with_cached_listings(args.relist_every)
+    };
     let shutdown = ctx.shutdown.clone();
     let (bound, server) =
         ttlab_reaper::serve_metrics(args.metrics_listen, metrics.clone(), shutdown.clone()).await?;

@@ -12,7 +12,7 @@ use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, GoldenFacts, GoldenRef, Kind,
     Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiState,
 };
-use crate::{ClusterError, Terminal};
+use crate::{ClusterError, ObjectCache, Terminal};
 
 /// The future every [`Cluster`] method returns: boxed, `Send`, borrowing its arguments.
 pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
@@ -75,6 +75,15 @@ pub trait Cluster: Send + Sync {
     /// [`Cluster::get`].
     fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
         self.get(kind, name)
+    }
+
+    /// A listing of the objects of `kind` matching the label `selector` kept current by a
+    /// watch and rebuilt from a full list at least every `max_age` (see [`ObjectCache`]), for
+    /// a caller that would otherwise list them again and again; `None` where the cluster
+    /// offers none (the default), and the caller lists. Call inside a tokio runtime.
+    fn cached_listing(&self, kind: Kind, selector: &str, max_age: Duration) -> Option<ObjectCache> {
+        let _ = (kind, selector, max_age);
+        None
     }
 
     /// Reads one page of the objects of `kind` matching the label `selector`, starting at

@@ -39,6 +39,7 @@
 //! assert!(!full.is_retryable());
 //! ```
 
+mod cache;
 mod client;
 mod cluster;
 mod error;
@@ -48,6 +49,7 @@ mod teardown;
 mod terminal;
 mod types;
 
+pub use cache::ObjectCache;
 pub use client::KubeCluster;
 pub use cluster::{Cluster, ClusterFuture};
 pub use error::ClusterError;

@@ -864,12 +864,39 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         "another environment's agent version stays"
     );
 
+    // A long-running reaper keeps its VMs and Secrets in watch-fed listings: both fill.
+    let mut loop_env = reaper_env.clone();
+    loop_env.insert("TTLAB_REAP_INTERVAL".into(), "1h".into());
+    loop_env.insert(
+        "TTLAB_METRICS_LISTEN".into(),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let reaper_loop = Process::spawn(reaper_bin, &[], &loop_env);
+    for kind in ["VirtualMachine", "Secret"] {
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !reaper_loop
+            .output()
+            .iter()
+            .any(|l| l.contains("listing cached") && l.contains(kind))
+        {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the reaper's {kind} listing is not cached within 60 s:\n{}",
+                reaper_loop.output().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let loop_log = reaper_loop.output();
+    drop(reaper_loop);
+
     // Neither binary logged a refusal.
     let server_log = server.output();
     for (who, log) in [
         ("server", &server_log),
         ("reaper --once", &once),
         ("reaper --dry-run", &dry),
+        ("reaper", &loop_log),
     ] {
         let refused: Vec<&String> = log
             .iter()

@@ -1,11 +1,13 @@
 //! What a cycle works with: the store, the cluster, the environment and the settings.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use ttlab_cluster::{Cluster, LabelSweep};
+use ttlab_cluster::{Cluster, Kind, LabelSweep, ObjectCache};
 use ttlab_model::EnvName;
+use ttlab_model::labels::env_selector;
 use ttlab_store::Store;
 
 use crate::ReaperError;
@@ -19,6 +21,12 @@ pub const DEFAULT_ORPHAN_MIN_AGE: Duration = Duration::from_secs(120);
 pub const DEFAULT_AGENT_MIN_AGE: Duration = Duration::from_secs(60 * 60);
 /// Default number of database rows read per page.
 pub const DEFAULT_PAGE_SIZE: u32 = 500;
+/// Default longest time a watch-fed listing is served before it is rebuilt from a full list
+/// (see [`ReaperContext::with_cached_listings`]).
+pub const DEFAULT_RELIST_EVERY: Duration = Duration::from_secs(5 * 60);
+/// The kinds whose listings may come from a watch-fed cache: the two with an object per
+/// session (the others are few, and listed every cycle).
+pub const CACHED_KINDS: [Kind; 2] = [Kind::VirtualMachine, Kind::Secret];
 
 /// How a cycle behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +95,10 @@ pub struct ReaperContext {
     /// Cancelled on shutdown: a cycle then starts no new item, finishes those in flight
     /// (never leaving a half-marked row) and returns.
     pub shutdown: CancellationToken,
+    /// Watch-fed listings of [`CACHED_KINDS`], when [`ReaperContext::with_cached_listings`]
+    /// made them: a cycle reads a kind from its cache while the cache is trustworthy and
+    /// lists the cluster otherwise.
+    pub listings: Option<Arc<BTreeMap<Kind, ObjectCache>>>,
 }
 
 impl std::fmt::Debug for ReaperContext {
@@ -96,6 +108,7 @@ impl std::fmt::Debug for ReaperContext {
             .field("namespace", &self.cluster.namespace())
             .field("env", &self.env)
             .field("settings", &self.settings)
+            .field("cached_listings", &self.listings.is_some())
             .finish()
     }
 }
@@ -109,7 +122,40 @@ impl ReaperContext {
             env,
             settings: ReaperSettings::default(),
             shutdown: CancellationToken::new(),
+            listings: None,
         }
+    }
+
+    /// The same context reading the environment's VMs and Secrets from watch-fed listings,
+    /// each rebuilt from a full list at least every `max_age` (for a long-running reaper: the
+    /// no-op cycle then lists only the few other kinds, instead of every object of the
+    /// environment). Unchanged when the cluster offers no such listing. Call inside a tokio
+    /// runtime; the watches stop when the last clone of the context is dropped.
+    pub fn with_cached_listings(mut self, max_age: Duration) -> Self {
+        let selector = env_selector(&self.env);
+        let caches: BTreeMap<Kind, ObjectCache> = CACHED_KINDS
+            .into_iter()
+            .filter_map(|kind| {
+                self.cluster
+                    .cached_listing(kind, &selector, max_age)
+                    .map(|c| (kind, c))
+            })
+            .collect();
+        self.listings = (!caches.is_empty()).then(|| Arc::new(caches));
+        self
+    }
+
+    /// Whether this context has watch-fed listings and every one is trustworthy now (filled,
+    /// no failure since, not older than its maximum age).
+    pub fn cached_listings_ready(&self) -> bool {
+        self.listings
+            .as_ref()
+            .is_some_and(|l| l.values().all(|c| c.snapshot().is_some()))
+    }
+
+    /// `kind`'s objects from its cache, if it has one and it is trustworthy now.
+    pub(crate) fn cached(&self, kind: Kind) -> Option<Vec<ttlab_cluster::ObjectSummary>> {
+        self.listings.as_ref()?.get(&kind)?.snapshot()
     }
 
     /// The same context with other settings.

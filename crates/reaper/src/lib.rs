@@ -25,7 +25,11 @@
 //!
 //! Every item is isolated: a failure is counted, logged with the id and error kind, kept in
 //! the [`CycleReport`], and the cycle goes on; a failed session stays live for the next
-//! cycle. Items run with bounded concurrency; lists are paged.
+//! cycle. Items run with bounded concurrency; lists are paged. A long-running reaper
+//! ([`ReaperContext::with_cached_listings`]) reads the environment's VMs and Secrets from
+//! watch-fed listings ([`ttlab_cluster::ObjectCache`], rebuilt from a full list every few
+//! minutes) instead of listing them every cycle; while a listing is not trustworthy the cycle
+//! lists that kind itself.
 //!
 //! It refuses to own the lifespan rule (`ttlab-lifespan`), SQL (`ttlab-store`), Kubernetes
 //! calls (`ttlab-cluster`) and configuration parsing (the `ttlab-reaper` binary). It never
@@ -56,8 +60,8 @@ mod sessions;
 use std::time::Instant;
 
 pub use context::{
-    DEFAULT_AGENT_MIN_AGE, DEFAULT_CONCURRENCY, DEFAULT_ORPHAN_MIN_AGE, DEFAULT_PAGE_SIZE,
-    ReaperContext, ReaperSettings,
+    CACHED_KINDS, DEFAULT_AGENT_MIN_AGE, DEFAULT_CONCURRENCY, DEFAULT_ORPHAN_MIN_AGE,
+    DEFAULT_PAGE_SIZE, DEFAULT_RELIST_EVERY, ReaperContext, ReaperSettings,
 };
 pub use error::{ReaperError, cluster_error_kind, store_error_kind};
 pub use metrics::{Metrics, serve_metrics};

@@ -80,7 +80,11 @@ pub(crate) type Listing = BTreeMap<Kind, Vec<ObjectSummary>>;
 /// Lists every kind the orphan direction looks at, selecting on this environment's label only
 /// (an object of another environment, or without labels, is never even read). Metadata only,
 /// and the kinds at once: each kind's pages follow one another, but the VMs' pages do not wait
-/// for the Secrets'.
+/// for the Secrets'. A kind with a trustworthy watch-fed listing
+/// ([`ReaperContext::with_cached_listings`]) is read from it instead: as safe as a list, since
+/// an orphan is only ever an object whose session is no longer live (a listing from the past
+/// can only miss new orphans until the watch brings them, never invent one), and a ghost is
+/// confirmed by a direct get.
 pub(crate) async fn list_env_objects(
     ctx: &ReaperContext,
 ) -> Result<Listing, ttlab_cluster::ClusterError> {
@@ -88,7 +92,10 @@ pub(crate) async fn list_env_objects(
     let lists = futures::future::try_join_all(ORPHAN_KINDS.map(|kind| {
         let selector = &selector;
         async move {
-            let objects = ctx.cluster.list_all(kind, selector).await?;
+            let objects = match ctx.cached(kind) {
+                Some(objects) => objects,
+                None => ctx.cluster.list_all(kind, selector).await?,
+            };
             Ok::<_, ttlab_cluster::ClusterError>((kind, objects))
         }
     }))

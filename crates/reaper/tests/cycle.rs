@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use chrono::TimeDelta;
 use common::{Harness, node};
@@ -281,6 +282,54 @@ async fn a_session_opened_after_the_listing_is_not_an_orphan(h: Harness) {
     );
     assert!(h.vm_alive(late, "vm").await && h.secret_alive(late, "vm").await);
     assert!(!h.vm_alive(stray, "vm").await && !h.secret_alive(stray, "vm").await);
+}
+
+on_both_backends!(a_long_running_reaper_reads_vms_and_secrets_from_its_watch_and_sees_new_orphans);
+async fn a_long_running_reaper_reads_vms_and_secrets_from_its_watch_and_sees_new_orphans(
+    h: Harness,
+) {
+    let live = h
+        .open("dev", SessionStatus::Running, minutes(30), &["vm"])
+        .await;
+    h.create_vms("dev", live.id, &["vm"], true).await;
+    let ctx = h.ctx("dev").with_cached_listings(Duration::from_secs(300));
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !ctx.cached_listings_ready() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the listings did not fill in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A cycle with nothing to do lists neither VMs nor Secrets: it reads them from the watch.
+    let mark = h.mark();
+    let report = reap_once(&ctx).await;
+    assert!(report.ran() && report.cluster_listed, "{report:?}");
+    assert_eq!(report.orphans.done + report.ghosts.done, 0, "{report:?}");
+    let listed: Vec<_> = h
+        .reaper_calls_since(mark)
+        .into_iter()
+        .filter(|c| {
+            c.verb == "list" && ["virtualmachines", "secrets"].contains(&c.resource.as_str())
+        })
+        .collect();
+    assert!(listed.is_empty(), "the no-op cycle listed {listed:?}");
+    // Objects left behind after the listings filled reach the reaper through the watch.
+    let stray = SessionId::new_random();
+    h.create_vms("dev", stray, &["vm"], true).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut deleted = 0;
+    while deleted < 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the stray VM and Secret were not reclaimed in 30 s ({deleted} deleted)"
+        );
+        deleted += reap_once(&ctx).await.orphans.done;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!h.vm_alive(stray, "vm").await && !h.secret_alive(stray, "vm").await);
+    assert!(h.vm_alive(live.id, "vm").await && h.secret_alive(live.id, "vm").await);
+    assert_eq!(h.status(live.id).await, SessionStatus::Running);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,9 +20,11 @@
 //! - `start`: `--clicks` "Start lab" requests at once to the real `ttlab-server` binary over
 //!   HTTP, each until its session is running (`ready_at`, database clock): p50, p99, max;
 //! - `noop`: the live sessions grown to `--live`; the reaper's cycle with nothing to do,
-//!   `--runs` times in process, every run printed with the median and worst (target median
-//!   ≤ 1 s), then the real `ttlab-reaper` binary's first cycle and peak resident memory
-//!   (target < 150 MB). If the API server (etcd) refuses a create, that is printed and the
+//!   `--runs` times in process, reading VMs and Secrets from watch-fed listings as the
+//!   long-running `ttlab-reaper` does (their fill time printed first), every run printed with
+//!   the median and worst (target median ≤ 1 s); then what the same cycle's parts cost alone
+//!   when listed instead; then the real `ttlab-reaper` binary's first cycle (before its
+//!   listings fill, so it lists) and peak resident memory (target < 150 MB). If the API server (etcd) refuses a create, that is printed and the
 //!   phase measures what was created.
 
 use std::collections::BTreeSet;
@@ -40,7 +42,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
 use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
 use ttlab_cloudinit::AgentPayload;
-use ttlab_cluster::{Cluster, ClusterSettings, KubeCluster};
+use ttlab_cluster::{Cluster, ClusterSettings, Kind, KubeCluster};
 use ttlab_lesson::{Lesson, LessonSet};
 use ttlab_model::labels::ENV as ENV_LABEL;
 use ttlab_model::{EnvName, Runtime, SessionId, SessionStatus, UserId};
@@ -939,7 +941,23 @@ impl Rig {
                 one_line(r)
             );
         }
-        let ctx = self.reaper_ctx(ENV_LIVE)?;
+        // As the long-running ttlab-reaper does: VMs and Secrets from watch-fed listings.
+        let fill = Instant::now();
+        let ctx = self
+            .reaper_ctx(ENV_LIVE)?
+            .with_cached_listings(ttlab_reaper::DEFAULT_RELIST_EVERY);
+        while !ctx.cached_listings_ready() {
+            anyhow::ensure!(
+                fill.elapsed() < Duration::from_secs(300),
+                "the reaper's watch-fed listings did not fill within 5 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!(
+            "  the reaper's watch-fed listings of VMs and Secrets filled in {:.3}s (rebuilt every {}s)",
+            fill.elapsed().as_secs_f64(),
+            ttlab_reaper::DEFAULT_RELIST_EVERY.as_secs()
+        );
         let mut took = Vec::new();
         for run in 1..=args.runs.max(1) {
             let report = reap_once(&ctx).await;
@@ -967,7 +985,49 @@ impl Rig {
             took.len(),
             verdict(median <= NOOP_TARGET)
         );
+        self.noop_breakdown().await?;
         self.reaper_binary(args).await
+    }
+
+    /// Where a no-op cycle's time would go without the watch-fed listings: the database read
+    /// and each large listing alone, at the reaper's page size and at a larger one.
+    async fn noop_breakdown(&self) -> anyhow::Result<()> {
+        let env: EnvName = ENV_LIVE.parse()?;
+        let page = ReaperSettings::default().page_size;
+        let t = Instant::now();
+        let (mut after, mut rows) = (None, 0usize);
+        loop {
+            let got = self.store.sessions().list_live(&env, after, page).await?;
+            rows += got.len();
+            after = got.last().map(|s| s.id);
+            if got.len() < page as usize {
+                break;
+            }
+        }
+        println!(
+            "  alone: database live sessions {:.3}s ({rows} rows, pages of {page})",
+            t.elapsed().as_secs_f64()
+        );
+        let selector = ttlab_model::labels::env_selector(&env);
+        for page_size in [ClusterSettings::default().page_size, 5000] {
+            let cluster = KubeCluster::from_kubeconfig(
+                &self.reaper_kubeconfig,
+                ClusterSettings {
+                    page_size,
+                    ..ClusterSettings::in_namespace(&self.namespace)
+                },
+            )
+            .await?;
+            for kind in [Kind::VirtualMachine, Kind::Secret] {
+                let t = Instant::now();
+                let n = cluster.list_all(kind, &selector).await?.len();
+                println!(
+                    "  alone: list {kind} metadata, pages of {page_size}: {:.3}s ({n} objects)",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Runs the real `ttlab-reaper` over the live sessions until its first cycle is recorded,

@@ -3,6 +3,7 @@
 mod console;
 mod convert;
 mod exec;
+mod listing;
 mod pod;
 mod wait;
 mod watch;
@@ -526,6 +527,15 @@ impl Cluster for KubeCluster {
 
     fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
         Box::pin(self.find_by_name(kind, name))
+    }
+
+    fn cached_listing(
+        &self,
+        kind: Kind,
+        selector: &str,
+        max_age: Duration,
+    ) -> Option<crate::ObjectCache> {
+        Some(self.object_cache(kind, selector, max_age))
     }
 
     fn list_page<'a>(

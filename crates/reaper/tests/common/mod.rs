@@ -58,6 +58,8 @@ pub struct Harness {
 pub struct SeenCall {
     /// The RBAC verb (`get`, `list`, `watch`, `delete`, ...).
     pub verb: String,
+    /// The resource (plural, `""` when the call named none).
+    pub resource: String,
     /// The object's name, for calls on one object.
     pub name: Option<String>,
 }
@@ -224,6 +226,7 @@ impl Harness {
                         _ => "other",
                     }
                     .to_owned(),
+                    resource: c.resource,
                     name: c.name,
                 })
                 .collect(),
@@ -238,6 +241,11 @@ impl Harness {
                     .filter(|e| e.stage == "ResponseComplete")
                     .map(|e| SeenCall {
                         verb: e.verb.clone(),
+                        resource: e
+                            .object_ref
+                            .as_ref()
+                            .and_then(|o| o.resource.clone())
+                            .unwrap_or_default(),
                         name: e.object_ref.and_then(|o| o.name),
                     })
                     .collect()

@@ -1,0 +1,236 @@
+//! A listing kept current by a watch: [`ObjectCache`], what the reaper reads its cycle's
+//! objects from instead of listing 10,000 VMs every interval.
+//!
+//! A background task lists the objects of one kind matching a label selector (metadata only),
+//! then follows a watch from the list's resourceVersion (kube-rs' runtime `watcher`), applying
+//! every creation, change and deletion to an in-memory map of [`ObjectSummary`]s. Every
+//! `max_age` it starts over from a fresh list, so what it serves is never older than one
+//! rebuild even if a watch went quiet without failing (a half-open connection). Any watch
+//! failure also starts it over, after a pause.
+//!
+//! [`ObjectCache::snapshot`] answers only while the cache is trustworthy: its last full list
+//! completed less than `max_age` ago and no failure came after it. Otherwise `None`, and the
+//! caller lists the cluster itself — the cache is an optimisation, never the only way to see.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ObjectSummary;
+
+/// The pause before a failed watch starts over, doubling up to [`MAX_RESTART_PAUSE`].
+pub(crate) const FIRST_RESTART_PAUSE: Duration = Duration::from_millis(500);
+/// The longest pause before a failed watch starts over.
+pub(crate) const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+
+/// A watch-fed listing of one kind and selector. Dropping it stops its watch.
+#[derive(Debug)]
+pub struct ObjectCache {
+    state: Arc<Mutex<CacheState>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl ObjectCache {
+    /// A cache over `state`, fed by `task` (aborted when the cache is dropped).
+    pub(crate) fn new(state: Arc<Mutex<CacheState>>, task: tokio::task::AbortHandle) -> Self {
+        Self { state, task }
+    }
+
+    /// The objects as the watch last saw them, by name; `None` while the cache is not
+    /// trustworthy (never listed yet, rebuilding, failed since its last list, or its last list
+    /// older than its maximum age).
+    pub fn snapshot(&self) -> Option<Vec<ObjectSummary>> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.snapshot(Instant::now())
+    }
+
+    /// When its current contents were last rebuilt from a full list, if they are
+    /// trustworthy now.
+    pub fn synced_at(&self) -> Option<Instant> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .synced_at
+            .filter(|_| state.snapshot(Instant::now()).is_some())
+    }
+}
+
+impl Drop for ObjectCache {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the watch has seen, and whether it can be trusted. Changed by the feeding task, read
+/// by [`ObjectCache::snapshot`].
+#[derive(Debug)]
+pub(crate) struct CacheState {
+    /// The objects since the last completed list, kept current by the watch.
+    objects: BTreeMap<String, ObjectSummary>,
+    /// A list in progress (`Init` seen, `InitDone` not yet).
+    building: Option<BTreeMap<String, ObjectSummary>>,
+    /// When the last list completed; `None` when the contents are not trustworthy.
+    synced_at: Option<Instant>,
+    /// How old a list may be before the contents stop being served.
+    max_age: Duration,
+}
+
+/// One change the watch reports, as the cache needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A (re)list begins.
+    ListStart,
+    /// One object of the list in progress.
+    Listed(ObjectSummary),
+    /// The list is complete.
+    ListDone,
+    /// An object was created or changed.
+    Applied(ObjectSummary),
+    /// An object was deleted.
+    Deleted(String),
+    /// The watch failed: nothing is trusted until the next complete list.
+    Failed,
+}
+
+impl CacheState {
+    /// An empty, untrusted state.
+    pub(crate) fn new(max_age: Duration) -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            building: None,
+            synced_at: None,
+            max_age,
+        }
+    }
+
+    /// Applies one change, seen at `now`.
+    pub(crate) fn apply(&mut self, change: Change, now: Instant) {
+        match change {
+            Change::ListStart => self.building = Some(BTreeMap::new()),
+            Change::Listed(o) => {
+                self.building
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(o.name.clone(), o);
+            }
+            Change::ListDone => {
+                self.objects = self.building.take().unwrap_or_default();
+                self.synced_at = Some(now);
+            }
+            Change::Applied(o) => {
+                self.objects.insert(o.name.clone(), o);
+            }
+            Change::Deleted(name) => {
+                self.objects.remove(&name);
+            }
+            Change::Failed => {
+                self.building = None;
+                self.synced_at = None;
+            }
+        }
+    }
+
+    /// How many objects it holds (trustworthy or not).
+    pub(crate) fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The objects at `now`, if trustworthy.
+    pub(crate) fn snapshot(&self, now: Instant) -> Option<Vec<ObjectSummary>> {
+        let synced = self.synced_at?;
+        (now.saturating_duration_since(synced) < self.max_age)
+            .then(|| self.objects.values().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Kind;
+
+    fn object(name: &str) -> ObjectSummary {
+        ObjectSummary {
+            kind: Kind::VirtualMachine,
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            labels: BTreeMap::new(),
+            created_at: None,
+            deleting: false,
+            owner_uids: Vec::new(),
+        }
+    }
+
+    fn names(s: Option<Vec<ObjectSummary>>) -> Option<Vec<String>> {
+        s.map(|v| v.into_iter().map(|o| o.name).collect())
+    }
+
+    #[test]
+    fn nothing_is_served_before_the_first_list_completes() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        assert_eq!(s.snapshot(t0), None);
+        s.apply(Change::ListStart, t0);
+        s.apply(Change::Listed(object("a")), t0);
+        assert_eq!(s.snapshot(t0), None, "a list half done is not served");
+        s.apply(Change::ListDone, t0);
+        assert_eq!(names(s.snapshot(t0)), Some(vec!["a".to_owned()]));
+    }
+
+    #[test]
+    fn watch_events_keep_the_listing_current() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        for c in [
+            Change::ListStart,
+            Change::Listed(object("a")),
+            Change::Listed(object("b")),
+            Change::ListDone,
+            Change::Applied(object("c")),
+            Change::Deleted("a".into()),
+        ] {
+            s.apply(c, t0);
+        }
+        assert_eq!(
+            names(s.snapshot(t0)),
+            Some(vec!["b".to_owned(), "c".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_relist_replaces_the_contents_and_a_failure_withdraws_them() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        for c in [
+            Change::ListStart,
+            Change::Listed(object("a")),
+            Change::ListDone,
+        ] {
+            s.apply(c, t0);
+        }
+        // A relist in progress keeps serving the previous contents...
+        s.apply(Change::ListStart, t0);
+        s.apply(Change::Listed(object("b")), t0);
+        assert_eq!(names(s.snapshot(t0)), Some(vec!["a".to_owned()]));
+        // ...and replaces them when complete: what the list did not return is gone.
+        s.apply(Change::ListDone, t0);
+        assert_eq!(names(s.snapshot(t0)), Some(vec!["b".to_owned()]));
+        s.apply(Change::Failed, t0);
+        assert_eq!(s.snapshot(t0), None, "nothing is trusted after a failure");
+    }
+
+    #[test]
+    fn contents_older_than_the_maximum_age_are_not_served() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        for c in [Change::ListStart, Change::ListDone] {
+            s.apply(c, t0);
+        }
+        assert_eq!(
+            names(s.snapshot(t0 + Duration::from_secs(299))),
+            Some(vec![])
+        );
+        // Events alone do not make old contents young again: only a full list does.
+        s.apply(Change::Applied(object("a")), t0 + Duration::from_secs(299));
+        assert_eq!(s.snapshot(t0 + Duration::from_secs(300)), None);
+    }
+}
