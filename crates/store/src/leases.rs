@@ -158,7 +158,7 @@ impl<'a> Leases<'a> {
         let ms = ttl_millis(ttl)?;
         let (client, statement) = self
             .store
-            .prepared(
+            .lease_prepared(
                 WHAT,
                 "INSERT INTO leases (kind, key, holder, acquired_at, renewed_at, expires_at) \
                  VALUES ($1, $2, $3, now(), now(), now() + $4 * interval '1 millisecond') \
@@ -188,7 +188,7 @@ impl<'a> Leases<'a> {
         let ms = ttl_millis(ttl)?;
         let (client, statement) = self
             .store
-            .prepared(
+            .lease_prepared(
                 WHAT,
                 "UPDATE leases SET renewed_at = now(), \
                  expires_at = now() + $4 * interval '1 millisecond' \
@@ -213,7 +213,7 @@ impl<'a> Leases<'a> {
         const WHAT: &str = "releasing a lease";
         let (client, statement) = self
             .store
-            .prepared(
+            .lease_prepared(
                 WHAT,
                 "DELETE FROM leases WHERE kind = $1 AND key = $2 AND holder = $3",
             )

@@ -88,7 +88,8 @@ pub use waitlist::{GrantReport, Joined, Reservations, Waitlist, WaitlistEntry};
 /// Pool settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreOptions {
-    /// Most connections the pool opens (default 16).
+    /// Most connections the pool opens (default 16); leases have [`LEASE_CONNECTIONS`] more
+    /// of their own.
     pub max_connections: usize,
     /// How long a caller waits for a free connection before failing (default 10 s).
     pub acquire_timeout: Duration,
@@ -110,10 +111,20 @@ impl Default for StoreOptions {
     }
 }
 
+/// Connections of the pool that only takes, renews and releases leases (besides
+/// [`StoreOptions::max_connections`]).
+pub const LEASE_CONNECTIONS: usize = 2;
+
 /// A handle on the database: a connection pool plus the URL it came from. Cheap to clone.
+///
+/// Leases are taken, renewed and released on a small pool of their own
+/// ([`LEASE_CONNECTIONS`]): a main pool exhausted by slow statements or lock waits never holds
+/// up a renewal, so a busy process keeps the leases it holds instead of losing them to a
+/// standby for want of a connection.
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    lease_pool: Pool,
     url: Arc<DbUrl>,
     lease_ttls: LeaseTtls,
 }
@@ -144,30 +155,9 @@ impl Store {
         }
         options.timeouts.validate()?;
         let url = url.with_timeouts(options.timeouts.clone());
-        let manager = Manager::from_connect(
-            url.config().clone(),
-            net::PoolConnect(url.clone()),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.max_connections)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(options.acquire_timeout))
-            .create_timeout(Some(
-                url.config()
-                    .get_connect_timeout()
-                    .copied()
-                    .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
-            ))
-            .build()
-            .map_err(|e| StoreError::Connect {
-                target: url.target().to_owned(),
-                reason: e.to_string(),
-            })?;
         Ok(Self {
-            pool,
+            pool: build_pool(&url, options.max_connections, options.acquire_timeout)?,
+            lease_pool: build_pool(&url, LEASE_CONNECTIONS, options.acquire_timeout)?,
             url: Arc::new(url),
             lease_ttls: options.leases,
         })
@@ -278,10 +268,29 @@ impl Store {
     /// Closes the pool: idle connections are dropped, and new requests fail.
     pub fn close(&self) {
         self.pool.close();
+        self.lease_pool.close();
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(|e| self.pool_error(e))
+    }
+
+    /// [`Store::prepared`] on the leases' own pool.
+    pub(crate) async fn lease_prepared(
+        &self,
+        what: &'static str,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self
+            .lease_pool
+            .get()
+            .await
+            .map_err(|e| self.pool_error(e))?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::query(what))?;
+        Ok((client, statement))
     }
 
     /// A pooled connection and `sql` prepared on it (once per connection: later calls reuse
@@ -316,4 +325,30 @@ impl Store {
             },
         }
     }
+}
+
+/// A pool of at most `max` connections to `url`, waiting `acquire_timeout` for a free one.
+fn build_pool(url: &DbUrl, max: usize, acquire_timeout: Duration) -> Result<Pool, StoreError> {
+    let manager = Manager::from_connect(
+        url.config().clone(),
+        net::PoolConnect(url.clone()),
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(acquire_timeout))
+        .create_timeout(Some(
+            url.config()
+                .get_connect_timeout()
+                .copied()
+                .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        ))
+        .build()
+        .map_err(|e| StoreError::Connect {
+            target: url.target().to_owned(),
+            reason: e.to_string(),
+        })
 }

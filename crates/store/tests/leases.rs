@@ -316,3 +316,50 @@ async fn a_listener_on_a_blackholed_connection_says_so_instead_of_waiting_foreve
         cut.elapsed()
     );
 }
+
+#[tokio::test]
+async fn leases_are_renewed_while_every_pooled_connection_is_busy() {
+    let db = TestDb::new().await.unwrap();
+    let store = Store::connect(
+        db.url(),
+        StoreOptions {
+            max_connections: 1,
+            acquire_timeout: Duration::from_millis(500),
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The only pooled connection is held (a start counting capacity, a slow statement).
+    let busy = store.lock_capacity().await.unwrap();
+    assert!(
+        store.db_now().await.is_err(),
+        "the pool is exhausted: another statement waits for a connection and gives up"
+    );
+    let (leases, holder) = (store.leases(), LeaseHolder::fresh());
+    let ttl = Duration::from_secs(5);
+    let started = Instant::now();
+    let got = leases
+        .acquire(LeaseKind::Provisioning, "s-1", &holder, ttl)
+        .await
+        .unwrap();
+    assert!(got.is_some(), "the lease is free");
+    let renewed = leases
+        .renew(LeaseKind::Provisioning, "s-1", &holder, ttl)
+        .await
+        .unwrap();
+    assert!(renewed.is_some(), "its holder renews it");
+    assert!(
+        leases
+            .release(LeaseKind::Provisioning, "s-1", &holder)
+            .await
+            .unwrap()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "lease calls do not wait for the busy pool: {:?}",
+        started.elapsed()
+    );
+    drop(busy);
+    store.db_now().await.unwrap();
+}
