@@ -71,7 +71,12 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // kube-rs logs every 5xx answer at error level; ttlabctl reports the failures
+                // that matter itself, and a control plane that is still starting answers its
+                // readiness checks with 500 many times over.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+                }),
         )
         .init();
     let result = match cli.command {
