@@ -222,8 +222,13 @@ pub struct SimConfig {
     pub exec_start: Duration,
     /// How long the quota controller takes to react: to fill a new quota's status (until
     /// then the quota covers nothing), to apply a changed `spec.hard`, and to recount usage
-    /// after objects change (what a deletion frees is free only then).
+    /// after a deletion (what it frees is free only then).
     pub quota_sync: Duration,
+    /// How often the quota controller recounts every quota whatever happened
+    /// (kube-controller-manager's `--resource-quota-sync-period`, 5 minutes): until then,
+    /// usage admission charged for a create that failed in storage (a `409 AlreadyExists`)
+    /// stays counted unless a deletion in the namespace makes it recount sooner.
+    pub quota_resync: Duration,
     /// How long a change stays in the watch history (the API server's watch cache: 75 s, and
     /// at least the last 100 changes of each type). A watch from an older resourceVersion
     /// gets `410 Expired`, as does one from before [`KubeSim::compact_history`].
@@ -249,6 +254,7 @@ impl SimConfig {
             max_call_records: 1_000_000,
             exec_start: Duration::from_millis(150),
             quota_sync: Duration::from_secs(1),
+            quota_resync: Duration::from_secs(5 * 60),
             watch_history: store::HISTORY_WINDOW,
             guest: guest::GuestBackend::Simulated,
         }

@@ -1,7 +1,11 @@
 //! The quota controller of kube-controller-manager: after [`crate::SimConfig::quota_sync`] it
 //! fills a new quota's status, applies a changed `spec.hard`, and recounts a namespace's
-//! usage when objects there change (so what a deletion frees is free only then). Admission
-//! (in [`crate::store`]) judges requests by the status this controller writes.
+//! usage when what it counts is replenished — an object deleted, a pod ended — so what a
+//! deletion frees is free only then. Like the real controller it does not recount on creates
+//! or other updates (admission charges those itself), only at its full resync every
+//! [`crate::SimConfig::quota_resync`]: usage admission charged for a create that storage then
+//! refused (`409 AlreadyExists`) stays counted until the next replenishment or resync.
+//! Admission (in [`crate::store`]) judges requests by the status this controller writes.
 //!
 //! A quota resource the controller does not count
 //! ([`crate::KubeSim::set_quota_counting`]) stays out of `status.used`, as on a cluster whose
@@ -15,7 +19,7 @@ use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::Sim;
-use crate::resources::{QUOTAS, TYPES};
+use crate::resources::{PODS, QUOTAS, TYPES};
 use crate::store::{Event, EventKind, meta_str};
 
 /// The controller's state shared with the in-process API.
@@ -56,10 +60,19 @@ impl Controller {
 pub(crate) fn spawn(sim: Arc<Sim>) {
     let mut rx = sim.store().subscribe();
     tokio::spawn(async move {
+        let every = sim
+            .config
+            .quota_resync
+            .max(std::time::Duration::from_millis(1));
+        let mut full = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             let ev = tokio::select! {
                 () = sim.shutdown.cancelled() => return,
                 () = sim.quota.resync.notified() => {
+                    resync_all(&sim);
+                    continue;
+                }
+                _ = full.tick() => {
                     resync_all(&sim);
                     continue;
                 }
@@ -91,26 +104,46 @@ fn resync_all(sim: &Arc<Sim>) {
     }
 }
 
-/// The namespace whose quotas this change may concern: any change of a namespaced object
-/// except the quotas' own status writes.
+/// The namespace whose quotas this change makes the controller recount, as the real one's
+/// replenishment does: a quota added or its `spec` changed; a namespaced object deleted; a
+/// pod that ended (`Succeeded` or `Failed`: it no longer counts). Creates and other updates
+/// are not recounted (admission charged them).
 fn affects_usage(ev: &Event) -> Option<String> {
     if !TYPES[ev.type_id].namespaced {
         return None;
     }
-    if ev.type_id == QUOTAS {
-        let spec_changed = match ev.kind {
+    let replenished = if ev.type_id == QUOTAS {
+        match ev.kind {
             EventKind::Added => true,
             EventKind::Modified => ev
                 .prev
                 .as_ref()
                 .is_some_and(|p| p.get("spec") != ev.object.get("spec")),
             EventKind::Deleted => false,
-        };
-        if !spec_changed {
-            return None;
         }
+    } else {
+        match ev.kind {
+            EventKind::Added => false,
+            EventKind::Deleted => true,
+            EventKind::Modified => {
+                ev.type_id == PODS
+                    && ev.prev.as_ref().is_some_and(|p| !ended(p))
+                    && ended(&ev.object)
+            }
+        }
+    };
+    if !replenished {
+        return None;
     }
     meta_str(&ev.object, "namespace").map(str::to_owned)
+}
+
+/// Whether a pod has ended (and so no longer counts in a quota).
+fn ended(pod: &serde_json::Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 fn schedule(sim: &Arc<Sim>, ns: String) {

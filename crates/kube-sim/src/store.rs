@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::quantity::Milli;
-use crate::resources::{self, NAMESPACES, PODS, PVCS, QUOTAS, SECRETS, TYPES, TypeId, VMIS, VMS};
+use crate::resources::{
+    self, CONFIG_MAPS, NAMESPACES, PODS, PVCS, QUOTAS, SECRETS, TYPES, TypeId, VMIS, VMS,
+};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 
@@ -442,11 +444,15 @@ impl Store {
             }
         }
         let key = (ns.to_owned(), name.clone());
+        // Quota admission comes before storage, as on the real server: a create of a name
+        // that is taken is refused by a full quota (403, not 409), and one the quota admits
+        // is charged to `status.used` before storage answers `409 AlreadyExists` — an
+        // over-count the quota controller corrects only at its next recount.
+        let charges = self.admit_quota(t, ns, &name, &obj, None)?;
+        self.charge_quotas(ns, charges);
         if self.tables[t].objects.contains_key(&key) {
             return Err(ApiError::already_exists(rt.group, rt.plural, &name));
         }
-        let charges = self.admit_quota(t, ns, &name, &obj, None)?;
-        self.charge_quotas(ns, charges);
         let rv = self.bump();
         {
             let meta = obj
@@ -581,6 +587,18 @@ impl Store {
         new["kind"] = Value::from(rt.kind);
         if t == SECRETS {
             normalize_secret(&mut new);
+        }
+        if t == SECRETS || t == CONFIG_MAPS {
+            let causes = immutable_causes(t, &cur, &new);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(
+                    rt.group,
+                    &rt.qualified_kind(),
+                    rt.plural,
+                    name,
+                    causes,
+                ));
+            }
         }
         if new == *cur {
             return Ok(cur);
@@ -1137,6 +1155,47 @@ impl Store {
         })
         .ok()
     }
+}
+
+/// Why an update of the Secret or ConfigMap `cur` into `new` is refused, when `cur` is
+/// `immutable: true`: the flag cannot be unset, and its payload (`data`; a ConfigMap's
+/// `binaryData` too; a Secret's `stringData` is already folded into `data` here) cannot
+/// change. Metadata can. The causes of the real server's 422
+/// (`ValidateConfigMapUpdate`, `ValidateSecretUpdate`).
+fn immutable_causes(t: TypeId, cur: &Value, new: &Value) -> Vec<(String, String, String)> {
+    if cur["immutable"].as_bool() != Some(true) {
+        return Vec::new();
+    }
+    // An absent map and an empty one are the same map once stored.
+    let payload = |obj: &Value, field: &str| -> Option<Value> {
+        obj.get(field)
+            .filter(|v| !v.is_null() && v.as_object().is_none_or(|m| !m.is_empty()))
+            .cloned()
+    };
+    let mut fields = Vec::new();
+    if new["immutable"].as_bool() != Some(true) {
+        fields.push("immutable");
+    }
+    let payload_fields: &[&str] = if t == CONFIG_MAPS {
+        &["data", "binaryData"]
+    } else {
+        &["data"]
+    };
+    for field in payload_fields {
+        if payload(cur, field) != payload(new, field) {
+            fields.push(field);
+        }
+    }
+    fields
+        .into_iter()
+        .map(|field| {
+            (
+                "FieldValueForbidden".to_owned(),
+                format!("{field}: Forbidden: field is immutable when `immutable` is set"),
+                field.to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// Moves `stringData` into `data` (base64), as the API server does on every write.

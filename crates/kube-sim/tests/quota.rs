@@ -2,7 +2,9 @@
 //! controller writes (after `SimConfig::quota_sync`), so a new quota covers nothing until then,
 //! a freed object is free only once the controller has recounted, a changed limit applies only
 //! then, and a covered resource the controller has not counted refuses creates with `403
-//! status unknown for quota`.
+//! status unknown for quota`. Admission comes before storage: a create of a taken name is
+//! charged (then refused `409`) or refused by a full quota (`403`), and what it charged stays
+//! counted until the controller recounts.
 
 mod support;
 
@@ -179,4 +181,50 @@ async fn a_resource_the_controller_has_not_counted_refuses_creates_with_status_u
     .await;
     assert_eq!(create_vm(&h, "a").await.0, 201);
     assert_eq!(used(&h, VM_COUNT).await, "1");
+}
+
+#[tokio::test]
+async fn a_create_of_a_taken_name_is_judged_and_charged_by_the_quota_before_storage_refuses_it() {
+    let mut config = SimConfig::for_tests();
+    config.quota_sync = Duration::from_millis(100);
+    config.quota_resync = Duration::from_secs(3);
+    let sim = KubeSim::start(config).await.expect("sim starts");
+    sim.pause_kubevirt(true);
+    let h = Http::new(&sim);
+    assert_eq!(h.post(QUOTAS, &quota(json!({VM_COUNT: "2"}))).await.0, 201);
+    wait_for(&h, QUOTAS, "lab-quota", |q| q["status"]["used"].is_object()).await;
+    assert_eq!(create_vm(&h, "a").await.0, 201);
+    // The same create again (a retried create whose first answer was lost): admitted and
+    // charged by the quota, then refused by storage.
+    let (code, body) = create_vm(&h, "a").await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (409, Some("AlreadyExists"))
+    );
+    assert_eq!(
+        used(&h, VM_COUNT).await,
+        "2",
+        "the refused create stays charged"
+    );
+    // So the quota is full with one VM in the namespace.
+    let (code, body) = create_vm(&h, "b").await;
+    assert_eq!(code, 403, "{body}");
+    // Creates do not make the controller recount.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(used(&h, VM_COUNT).await, "2");
+    // A full quota refuses even a create of a name that is taken: 403, not 409.
+    let (code, body) = create_vm(&h, "a").await;
+    assert_eq!((code, body["reason"].as_str()), (403, Some("Forbidden")));
+    assert!(
+        body["message"].as_str().unwrap().starts_with(
+            "virtualmachines.kubevirt.io \"a\" is forbidden: exceeded quota: lab-quota"
+        ),
+        "{body}"
+    );
+    // The controller's full resync counts what is really there.
+    wait_for(&h, QUOTAS, "lab-quota", |q| {
+        q["status"]["used"][VM_COUNT] == "1"
+    })
+    .await;
+    assert_eq!(create_vm(&h, "b").await.0, 201);
 }

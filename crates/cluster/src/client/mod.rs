@@ -177,7 +177,10 @@ impl KubeCluster {
     }
 
     /// Runs a create; an answer of `409 AlreadyExists` adopts the object holding the name if
-    /// it is this session's ([`KubeCluster::adopt`]).
+    /// it is this session's ([`KubeCluster::adopt`]). So does a quota's refusal when this
+    /// session's object already holds the name: quota admission runs before storage looks at
+    /// the name, so a full quota (one the object itself fills) answers a repeated create
+    /// with `403 exceeded quota`, not `409`.
     async fn create_or_adopt<T>(
         &self,
         kind: Kind,
@@ -192,7 +195,23 @@ impl KubeCluster {
             {
                 self.adopt(kind, wanted, status.message).await
             }
-            Err(other) => Err(ClusterError::from_kube(other)),
+            Err(other) => {
+                let refused = ClusterError::from_kube(other);
+                if let ClusterError::QuotaExceeded { .. } | ClusterError::QuotaPending { .. } =
+                    refused
+                    && let Some(name) = wanted.name.as_deref()
+                    && let Ok(Some(existing)) = self.find_by_name(kind, name).await
+                    && adoptable(wanted, &existing).is_ok()
+                {
+                    tracing::info!(%kind, name, uid = %existing.uid, "adopted an object this session created before (the quota refused the repeated create)");
+                    return Ok(Created {
+                        kind,
+                        name: existing.name,
+                        uid: existing.uid,
+                    });
+                }
+                Err(refused)
+            }
         }
     }
 

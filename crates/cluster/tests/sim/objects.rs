@@ -308,6 +308,32 @@ async fn a_full_quota_is_reported_as_quota_exceeded(h: &Harness) {
     );
 }
 
+on_both_backends!(a_repeated_create_is_adopted_even_when_its_object_fills_the_quota);
+async fn a_repeated_create_is_adopted_even_when_its_object_fills_the_quota(h: &Harness) {
+    h.pause_kubevirt();
+    h.create_quota(
+        "ttlab-vms",
+        json!({"count/virtualmachines.kubevirt.io": "1"}),
+    )
+    .await;
+    let l = common::labels("dev");
+    let created = retry_quota(|| h.cluster.create_vm(common::vm("full-1", &l)))
+        .await
+        .unwrap();
+    // The quota is full with this very VM: quota admission, which runs before storage looks
+    // at the name, refuses the repeated create (403, not 409). It is still this session's
+    // VM, so the create adopts it.
+    let again = h.cluster.create_vm(common::vm("full-1", &l)).await.unwrap();
+    assert_eq!(again, created, "adopted as it is");
+    // Another session's create under the name is still refused.
+    let err = h
+        .cluster
+        .create_vm(common::vm("full-1", &common::labels("dev")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClusterError::QuotaExceeded { .. }), "{err:?}");
+}
+
 on_both_backends!(golden_disk_facts_are_observed_raw);
 async fn golden_disk_facts_are_observed_raw(h: &Harness) {
     // Created as an administrator would, with the statuses CDI and the volume binder would
