@@ -11,7 +11,12 @@
 //! double-click, extend (also past the limits), grade, reconnect consoles, finish and abandon,
 //! with lifespans of seconds so that sessions expire all the time. Faults (failed calls, a
 //! fraction of every verb) and latency are injected into the Kubernetes API, and the chaos
-//! options SIGKILL and restart the reapers and servers and stop and start PostgreSQL.
+//! options SIGKILL and restart the reapers and servers, stop and start PostgreSQL, roll the
+//! servers (SIGTERM with a successor already serving), and misbehave on the network: every
+//! process reaches PostgreSQL and the Kubernetes API through a fault proxy of its own
+//! (`ttlab_testkit::FaultProxy`) that the chaos blackholes (half-open), stalls or makes lose
+//! the replies of, one process's connection at a time. Some VMs' deletion hangs on a
+//! finalizer for a while, and some students open pod labs.
 //!
 //! After the run, students stop, the chaos and faults stop, and the system drains: every row
 //! must reach a final status and the namespace must empty. Then the invariants are checked
@@ -20,6 +25,7 @@
 mod chaos;
 mod checks;
 mod kube;
+mod linger;
 mod rig;
 mod students;
 
@@ -69,6 +75,39 @@ pub struct SoakArgs {
     /// Stop PostgreSQL (as a crash would) this often, for a couple of seconds.
     #[arg(long, value_parser = parse_duration)]
     pub restart_postgres_every: Option<Duration>,
+    /// Blackhole one process's connections to PostgreSQL or the Kubernetes API this often
+    /// (half-open: nothing answered, nothing closed), alternating processes and targets.
+    #[arg(long, value_parser = parse_duration)]
+    pub blackhole_every: Option<Duration>,
+    /// How long a blackhole lasts; then its connections are cut and new ones pass.
+    #[arg(long, value_parser = parse_duration)]
+    pub blackhole_for: Option<Duration>,
+    /// Stall one process's connections (bytes held, then delivered) this often.
+    #[arg(long, value_parser = parse_duration)]
+    pub stall_every: Option<Duration>,
+    /// How long a stall lasts.
+    #[arg(long, value_parser = parse_duration)]
+    pub stall_for: Option<Duration>,
+    /// Lose the replies on one process's connections this often: its requests still reach
+    /// PostgreSQL or the API server and take effect, the answers never come back.
+    #[arg(long, value_parser = parse_duration)]
+    pub lose_replies_every: Option<Duration>,
+    /// How long replies are lost; then those connections are cut.
+    #[arg(long, value_parser = parse_duration)]
+    pub lose_replies_for: Option<Duration>,
+    /// Roll one server (alternating environments) this often: a successor is started and
+    /// ready, students are sent to it, and the old one gets SIGTERM and hands over.
+    #[arg(long, value_parser = parse_duration)]
+    pub rolling_restart_every: Option<Duration>,
+    /// Fraction (0–1) of VMs whose deletion hangs on a finalizer (kube-sim only).
+    #[arg(long)]
+    pub linger_fraction: Option<f64>,
+    /// How long such a VM stays terminating before the finalizer is released.
+    #[arg(long, value_parser = parse_duration)]
+    pub linger_for: Option<Duration>,
+    /// Fraction (0–1) of the labs students open that are pod labs (no VM).
+    #[arg(long)]
+    pub pod_labs: Option<f64>,
     /// VM limit of both servers (`TTLAB_VM_LIMIT`) and the namespace quota: the VMs of both
     /// environments count against it.
     #[arg(long)]
@@ -123,6 +162,14 @@ pub(crate) struct Settings {
     pub kill_reaper_every: Option<Duration>,
     pub kill_server_every: Option<Duration>,
     pub restart_postgres_every: Option<Duration>,
+    /// The network faults: (how often, how long) each.
+    pub blackhole: Option<(Duration, Duration)>,
+    pub stall: Option<(Duration, Duration)>,
+    pub lose_replies: Option<(Duration, Duration)>,
+    pub rolling_restart_every: Option<Duration>,
+    pub linger_fraction: f64,
+    pub linger_for: Duration,
+    pub pod_labs: f64,
     pub vm_limit: usize,
     pub reap_interval: Duration,
     pub expiry_bound: Duration,
@@ -171,6 +218,35 @@ impl Settings {
             } else {
                 None
             }),
+            blackhole: args
+                .blackhole_every
+                .or(if short { Some(secs(11)) } else { None })
+                .map(|e| (e, args.blackhole_for.unwrap_or(secs(3)))),
+            stall: args
+                .stall_every
+                .or(if short { Some(secs(9)) } else { None })
+                .map(|e| (e, args.stall_for.unwrap_or(secs(2)))),
+            lose_replies: args
+                .lose_replies_every
+                .or(if short { Some(secs(7)) } else { None })
+                .map(|e| {
+                    (
+                        e,
+                        args.lose_replies_for.unwrap_or(Duration::from_millis(1500)),
+                    )
+                }),
+            rolling_restart_every: args.rolling_restart_every.or(if short {
+                Some(secs(8))
+            } else {
+                None
+            }),
+            linger_fraction: args.linger_fraction.unwrap_or(if short && !real {
+                0.15
+            } else {
+                0.0
+            }),
+            linger_for: args.linger_for.unwrap_or(secs(4)),
+            pod_labs: args.pod_labs.unwrap_or(0.1),
             vm_limit: args.vm_limit.unwrap_or(if short { 24 } else { 120 }),
             reap_interval: args.reap_interval.unwrap_or(secs(5)),
             expiry_bound: args.expiry_bound,
@@ -209,6 +285,31 @@ impl Settings {
         if !(0.0..=1.0).contains(&s.fault_rate) {
             anyhow::bail!("--fault-rate must be between 0 and 1, not {}", s.fault_rate);
         }
+        for (name, f) in [
+            ("--linger-fraction", s.linger_fraction),
+            ("--pod-labs", s.pod_labs),
+        ] {
+            if !(0.0..=1.0).contains(&f) {
+                anyhow::bail!("{name} must be between 0 and 1, not {f}");
+            }
+        }
+        if real && s.linger_fraction > 0.0 {
+            anyhow::bail!("--linger-fraction needs kube-sim (the soak holds the finalizers there)");
+        }
+        for (name, fault) in [
+            ("--blackhole", s.blackhole),
+            ("--stall", s.stall),
+            ("--lose-replies", s.lose_replies),
+        ] {
+            if let Some((every, lasts)) = fault
+                && (lasts < Duration::from_millis(100) || lasts >= every)
+            {
+                anyhow::bail!("{name}-for must be at least 100ms and shorter than {name}-every");
+            }
+        }
+        if s.linger_for < Duration::from_millis(100) {
+            anyhow::bail!("--linger-for must be at least 100ms");
+        }
         if s.vm_limit == 0 {
             anyhow::bail!("--vm-limit must be at least 1");
         }
@@ -225,6 +326,10 @@ impl Settings {
             ("--kill-reaper-every", s.kill_reaper_every),
             ("--kill-server-every", s.kill_server_every),
             ("--restart-postgres-every", s.restart_postgres_every),
+            ("--blackhole-every", s.blackhole.map(|f| f.0)),
+            ("--stall-every", s.stall.map(|f| f.0)),
+            ("--lose-replies-every", s.lose_replies.map(|f| f.0)),
+            ("--rolling-restart-every", s.rolling_restart_every),
         ] {
             if every.is_some_and(|d| d < Duration::from_secs(3)) {
                 anyhow::bail!("{name} must be at least 3s");
@@ -240,6 +345,18 @@ impl Settings {
                 |d| humantime::format_duration(d).to_string(),
             )
         };
+        let fault = |f: Option<(Duration, Duration)>| {
+            f.map_or_else(
+                || "never".to_owned(),
+                |(e, l)| {
+                    format!(
+                        "every {} for {}",
+                        humantime::format_duration(e),
+                        humantime::format_duration(l)
+                    )
+                },
+            )
+        };
         let policy = |p: &EnvPolicy| {
             format!(
                 "ttl {}s max {}s ext {}",
@@ -251,7 +368,8 @@ impl Settings {
         format!(
             "soak ({:?} profile, on {:?}): {} students for {}, fault rate {}, latency {}, seed {}, \
              VM limit {}, reap interval {}s; dev {}; prod {}; kill reaper every {}, kill server \
-             every {}, restart PostgreSQL every {}",
+             every {}, restart PostgreSQL every {}; blackhole {}, stall {}, lose replies {}; \
+             rolling restart every {}; VM deletions held by a finalizer {} for {}; pod labs {}",
             self.profile,
             self.backend,
             self.students,
@@ -266,6 +384,13 @@ impl Settings {
             every(self.kill_reaper_every),
             every(self.kill_server_every),
             every(self.restart_postgres_every),
+            fault(self.blackhole),
+            fault(self.stall),
+            fault(self.lose_replies),
+            every(self.rolling_restart_every),
+            self.linger_fraction,
+            humantime::format_duration(self.linger_for),
+            self.pod_labs,
         )
     }
 }

@@ -1,6 +1,8 @@
-//! `ttlabctl soak --profile short` end to end: two environments, simulated students, injected
-//! faults and latency, SIGKILLed reapers and servers and a restarted PostgreSQL, for about a
-//! minute plus the drain; every invariant must hold and the table must say so. (The same on
+//! `ttlabctl soak --profile short` end to end: two environments, simulated students (pod labs
+//! among them), injected faults and latency, SIGKILLed reapers and servers, a restarted
+//! PostgreSQL, rolled servers, blackholed, stalled and reply-losing connections to PostgreSQL
+//! and the Kubernetes API, and VMs whose deletion hangs on a finalizer, for about a minute plus
+//! the drain; every invariant must hold and the table must say so. (The same on
 //! the real control plane, `ttlabctl soak --backend real`, is a command, not a test yet: its
 //! quota invariant fails intermittently there; see docs/soak.md.)
 //!
@@ -48,6 +50,8 @@ async fn short_soak() {
         "drained: namespace empty, rows final",
         "no 5xx but 503 in a database outage",
         "no process exited by itself",
+        "row final only after its held VM was gone",
+        "sessions reach running >= 99% (faults all transient)",
     ] {
         let line = stdout
             .lines()
@@ -63,7 +67,23 @@ async fn short_soak() {
             .unwrap_or_else(|| panic!("no check count in {line:?}"));
         assert!(checks > 0, "{line}");
     }
+    // Checked whenever a deploy caught sessions in preparation (it may catch none).
+    let deploy = stdout
+        .lines()
+        .find(|l| l.starts_with("0 sessions failed by a deploy"))
+        .unwrap_or_else(|| panic!("no deploy row in:\n{stdout}"));
+    assert!(deploy.ends_with("PASS"), "{deploy}");
     assert!(stdout.trim_end().ends_with("soak: PASS"), "{stdout}");
+    // Failures are tabulated by reason, and pod labs were among the sessions.
+    assert!(
+        stdout.contains("failed sessions by reason"),
+        "no failure table in:\n{stdout}"
+    );
+    let lessons = stdout
+        .lines()
+        .find(|l| l.starts_with("sessions by lesson:"))
+        .expect("a sessions-by-lesson line");
+    assert!(lessons.contains("soak-pod"), "{lessons}");
     // The chaos happened.
     let activity = stdout
         .lines()
@@ -73,6 +93,10 @@ async fn short_soak() {
         "reapers killed",
         "servers killed",
         "PostgreSQL restarts",
+        "rolling restarts",
+        "connections blackholed",
+        "connections stalled",
+        "replies lost",
         "sessions opened",
     ] {
         assert!(activity.contains(what), "{activity}");

@@ -11,8 +11,16 @@
 //!   firewall dropped the flow): no reply, no RST, no FIN, and its kernel still acknowledges;
 //! - [`FaultMode::Stall`]: bytes are held (not read any further) until the mode changes; back
 //!   to `Pass` they flow on, nothing lost;
+//! - [`FaultMode::LoseReplies`]: what the client sends still reaches the upstream (the
+//!   change is applied), but the upstream's replies are read and dropped: the client learns
+//!   nothing of the outcome. End it with [`FaultMode::Close`] (or [`FaultProxy::cut_open`]):
+//!   the connection's byte stream is no longer whole;
 //! - [`FaultMode::Close`]: every connection is shut down at once, and new ones are closed on
 //!   arrival (a peer that is gone and says so).
+//!
+//! [`FaultProxy::cut_open`] shuts down the connections open now and leaves the mode as it is:
+//! after a blackhole, the stale connections end (the peer's RST once the path is back) while
+//! new ones pass.
 //!
 //! Threads, not a runtime: it works the same under any test, async or not, and never competes
 //! with the code under test for its executor.
@@ -71,6 +79,8 @@ pub enum FaultMode {
     Blackhole,
     /// Hold everything until the mode changes.
     Stall,
+    /// Forward what the client sends; read and drop what the upstream answers.
+    LoseReplies,
     /// Shut every connection down; close new ones on arrival.
     Close,
 }
@@ -125,8 +135,9 @@ impl Write for Conn {
 struct Shared {
     mode: Mutex<FaultMode>,
     changed: Condvar,
-    /// Both sides of every open connection, to shut them down on `Close` and on drop.
-    open: Mutex<Vec<Conn>>,
+    /// Both sides of every open connection (by connection number), to shut them down on
+    /// `Close`, [`FaultProxy::cut_open`] and drop; removed when both directions ended.
+    open: Mutex<Vec<(u64, Conn)>>,
     stopped: AtomicBool,
     accepted: AtomicU64,
 }
@@ -138,7 +149,7 @@ impl Shared {
 
     fn close_all(&self) {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        for c in open.drain(..) {
+        for (_, c) in open.drain(..) {
             c.shutdown(Shutdown::Both);
         }
     }
@@ -194,6 +205,12 @@ impl FaultProxy {
         self.shared.mode()
     }
 
+    /// Shuts down every connection open now (both sides); the mode stays, and connections
+    /// made from now on follow it.
+    pub fn cut_open(&self) {
+        self.shared.close_all();
+    }
+
     /// Switches every connection, open and future, to `mode`.
     pub fn set_mode(&self, mode: FaultMode) {
         *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
@@ -219,7 +236,7 @@ fn accept_loop(listener: &TcpListener, upstream: &Upstream, shared: &Arc<Shared>
             return;
         }
         let Ok(client) = client else { continue };
-        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let id = shared.accepted.fetch_add(1, Ordering::SeqCst);
         if shared.mode() == FaultMode::Close {
             let _ = client.shutdown(Shutdown::Both);
             continue;
@@ -249,18 +266,30 @@ fn accept_loop(listener: &TcpListener, upstream: &Upstream, shared: &Arc<Shared>
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .extend([client_keep, server_keep]);
-        for (from, to) in [(client, server_w), (server, client_w)] {
+            .extend([(id, client_keep), (id, server_keep)]);
+        // The second direction to end forgets the connection (its sockets close with it).
+        let ended = Arc::new(AtomicU64::new(0));
+        for (from, to, upstream_bound) in [(client, server_w, true), (server, client_w, false)] {
             let sh = shared.clone();
+            let ended = ended.clone();
             let _ = std::thread::Builder::new()
                 .name("fault-proxy-pump".into())
-                .spawn(move || pump(from, to, &sh));
+                .spawn(move || {
+                    pump(from, to, upstream_bound, &sh);
+                    if ended.fetch_add(1, Ordering::SeqCst) == 1 {
+                        sh.open
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .retain(|(c, _)| *c != id);
+                    }
+                });
         }
     }
 }
 
-/// Moves bytes from `from` to `to` as the mode says, until either side ends.
-fn pump(mut from: Conn, mut to: Conn, shared: &Shared) {
+/// Moves bytes from `from` to `to` as the mode says, until either side ends. `upstream_bound`:
+/// `from` is the client (the direction [`FaultMode::LoseReplies`] still forwards).
+fn pump(mut from: Conn, mut to: Conn, upstream_bound: bool, shared: &Shared) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         // Stalled: read nothing more until the mode changes.
@@ -288,16 +317,16 @@ fn pump(mut from: Conn, mut to: Conn, shared: &Shared) {
             }
             *mode
         };
-        match mode {
-            FaultMode::Pass => {
-                if to.write_all(&buf[..n]).is_err() {
-                    from.shutdown(Shutdown::Read);
-                    return;
-                }
-            }
+        let forward = match mode {
+            FaultMode::Pass => true,
+            FaultMode::LoseReplies => upstream_bound,
             // (Stall was waited out above.)
-            FaultMode::Blackhole | FaultMode::Stall => {}
+            FaultMode::Blackhole | FaultMode::Stall => false,
             FaultMode::Close => return,
+        };
+        if forward && to.write_all(&buf[..n]).is_err() {
+            from.shutdown(Shutdown::Read);
+            return;
         }
     }
 }
@@ -346,6 +375,77 @@ mod tests {
         c.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"held");
         assert_eq!(proxy.accepted(), 1);
+    }
+
+    /// An upstream that counts the bytes it received and answers each read with `ok`.
+    fn counting() -> (SocketAddr, Arc<AtomicU64>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let got = Arc::new(AtomicU64::new(0));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let g = g.clone();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 64];
+                    while let Ok(n @ 1..) = c.read(&mut b) {
+                        g.fetch_add(n as u64, Ordering::SeqCst);
+                        if c.write_all(b"ok").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, got)
+    }
+
+    #[test]
+    fn lost_replies_reach_the_upstream_but_never_come_back() {
+        let (addr, got) = counting();
+        let proxy = FaultProxy::start(Upstream::Tcp(addr)).unwrap();
+        let mut c = client(&proxy);
+        proxy.set_mode(FaultMode::LoseReplies);
+        c.write_all(b"applied").unwrap();
+        let mut b = [0u8; 2];
+        assert!(c.read(&mut b).is_err(), "the reply is lost");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while got.load(Ordering::SeqCst) < 7 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(got.load(Ordering::SeqCst), 7, "the request was delivered");
+        // Ended by cutting the connection; a new one passes.
+        proxy.cut_open();
+        proxy.set_mode(FaultMode::Pass);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert!(matches!(c.read(&mut b), Ok(0) | Err(_)), "cut");
+        let mut again = client(&proxy);
+        again
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        again.write_all(b"x").unwrap();
+        again.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ok");
+    }
+
+    #[test]
+    fn cut_open_ends_a_blackholed_connection_and_new_ones_follow_the_mode() {
+        let proxy = FaultProxy::start(Upstream::Tcp(echo())).unwrap();
+        let mut c = client(&proxy);
+        proxy.set_mode(FaultMode::Blackhole);
+        c.write_all(b"lost").unwrap();
+        let mut b = [0u8; 4];
+        assert!(c.read(&mut b).is_err(), "a blackhole answers nothing");
+        proxy.cut_open();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert!(matches!(c.read(&mut b), Ok(0) | Err(_)), "cut");
+        assert_eq!(proxy.mode(), FaultMode::Blackhole, "the mode stays");
+        let mut again = client(&proxy);
+        again.write_all(b"ping").unwrap();
+        assert!(
+            again.read(&mut b).is_err(),
+            "a new connection is blackholed too"
+        );
     }
 
     #[test]

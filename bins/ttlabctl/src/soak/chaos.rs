@@ -1,15 +1,30 @@
 //! The chaos options: SIGKILL and restart a reaper or a server (alternating environments), stop
-//! and start PostgreSQL. Each disturbance is journaled with when it began and ended, for the
-//! invariants that excuse what it caused (late reclamation, 503 during an outage).
+//! and start PostgreSQL, roll a server (a successor started and serving, then SIGTERM: the old
+//! one hands its sessions in preparation over), and the dirty network faults — blackhole,
+//! stall, lose replies — on one process's fault proxy at a time (to PostgreSQL or to the
+//! Kubernetes API), the loops taking turns. Each disturbance is journaled with when it began
+//! and ended, for the invariants that excuse what it caused (late reclamation, 503 during an
+//! outage) and for those that must hold anyway (no session failed by a deploy).
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::watch;
+use ttlab_testkit::FaultMode;
 
-use super::rig::{Disrupted, Disturbance, Shared, lock};
+use super::rig::{Disrupted, Disturbance, NetFault, Shared, lock};
+use crate::demo::stack::free_loopback_port;
 use crate::demo::wait_ready;
+
+/// How long a rolled server gets after SIGTERM: its hand-over (up to 10 s) and its open
+/// requests, as a Deployment's termination grace would give.
+const ROLL_GRACE: Duration = Duration::from_secs(25);
+
+/// How many times a rolling restart starts its successor before it gives up (the old server
+/// then keeps serving).
+const ROLL_ATTEMPTS: u32 = 5;
 
 /// How long PostgreSQL stays down per restart.
 const OUTAGE: Duration = Duration::from_secs(2);
@@ -38,7 +53,41 @@ pub(crate) fn spawn_all(
         )));
     }
     if let Some(every) = s.restart_postgres_every {
-        out.push(tokio::spawn(postgres_loop(shared.clone(), stop, every)));
+        out.push(tokio::spawn(postgres_loop(
+            shared.clone(),
+            stop.clone(),
+            every,
+        )));
+    }
+    if let Some(every) = s.rolling_restart_every {
+        out.push(tokio::spawn(rolling_loop(
+            shared.clone(),
+            stop.clone(),
+            every,
+        )));
+    }
+    // One network fault at a time: the loops take turns on this lock.
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    for (i, (fault, setting)) in [
+        (NetFault::Blackhole, s.blackhole),
+        (NetFault::Stall, s.stall),
+        (NetFault::LoseReplies, s.lose_replies),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if let Some((every, lasts)) = setting {
+            out.push(tokio::spawn(net_loop(
+                shared.clone(),
+                stop.clone(),
+                turn.clone(),
+                fault,
+                every,
+                lasts,
+                // Each loop starts at a different link, so the three cover them all sooner.
+                i * 3,
+            )));
+        }
     }
     out
 }
@@ -92,7 +141,7 @@ async fn kill_and_restart(shared: &Shared, env: usize, reaper: bool) -> anyhow::
     });
     p.spawn()?;
     if !reaper && let Some(child) = p.child.as_mut() {
-        wait_ready(child, &shared.urls[env]).await?;
+        wait_ready(child, &shared.url(env)).await?;
     }
     lock(&shared.journal.disturbances).push(Disturbance {
         what: if reaper {
@@ -122,6 +171,128 @@ async fn postgres_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, eve
         shared.journal.count("PostgreSQL restarts");
         lock(&shared.journal.disturbances).push(Disturbance {
             what: Disrupted::Postgres,
+            start,
+            end: Utc::now(),
+        });
+    }
+}
+
+async fn rolling_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, every: Duration) {
+    let mut env = 0;
+    while wait(&mut stop, every).await {
+        if let Err(e) = roll(&shared, env).await {
+            eprintln!("ttlabctl: soak: chaos: rolling restart: {e:#}");
+        }
+        env = 1 - env;
+    }
+}
+
+/// A rolling restart of environment `env`'s server, as a Deployment with maxSurge 1 does it:
+/// the successor starts (on a port of its own) and is ready, students are sent to it, then the
+/// old server gets SIGTERM and hands over the sessions it was preparing.
+async fn roll(shared: &Shared, env: usize) -> anyhow::Result<()> {
+    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_loopback_port()?));
+    let url = format!("http://{listen}");
+    let mut old = {
+        let mut procs = shared.procs.lock().await;
+        let Some(p) = procs.iter_mut().find(|p| p.env == env && !p.reaper) else {
+            return Ok(());
+        };
+        let old = p.child.take();
+        let before = p.var("TTLAB_LISTEN");
+        p.set_var("TTLAB_LISTEN", listen.to_string().into());
+        // A successor that cannot start (PostgreSQL down or its connection cut just then)
+        // exits; it is started again, as a Deployment restarts a crashed pod.
+        let mut started = Ok(());
+        for attempt in 1..=ROLL_ATTEMPTS {
+            started = match p.spawn() {
+                Ok(()) => match p.child.as_mut() {
+                    Some(child) => wait_ready(child, &url).await,
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            if started.is_ok() || attempt == ROLL_ATTEMPTS {
+                break;
+            }
+            shared.journal.count("rolling successors restarted");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if let Err(e) = started {
+            // The old server keeps serving.
+            if let Some(mut new) = p.child.take() {
+                let _ = new.stop(Duration::from_secs(5)).await;
+            }
+            p.child = old;
+            if let Some(v) = before {
+                p.set_var("TTLAB_LISTEN", v);
+            }
+            return Err(e);
+        }
+        old
+    };
+    shared.set_url(env, url);
+    let start = Utc::now();
+    if let Some(child) = old.as_mut() {
+        let status = child.stop(ROLL_GRACE).await?;
+        if !status.success() {
+            eprintln!(
+                "ttlabctl: soak: the rolled {} ended with {status}",
+                child.name()
+            );
+            shared.journal.count("rolled servers not stopping cleanly");
+        }
+    }
+    shared.journal.count("rolling restarts");
+    lock(&shared.journal.disturbances).push(Disturbance {
+        what: Disrupted::Rolling(env),
+        start,
+        end: Utc::now(),
+    });
+    Ok(())
+}
+
+async fn net_loop(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    fault: NetFault,
+    every: Duration,
+    lasts: Duration,
+    first: usize,
+) {
+    let mut next = first;
+    while wait(&mut stop, every).await {
+        if shared.links.is_empty() {
+            return;
+        }
+        let link = &shared.links[next % shared.links.len()];
+        next += 1;
+        let _turn = turn.lock().await;
+        let start = Utc::now();
+        link.proxy.set_mode(match fault {
+            NetFault::Blackhole => FaultMode::Blackhole,
+            NetFault::Stall => FaultMode::Stall,
+            NetFault::LoseReplies => FaultMode::LoseReplies,
+        });
+        tokio::time::sleep(lasts).await;
+        match fault {
+            // A partition that healed: what was held is delivered.
+            NetFault::Stall => link.proxy.set_mode(FaultMode::Pass),
+            // The byte streams are broken: the connections end (as the peer's RST would end
+            // them once the path is back), new ones pass.
+            NetFault::Blackhole | NetFault::LoseReplies => {
+                link.proxy.set_mode(FaultMode::Close);
+                link.proxy.set_mode(FaultMode::Pass);
+            }
+        }
+        shared.journal.count(match fault {
+            NetFault::Blackhole => "connections blackholed",
+            NetFault::Stall => "connections stalled",
+            NetFault::LoseReplies => "replies lost",
+        });
+        lock(&shared.journal.disturbances).push(Disturbance {
+            what: Disrupted::Link(link.id, fault),
             start,
             end: Utc::now(),
         });

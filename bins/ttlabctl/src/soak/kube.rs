@@ -211,13 +211,39 @@ impl Kube {
         }
     }
 
-    /// A kubeconfig for environment `e`'s server or reaper, written under `dir`.
-    pub(crate) fn kubeconfig(&self, e: usize, reaper: bool, dir: &Path) -> anyhow::Result<PathBuf> {
+    /// kube-sim's address (none on the real control plane), for a fault proxy in front of it.
+    pub(crate) fn sim_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Sim(sim) => Some(sim.addr()),
+            Self::Real(_) => None,
+        }
+    }
+
+    /// A kubeconfig for environment `e`'s server or reaper, written under `dir`; on kube-sim
+    /// through the proxy at `via` when given.
+    pub(crate) fn kubeconfig(
+        &self,
+        e: usize,
+        reaper: bool,
+        dir: &Path,
+        via: Option<SocketAddr>,
+    ) -> anyhow::Result<PathBuf> {
         match self {
             Self::Sim(sim) => {
                 let user = kube_user(e, reaper);
                 let path = dir.join(format!("kubeconfig-{user}"));
-                sim.write_kubeconfig_as(&path, NAMESPACE, Some(&user))?;
+                match via {
+                    Some(addr) => {
+                        let yaml = ttlab_kube_sim::kubeconfig_yaml_as(
+                            &format!("http://{addr}"),
+                            NAMESPACE,
+                            Some(&user),
+                        );
+                        std::fs::write(&path, yaml)
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                    None => sim.write_kubeconfig_as(&path, NAMESPACE, Some(&user))?,
+                }
                 Ok(path)
             }
             Self::Real(r) => {

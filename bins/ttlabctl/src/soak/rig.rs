@@ -1,12 +1,14 @@
-//! What the soak starts and stops: PostgreSQL, kube-sim (faults, latency, the namespace quota),
-//! the lessons, and per environment a server and a reaper as child processes; the run itself
-//! (students, chaos, continuous checks), the drain, and the final analysis.
+//! What the soak starts and stops: PostgreSQL, kube-sim (faults, latency, the namespace quota,
+//! the finalizer that holds some VMs' deletion), the lessons, and per environment a server and
+//! a reaper as child processes, each reaching PostgreSQL and the Kubernetes API through fault
+//! proxies of its own; the run itself (students, chaos, continuous checks), the drain, and the
+//! final analysis.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -16,9 +18,11 @@ use ttlab_api::auth::{AuthConfig, AuthSecret};
 use ttlab_lesson::LessonSet;
 use ttlab_model::{EnvName, NodeName};
 use ttlab_store::{Session, Store, StoreOptions};
+use ttlab_testkit::{FaultProxy, Upstream};
 
 use super::checks::{self, Table};
 use super::kube::{Backend, Kube};
+use super::linger::Linger;
 use super::{ENVS, Settings, chaos, students};
 use crate::demo::client::{self, HttpClient};
 use crate::demo::stack::{self, Database};
@@ -36,11 +40,23 @@ const NAMES: [[&str; 2]; 2] = [["dev-server", "dev-reaper"], ["prod-server", "pr
 pub(crate) const LESSON_SINGLE: &str = "soak-single";
 /// See [`LESSON_SINGLE`].
 pub(crate) const LESSON_MULTI: &str = "soak-multi";
+/// A pod lab (`runtime: pod`, as `lessons/shell-basics.yaml`): one unprivileged Pod, no VM.
+pub(crate) const LESSON_POD: &str = "soak-pod";
 
 /// The reapers' leader lease (`TTLAB_LEADER_LEASE`), kept well under the soak's reap interval
 /// as the operator guide asks: a SIGKILLed leader's lease must run out before a standby (or
 /// the restarted reaper) takes over, so reclamation after a reaper kill waits up to this long.
 pub(crate) const LEADER_LEASE: Duration = Duration::from_secs(3);
+
+/// The environment and role (reaper or not) of a process name of [`NAMES`].
+pub(crate) fn slot_of(name: &str) -> Option<(usize, bool)> {
+    (0..NAMES.len()).find_map(|e| {
+        NAMES[e]
+            .iter()
+            .position(|n| *n == name)
+            .map(|r| (e, r == 1))
+    })
+}
 
 /// The kube-sim user of a process (`ttlab-dev-reaper`).
 pub(crate) fn kube_user(env: usize, reaper: bool) -> String {
@@ -62,6 +78,22 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
+    /// Sets (or adds) one variable of the next start.
+    pub(crate) fn set_var(&mut self, name: &'static str, value: OsString) {
+        match self.vars.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => *v = value,
+            None => self.vars.push((name, value)),
+        }
+    }
+
+    /// One variable of the next start.
+    pub(crate) fn var(&self, name: &str) -> Option<OsString> {
+        self.vars
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    }
+
     pub(crate) fn spawn(&mut self) -> anyhow::Result<()> {
         self.child = Some(ChildProcess::spawn(
             self.name,
@@ -88,6 +120,59 @@ pub(crate) enum Disrupted {
     Reaper(usize),
     Server(usize),
     Postgres,
+    /// A server rolled: SIGTERM (the start) with a successor already serving, until the old
+    /// process exited (the end).
+    Rolling(usize),
+    /// One process's connections to PostgreSQL or the Kubernetes API misbehaving.
+    Link(LinkId, NetFault),
+}
+
+/// One process slot's connection to one service: which environment, server or reaper, and
+/// where to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinkId {
+    pub env: usize,
+    pub reaper: bool,
+    pub target: Target,
+}
+
+impl std::fmt::Display for LinkId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} -> {}",
+            NAMES[self.env][usize::from(self.reaper)],
+            match self.target {
+                Target::Postgres => "PostgreSQL",
+                Target::Kube => "the Kubernetes API",
+            }
+        )
+    }
+}
+
+/// What a process's connection leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    Postgres,
+    Kube,
+}
+
+/// A dirty network fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NetFault {
+    /// Half-open: nothing answered, nothing closed; cut at the end.
+    Blackhole,
+    /// Bytes held, then delivered.
+    Stall,
+    /// Requests delivered, replies dropped; cut at the end.
+    LoseReplies,
+}
+
+/// The fault proxy in front of one process slot's service (a restarted or rolled process of
+/// that slot goes through the same one).
+pub(crate) struct Link {
+    pub id: LinkId,
+    pub proxy: FaultProxy,
 }
 
 /// One answer the students got (or did not get).
@@ -139,7 +224,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Everything the run's tasks share.
 pub(crate) struct Shared {
     pub settings: Settings,
-    pub urls: [String; 2],
+    /// Where each environment's students go (the server now serving them).
+    pub urls: [RwLock<String>; 2],
+    /// The fault proxies, one per process slot and service.
+    pub links: Vec<Link>,
     pub procs: tokio::sync::Mutex<Vec<Proc>>,
     pub database: tokio::sync::Mutex<Option<Database>>,
     pub journal: Journal,
@@ -149,6 +237,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The URL of environment `env`'s server now.
+    pub(crate) fn url(&self, env: usize) -> String {
+        self.urls[env]
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sends environment `env`'s students to `url` from now on.
+    pub(crate) fn set_url(&self, env: usize, url: String) {
+        *self.urls[env]
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = url;
+    }
+
     /// Starts again, after a pause of the database or a kill, every child that is not
     /// running; records an unexpected exit as a crash.
     pub(crate) async fn revive(&self) {
@@ -184,6 +287,7 @@ pub(crate) struct Rig {
     kube: Option<Kube>,
     shared: Option<Arc<Shared>>,
     store: Option<Store>,
+    linger: Option<Linger>,
 }
 
 impl Rig {
@@ -243,6 +347,14 @@ impl Rig {
         let (live, drain_started) = tokio::join!(watching, run);
         let drain_started = drain_started?;
 
+        if let Some(l) = &self.linger {
+            l.stop();
+        }
+        let held = self
+            .linger
+            .as_ref()
+            .map(|l| lock(&l.held).clone())
+            .unwrap_or_default();
         let sessions = all_sessions(&store).await?;
         let leftovers = kube.leftovers(&shared.http).await?;
         let calls = kube.calls()?;
@@ -257,6 +369,7 @@ impl Rig {
             peak_vms: kube.vms().1,
             run_started,
             drain_started,
+            held: &held,
         };
         Ok(checks::analyse(&input))
     }
@@ -311,6 +424,8 @@ impl Rig {
         let auth = AuthConfig::new(AuthSecret::new(secret.as_bytes())?);
         let mut procs = Vec::new();
         let mut urls = [String::new(), String::new()];
+        let mut links = Vec::new();
+        let pg_socket = postgres_socket(&db)?;
         let log = std::env::var_os("RUST_LOG").unwrap_or_else(|| "error".into());
         for (e, env) in ENVS.iter().enumerate() {
             let _: EnvName = env.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -318,9 +433,39 @@ impl Rig {
             let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
             urls[e] = format!("http://{listen}");
             for reaper in [false, true] {
-                let kubeconfig = kube.kubeconfig(e, reaper, &data_dir)?;
+                // Every process reaches PostgreSQL, and the Kubernetes API on kube-sim, through
+                // a fault proxy of its own slot.
+                let pg = FaultProxy::start(Upstream::Unix(pg_socket.clone()))
+                    .context("starting a fault proxy to PostgreSQL")?;
+                let process_db_url = format!("postgres://postgres@{}/ttlab", pg.addr());
+                links.push(Link {
+                    id: LinkId {
+                        env: e,
+                        reaper,
+                        target: Target::Postgres,
+                    },
+                    proxy: pg,
+                });
+                let kube_proxy = match kube.sim_addr() {
+                    Some(addr) => {
+                        let p = FaultProxy::start(Upstream::Tcp(addr))
+                            .context("starting a fault proxy to kube-sim")?;
+                        let at = p.addr();
+                        links.push(Link {
+                            id: LinkId {
+                                env: e,
+                                reaper,
+                                target: Target::Kube,
+                            },
+                            proxy: p,
+                        });
+                        Some(at)
+                    }
+                    None => None,
+                };
+                let kubeconfig = kube.kubeconfig(e, reaper, &data_dir, kube_proxy)?;
                 let mut vars: Vec<(&'static str, OsString)> = vec![
-                    ("DATABASE_URL", database_url.clone().into()),
+                    ("DATABASE_URL", process_db_url.into()),
                     ("KUBECONFIG", kubeconfig.into()),
                     ("TTLAB_ENV", (*env).into()),
                     ("TTLAB_NAMESPACE", namespace.clone().into()),
@@ -379,10 +524,16 @@ impl Rig {
                 procs.push(p);
             }
         }
+        if settings.linger_fraction > 0.0
+            && let Some(addr) = kube.sim_addr()
+        {
+            self.linger = Some(Linger::start(&format!("http://{addr}"), settings));
+        }
         self.kube = Some(kube);
         let shared = Arc::new(Shared {
             settings: settings.clone(),
-            urls,
+            urls: urls.map(RwLock::new),
+            links,
             procs: tokio::sync::Mutex::new(procs),
             database: tokio::sync::Mutex::new(Some(db)),
             journal: Journal::default(),
@@ -395,7 +546,7 @@ impl Rig {
             let mut procs = shared.procs.lock().await;
             for p in procs.iter_mut().filter(|p| !p.reaper) {
                 if let Some(child) = p.child.as_mut() {
-                    wait_ready(child, &shared.urls[p.env]).await?;
+                    wait_ready(child, &shared.url(p.env)).await?;
                 }
             }
         }
@@ -404,8 +555,8 @@ impl Rig {
         kube.inject(settings);
         eprintln!(
             "ttlabctl: soak: dev at {}, prod at {}, {}",
-            shared.urls[0],
-            shared.urls[1],
+            shared.url(0),
+            shared.url(1),
             kube.describe()
         );
         Ok(())
@@ -414,6 +565,7 @@ impl Rig {
     /// Stops the children, the simulation and PostgreSQL, and deletes the data.
     pub(crate) async fn stop(&mut self) -> anyhow::Result<()> {
         let mut errors = Vec::new();
+        self.linger.take();
         if let Some(store) = self.store.take() {
             store.close();
         }
@@ -463,11 +615,31 @@ fn write_lessons(dir: &Path) -> anyhow::Result<()> {
     let multi = format!(
         "id: {LESSON_MULTI}\ntitle: \"Soak: two VMs\"\n{common}nodes:\n  - control-plane\n  - worker-1\ngrading:\n  - name: the control plane answers\n    node: control-plane\n    command: \"true\"\n  - name: the worker answers\n    node: worker-1\n    command: \"true\"\n"
     );
-    for (name, text) in [(LESSON_SINGLE, single), (LESSON_MULTI, multi)] {
+    let pod = format!(
+        "id: {LESSON_POD}\ntitle: \"Soak: a pod lab\"\nruntime: pod\nimage: docker.io/library/debian:12\n\
+         memory: 256Mi\nreadiness_timeout_seconds: 20\ngrading:\n  - name: the shell answers\n    command: \"true\"\n"
+    );
+    for (name, text) in [
+        (LESSON_SINGLE, single),
+        (LESSON_MULTI, multi),
+        (LESSON_POD, pod),
+    ] {
         let path = dir.join(format!("{name}.yaml"));
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The unix socket of the throwaway PostgreSQL (`<dir>/.s.PGSQL.<port>`, the port from its
+/// URL), for the fault proxies to forward to.
+fn postgres_socket(db: &Database) -> anyhow::Result<PathBuf> {
+    let port = db
+        .url()
+        .rsplit_once('/')
+        .and_then(|(host, _)| host.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .with_context(|| format!("no port in the database URL {}", db.url()))?;
+    Ok(db.dir().join(format!(".s.PGSQL.{port}")))
 }
 
 /// Every session of both environments.

@@ -1,5 +1,6 @@
 //! Simulated students: one task each, on one environment, choosing with a seeded generator.
-//! A student opens a lab (sometimes with a double click), follows it until it runs, then
+//! A student opens a lab (one VM, two VMs, or a pod lab; sometimes with a double click),
+//! follows it until it runs, then
 //! extends (also past the limits), grades, reconnects the console, finishes or abandons it,
 //! and starts again. Every answer goes to the journal for the 5xx invariant.
 
@@ -13,7 +14,7 @@ use tokio_tungstenite::tungstenite;
 use ttlab_api::auth::Role;
 
 use super::ENVS;
-use super::rig::{ApiCall, LESSON_MULTI, LESSON_SINGLE, Shared, lock};
+use super::rig::{ApiCall, LESSON_MULTI, LESSON_POD, LESSON_SINGLE, Shared, lock};
 use crate::demo::client::{self, Method};
 
 /// Longest wait for one answer.
@@ -139,7 +140,9 @@ impl Student {
         let first = self.rng.millis(0, 3000);
         self.pause(first).await;
         while !self.stopping() {
-            let lesson = if self.rng.chance(0.2) {
+            let lesson = if self.rng.chance(self.shared.settings.pod_labs) {
+                LESSON_POD
+            } else if self.rng.chance(0.2) {
                 LESSON_MULTI
             } else {
                 LESSON_SINGLE
@@ -306,7 +309,7 @@ impl Student {
         let Some(path) = ticket["url"].as_str() else {
             return;
         };
-        let base = &self.shared.urls[self.env];
+        let base = self.shared.url(self.env);
         let url = format!("ws{}{path}", base.trim_start_matches("http"));
         let started = Utc::now();
         let opened =
@@ -355,7 +358,7 @@ pub(crate) async fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Answer {
-    let url = format!("{}{path}", shared.urls[env]);
+    let url = format!("{}{path}", shared.url(env));
     let started = Utc::now();
     let answer = tokio::time::timeout(
         REQUEST_TIMEOUT,
