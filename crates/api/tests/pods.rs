@@ -73,6 +73,23 @@ async fn a_pod_lesson_runs_once_its_pod_is_ready_and_is_graded_by_exec() {
     assert_eq!(g["steps"][1]["exit_code"], 3, "{g}");
     assert_eq!(g["steps"][1]["passed"], false);
 
+    // While the API server fails the exec, "Check my work" says the cluster is unavailable
+    // (503, try again), not that the lab is unreachable.
+    let fault = w.sim.faults().add(ttlab_kube_sim::FaultRule::fail(
+        Some(ttlab_kube_sim::Verb::Create),
+        Some("pods/exec"),
+        503,
+    ));
+    let (status, g) = s
+        .post(&format!("/api/sessions/{sid}/grade"), &alice, json!({}))
+        .await;
+    assert_eq!(
+        (status, g["error"].as_str()),
+        (503, Some("cluster_unavailable")),
+        "{g}"
+    );
+    w.sim.faults().remove(fault);
+
     let (status, f) = s.delete(&format!("/api/sessions/{sid}"), &alice).await;
     assert_eq!(
         (status, f["status"].as_str()),

@@ -405,7 +405,15 @@ async fn grade_in_pod(
         .cluster()
         .exec_pod_command(&pod.name, Some(saga::LAB_CONTAINER), command, step.timeout)
         .await
-        .map_err(|e| ApiError::AgentUnavailable(format!("the lab pod: {e}")))?;
+        .map_err(|e| {
+            // The API server failing the exec (a 5xx, a timeout) is the cluster's, and passes;
+            // an exec it refuses for good means the lab pod cannot be reached.
+            if e.is_retryable() {
+                ApiError::ClusterUnavailable(format!("the lab pod: {e}"))
+            } else {
+                ApiError::AgentUnavailable(format!("the lab pod: {e}"))
+            }
+        })?;
     Ok(StepResult::new(
         step,
         out.exit_code,
