@@ -15,9 +15,11 @@
 //! | `ttlab_waitlist_joined_total` | — | students put on the waitlist |
 //! | `ttlab_waitlist_granted_total` | — | freed places held for the first in line (by this replica) |
 //! | `ttlab_waitlist_lapsed_total` | — | holds that lapsed untaken (removed by this replica) |
+//! | `ttlab_objects_terminating` | `kind` | objects of sessions this server ended whose deletion was accepted but that were still there at its last look (their sessions stay `finishing`) |
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use ttlab_model::SessionId;
 
 /// Labels of `ttlab_sessions` and `ttlab_sessions_ended_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,6 +75,13 @@ pub struct ShedLabels {
     pub reason: String,
 }
 
+/// Labels of `ttlab_objects_terminating`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The object's kind (`VirtualMachine`, `Secret`, …).
+    pub kind: String,
+}
+
 /// The server's metrics. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct Metrics {
@@ -102,6 +112,17 @@ pub struct Metrics {
     pub waitlist_granted: Counter,
     /// Holds that lapsed untaken.
     pub waitlist_lapsed: Counter,
+    /// Objects still terminating, by kind (kept by [`Metrics::set_terminating`]).
+    pub objects_terminating: Family<KindLabels, Gauge>,
+    /// What `objects_terminating` is computed from.
+    terminating: Arc<Mutex<Terminating>>,
+}
+
+/// The kinds of the objects still terminating, by session, and the kinds exported so far.
+#[derive(Debug, Default)]
+struct Terminating {
+    by_session: BTreeMap<SessionId, Vec<String>>,
+    exported: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -188,6 +209,13 @@ impl Metrics {
             "Seconds the last probe of the Kubernetes API took",
             cluster_probe_seconds.clone(),
         );
+        let objects_terminating = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "ttlab_objects_terminating",
+            "Objects of sessions this server ended that were still terminating at its last look, \
+             by kind",
+            objects_terminating.clone(),
+        );
         registry.register(
             "ttlab_rate_limited",
             "Requests refused by the per-user rate limit, by action",
@@ -213,6 +241,33 @@ impl Metrics {
             stage_seconds,
             capacity_rejections,
             disk_decisions,
+            objects_terminating,
+            terminating: Arc::default(),
+        }
+    }
+
+    /// Records the kinds of the objects of `session` still terminating at the last look
+    /// (none: nothing of it is followed here any more), and sets `ttlab_objects_terminating`
+    /// from every session's. A kind once exported stays, at 0 when nothing of it is left.
+    pub fn set_terminating(&self, session: SessionId, kinds: Vec<String>) {
+        let mut t = self
+            .terminating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kinds.is_empty() {
+            t.by_session.remove(&session);
+        } else {
+            t.by_session.insert(session, kinds);
+        }
+        let mut counts: BTreeMap<String, i64> = t.exported.iter().map(|k| (k.clone(), 0)).collect();
+        for kind in t.by_session.values().flatten() {
+            *counts.entry(kind.clone()).or_default() += 1;
+        }
+        for (kind, n) in counts {
+            self.objects_terminating
+                .get_or_create(&KindLabels { kind: kind.clone() })
+                .set(n);
+            t.exported.insert(kind);
         }
     }
 
@@ -231,5 +286,40 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_terminating_counts_each_sessions_last_look_once() {
+        let m = Metrics::new();
+        let (a, b) = (SessionId::new_random(), SessionId::new_random());
+        m.set_terminating(a, vec!["VirtualMachine".into()]);
+        // A second look at the same session replaces the first.
+        m.set_terminating(a, vec!["VirtualMachine".into()]);
+        m.set_terminating(b, vec!["VirtualMachine".into(), "Secret".into()]);
+        let text = m.encode();
+        assert!(
+            text.contains("ttlab_objects_terminating{kind=\"VirtualMachine\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ttlab_objects_terminating{kind=\"Secret\"} 1"),
+            "{text}"
+        );
+        m.set_terminating(a, Vec::new());
+        m.set_terminating(b, vec!["VirtualMachine".into()]);
+        let text = m.encode();
+        assert!(
+            text.contains("ttlab_objects_terminating{kind=\"VirtualMachine\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ttlab_objects_terminating{kind=\"Secret\"} 0"),
+            "gone, still exported: {text}"
+        );
     }
 }

@@ -1133,37 +1133,61 @@ impl Sessions<'_> {
             )
             .await
             .map_err(StoreError::query(WHAT))?;
-        rows.iter()
-            .map(|row| {
-                fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-                    row: &'a Row,
-                    column: &'static str,
-                ) -> Result<T, StoreError> {
-                    row.try_get(column)
-                        .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-                }
-                let id: Uuid = get(row, "id")?;
-                let env: &str = get(row, "env")?;
-                let lesson: &str = get(row, "lesson")?;
-                let to: Option<&str> = get(row, "finishing_to")?;
-                Ok(TerminatingSession {
-                    id: SessionId::from_uuid(id),
-                    env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
-                    lesson: lesson
-                        .parse()
-                        .map_err(|e| StoreError::corrupt("lesson", e))?,
-                    finishing_to: to
-                        .map(|t| {
-                            t.parse()
-                                .map_err(|e| StoreError::corrupt("finishing_to", e))
-                        })
-                        .transpose()?,
-                    objects: get(row, "terminating_objects")?,
-                    since: get(row, "terminating_since")?,
-                })
-            })
-            .collect()
+        rows.iter().map(terminating_from_row).collect()
     }
+
+    /// What of session `id` is still terminating, as last recorded: `None` when nothing is
+    /// (the session is not finishing, or no object of it was seen lingering).
+    pub async fn terminating_of(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<TerminatingSession>, StoreError> {
+        const SQL: &str = "SELECT id, env, lesson, finishing_to, terminating_objects, \
+             terminating_since FROM sessions \
+             WHERE id = $1 AND status = $2 AND terminating_since IS NOT NULL \
+             AND cardinality(terminating_objects) > 0";
+        const WHAT: &str = "reading what of a session is still terminating";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let row = client
+            .query_opt(
+                &statement,
+                &[&id.as_uuid(), &SessionStatus::Finishing.as_str()],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        row.as_ref().map(terminating_from_row).transpose()
+    }
+}
+
+/// A [`TerminatingSession`] from a row of `id, env, lesson, finishing_to,
+/// terminating_objects, terminating_since`.
+fn terminating_from_row(row: &Row) -> Result<TerminatingSession, StoreError> {
+    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+        row: &'a Row,
+        column: &'static str,
+    ) -> Result<T, StoreError> {
+        row.try_get(column)
+            .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
+    }
+    let id: Uuid = get(row, "id")?;
+    let env: &str = get(row, "env")?;
+    let lesson: &str = get(row, "lesson")?;
+    let to: Option<&str> = get(row, "finishing_to")?;
+    Ok(TerminatingSession {
+        id: SessionId::from_uuid(id),
+        env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
+        lesson: lesson
+            .parse()
+            .map_err(|e| StoreError::corrupt("lesson", e))?,
+        finishing_to: to
+            .map(|t| {
+                t.parse()
+                    .map_err(|e| StoreError::corrupt("finishing_to", e))
+            })
+            .transpose()?,
+        objects: get(row, "terminating_objects")?,
+        since: get(row, "terminating_since")?,
+    })
 }
 
 #[cfg(test)]

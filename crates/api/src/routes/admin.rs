@@ -345,8 +345,10 @@ async fn find(
 
 /// `GET /api/admin/sessions/{id}`: one session with everything an operator needs: the view
 /// (the full failure detail included), each stage with its time since the request, the
-/// cluster objects with their state, the reference students quote, the grading history (the
-/// last 50 "Check my work") and the operators' actions.
+/// cluster objects with their state (and, while it is finishing, those still terminating after
+/// their deletion was accepted; once final, when they were confirmed gone), the reference
+/// students quote, the grading history (the last 50 "Check my work") and the operators'
+/// actions.
 async fn session_detail(
     State(state): State<AppState>,
     _admin: AdminUser,
@@ -401,6 +403,15 @@ async fn session_detail(
             Err(e) => objects_error = Some(e.to_string()),
         }
     }
+    // Objects whose deletion was accepted but that were still there at the last look (the
+    // row stays finishing until they are gone), and when everything was confirmed gone.
+    let terminating = state
+        .store()
+        .sessions()
+        .terminating_of(s.id)
+        .await?
+        .map(|t| json!({"objects": t.objects, "since": t.since}));
+    let objects_gone_at = state.store().sessions().objects_gone_at(s.id).await?;
     let actions = state.store().admin_actions().for_session(s.id).await?;
     let grading = state
         .store()
@@ -433,6 +444,8 @@ async fn session_detail(
         "stages": stages,
         "objects": objects,
         "objects_error": objects_error,
+        "terminating": terminating,
+        "objects_gone_at": objects_gone_at,
         "actions": actions,
     })))
 }
@@ -473,8 +486,9 @@ fn reason(text: &str) -> Result<&str, ApiError> {
 }
 
 /// Ends a `starting` or `running` session as `finished`, as a student's Finish would: its
-/// objects are deleted now (what fails is left finishing for the reaper), and the action is
-/// recorded.
+/// objects are deleted now and the row goes final once they are confirmed gone (an object
+/// still terminating, or a failed deletion, leaves it `finishing`: followed by this server,
+/// retried by the reaper), and the action is recorded.
 async fn end(
     State(state): State<AppState>,
     AdminUser(admin): AdminUser,

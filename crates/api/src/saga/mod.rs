@@ -10,6 +10,7 @@
 
 mod agent;
 mod disk;
+mod gone;
 mod open;
 mod pod;
 mod tokens;
@@ -27,6 +28,7 @@ use crate::{ApiError, AppState};
 pub use agent::{
     AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, keep_agent_seen, record_agent_seen,
 };
+use gone::complete;
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
 pub use open::open_session;
@@ -392,8 +394,9 @@ fn target<'a>(state: &'a AppState, session: &Session, nodes: &'a [NodeName]) -> 
 }
 
 /// Moves a session from one of `from` to finishing (heading for `to`), deletes everything
-/// of it, and marks it final once the cluster confirmed every deletion. Returns the row as
-/// it ends up; `None` if it was not in one of `from` (someone else is ending it).
+/// of it, and marks it final once every object is confirmed gone (waiting a few seconds for
+/// that; an object still terminating leaves the row `finishing`, see [`gone`]). Returns the
+/// row as it ends up; `None` if it was not in one of `from` (someone else is ending it).
 pub async fn end_session(
     state: &AppState,
     session: &Session,
@@ -480,43 +483,6 @@ pub async fn finish_by_student(
     }
 }
 
-/// Deletes everything of a `finishing` session and marks it final if that worked.
-pub(crate) async fn complete(state: &AppState, row: Session) -> Result<Session, ApiError> {
-    let nodes = nodes_of(state, &row);
-    let report = teardown_session(
-        state.cluster().as_ref(),
-        &target(state, &row, &nodes),
-        LabelSweep::Always,
-    )
-    .await;
-    if !report.all_deleted() {
-        for (o, e) in report.failures() {
-            tracing::warn!(session = %row.id, kind = %o.kind, name = %o.name, error = %e, "deletion failed; left finishing for the reaper");
-        }
-        return Ok(row);
-    }
-    let done =
-        with_db(|| async { state.store().sessions().complete_finishing(row.id).await }).await?;
-    match done {
-        Some(done) => {
-            state
-                .metrics()
-                .ended
-                .get_or_create(&crate::metrics::StatusLabels {
-                    status: done.status.as_str().to_owned(),
-                })
-                .inc();
-            Ok(done)
-        }
-        // Someone else completed it meanwhile.
-        None => Ok(
-            with_db(|| async { state.store().sessions().get(row.id).await })
-                .await?
-                .unwrap_or(row),
-        ),
-    }
-}
-
 /// At start-up, and from then on every [`ADOPT_EVERY`]: `starting` sessions of this
 /// environment nobody holds the provisioning lease of (their provisioner stopped — a deploy —
 /// or vanished and its lease expired) are adopted and their provisioning resumed (every step
@@ -531,8 +497,9 @@ pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
         .sessions()
         .list_in_status(&env, SessionStatus::Finishing, None, 1000)
         .await?;
+    // One look each (no wait): what is still terminating is followed in the background.
     for s in finishing {
-        complete(state, s).await?;
+        gone::complete_within(state, s, Duration::ZERO).await?;
         handled += 1;
     }
     start_adopting(state);
