@@ -86,6 +86,12 @@ function renderCapacity(c) {
     stat('Quota', quotaText(c)),
   );
   if (c.error) box.append(el('p', { class: 'error small' }, `Cannot count the VMs: ${c.error}`));
+  // Ended sessions whose objects are still going (a guest shutting down, a finalizer): they
+  // still hold their places.
+  for (const t of c.terminating || []) {
+    box.append(el('p', { class: 'small terminating' },
+      `Still shutting down since ${timeText(t.since)} (${t.lesson}, ${t.env}): ${(t.objects || []).join(', ')}`));
+  }
 }
 
 /** The namespace's ResourceQuotas as `name: resource used / hard`, or `none`. */
@@ -220,6 +226,9 @@ async function showDetail(id) {
     el('li', {}, `Student extensions: ${s.extensions_used} used, ${s.extensions_left} left`),
     el('li', {}, `Disk: ${s.disk ? `${s.disk.kind} — ${s.disk.reason}` : 'not chosen'}`),
     ...consoleFacts(d.console || []),
+    ...(d.terminating ? [el('li', { class: 'terminating' },
+      `Still shutting down since ${timeText(d.terminating.since)}: ${d.terminating.objects.join(', ')}`)] : []),
+    ...(d.objects_gone_at ? [el('li', {}, `All objects gone at ${timeText(d.objects_gone_at)}`)] : []),
     ...(s.failure_reason ? [el('li', { class: 'error' }, `Failure: ${s.failure_reason}`)] : []));
   const stages = document.querySelector('#detail-stages tbody');
   stages.replaceChildren(...d.stages.map((st) => el('tr', {},
