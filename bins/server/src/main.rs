@@ -79,6 +79,10 @@ struct Args {
     /// How long before the expiry a student may extend (e.g. 15m).
     #[arg(long, env = "TTLAB_EXTEND_WINDOW")]
     extend_window: Option<String>,
+    /// How long after the maximum lifetime VM guests power themselves off and pod labs are
+    /// stopped, should nothing reclaim them first (e.g. 15m).
+    #[arg(long, env = "TTLAB_HARD_DEADLINE_GRACE")]
+    hard_deadline_grace: Option<String>,
     /// Most concurrent Kubernetes API calls.
     #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
     kube_concurrency: usize,
@@ -97,6 +101,10 @@ struct Args {
     /// to try again (503).
     #[arg(long, env = "TTLAB_CAPACITY_LOCK_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     capacity_lock_timeout: std::time::Duration,
+    /// How long provisioning keeps retrying one cluster call that fails transiently (a 5xx,
+    /// 429, a timeout, a lost connection) before the session fails (e.g. 60s; more than zero).
+    #[arg(long, env = "TTLAB_CLUSTER_RETRY_BUDGET", default_value = "60s", value_parser = positive_duration)]
+    cluster_retry_budget: std::time::Duration,
     #[command(flatten)]
     db: DbTimeouts,
 }
@@ -114,6 +122,15 @@ struct DbTimeouts {
     /// up (half-open connections, stalled servers).
     #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
     db_call_timeout: std::time::Duration,
+}
+
+/// A humantime duration (`90s`, `2m`) that is more than zero.
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err(format!("{s:?}: must be more than zero (e.g. 60s)")),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{s:?}: {e} (write a duration such as 60s or 2m)")),
+    }
 }
 
 /// How this program names itself to the Kubernetes API server and to guest agents.
@@ -161,7 +178,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.session_max.as_deref(),
         args.max_extensions.as_deref(),
     )?
-    .with_extend_window_setting(args.extend_window.as_deref())?;
+    .with_extend_window_setting(args.extend_window.as_deref())?
+    .with_hard_deadline_grace_setting(args.hard_deadline_grace.as_deref())?;
     let lessons = LessonSet::load(&args.lessons)?;
     let agent_path = match args.agent_binary {
         Some(p) => p,
@@ -206,6 +224,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.ops_listen = args.ops_listen;
     config.request_timeout = args.request_timeout;
     config.waitlist_hold = args.waitlist_hold;
+    config.cluster_retry_budget = args.cluster_retry_budget;
     config.max_concurrent_requests = args.max_concurrent_requests;
     config.user_rate_limit = ttlab_api::limits::RateLimit {
         burst: args.user_rate_burst.max(1),
@@ -258,5 +277,48 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let required = [
+            "ttlab-server",
+            "--database-url",
+            "postgres://127.0.0.1/ttlab",
+            "--auth-secret",
+            "a test secret that is long enough, 40+ b",
+            "--lessons",
+            "/nonexistent",
+        ];
+        Args::try_parse_from(required.iter().chain(extra))
+    }
+
+    #[test]
+    fn the_cluster_retry_budget_is_a_duration_above_zero() {
+        assert_eq!(
+            parse(&[]).unwrap().cluster_retry_budget,
+            std::time::Duration::from_secs(60)
+        );
+        assert_eq!(
+            parse(&["--cluster-retry-budget", "90s"])
+                .unwrap()
+                .cluster_retry_budget,
+            std::time::Duration::from_secs(90)
+        );
+        let zero = parse(&["--cluster-retry-budget", "0s"])
+            .unwrap_err()
+            .to_string();
+        assert!(zero.contains("must be more than zero"), "{zero}");
+        let garbage = parse(&["--cluster-retry-budget", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            garbage.contains("\"soon\"") && garbage.contains("duration"),
+            "{garbage}"
+        );
     }
 }

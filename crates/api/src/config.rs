@@ -46,7 +46,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `env` | `TTLAB_ENV` | `dev` |
 /// | `auth` | `TTLAB_AUTH_SECRET` (≥ 32 bytes), `TTLAB_AUTH_HEADER` | required, off |
 /// | `vm_limit` | `TTLAB_VM_LIMIT` | 8 |
-/// | `policy` | `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`, `TTLAB_MAX_EXTENSIONS` | 60m, 180m, 3 |
+/// | `policy` | `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`, `TTLAB_MAX_EXTENSIONS`, `TTLAB_EXTEND_WINDOW`, `TTLAB_HARD_DEADLINE_GRACE` | 60m, 180m, 3, 15m, 15m |
 /// | `lessons` | `TTLAB_LESSONS` (file or directory) | required |
 /// | `agent` | `TTLAB_AGENT_BINARY` | `ttlab-agent` beside the server |
 /// | `web_dir` | `TTLAB_WEB_DIR` | none |
@@ -58,7 +58,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `max_concurrent_requests` | `TTLAB_MAX_CONCURRENT_REQUESTS` | 512 |
 /// | `user_rate_limit` | `TTLAB_USER_RATE_BURST`, `TTLAB_USER_RATE_INTERVAL` | 10, 1 s |
 /// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
-/// | `cluster_retry_budget` | — | 60 s |
+/// | `cluster_retry_budget` | `TTLAB_CLUSTER_RETRY_BUDGET` (more than zero) | 60 s |
 #[derive(Clone)]
 pub struct ApiConfig {
     /// Where to listen.
@@ -69,7 +69,8 @@ pub struct ApiConfig {
     pub auth: AuthConfig,
     /// Most VMs in the namespace at once (counted from the cluster).
     pub vm_limit: usize,
-    /// Session lifespan rules.
+    /// Session lifespan rules, the hard deadline's grace among them (what the saga renders
+    /// into each guest's power-off and each pod's `activeDeadlineSeconds`).
     pub policy: Policy,
     /// The lessons offered.
     pub lessons: LessonSet,
@@ -119,7 +120,7 @@ pub struct ApiConfig {
     /// backoff, before the session fails with a reason naming the call and how often it
     /// failed. Creates are safe to repeat: an object this session already created under the
     /// same name is adopted. Default [`DEFAULT_CLUSTER_RETRY_BUDGET`]; zero fails at the first
-    /// transient failure.
+    /// transient failure (the binary's `TTLAB_CLUSTER_RETRY_BUDGET` refuses zero).
     pub cluster_retry_budget: Duration,
     /// How long a freed place is held for the first student on the waitlist; only they can
     /// take it meanwhile, and when it lapses the place passes to the next in line. Default

@@ -59,6 +59,14 @@ pub enum LifespanError {
     /// for that).
     #[error("{setting} is zero; to allow no extensions set {ext} to 0", setting = crate::EXTEND_WINDOW_VAR, ext = crate::MAX_EXTENSIONS_VAR)]
     ZeroExtendWindow,
+    /// The hard-deadline grace is zero: a guest would power itself off at the very instant its
+    /// session reaches the maximum lifetime, while the reaper is reclaiming it.
+    #[error(
+        "{setting} is zero: the last-resort deadlines must fall after {max} (at least one second later)",
+        setting = crate::HARD_DEADLINE_GRACE_VAR,
+        max = crate::SESSION_MAX_VAR
+    )]
+    ZeroHardDeadlineGrace,
     /// The maximum lifetime is shorter than a single time-to-live.
     #[error(
         "{max_setting} ({}) is shorter than {ttl_setting} ({})",
@@ -155,6 +163,7 @@ impl LifespanError {
             | Self::EmptySetting { .. }
             | Self::ZeroTtl
             | Self::ZeroExtendWindow
+            | Self::ZeroHardDeadlineGrace
             | Self::FractionalSeconds { .. }
             | Self::MaxShorterThanTtl { .. }
             | Self::TooLong { .. }

@@ -8,8 +8,8 @@
 //! defaults and validation) and the [`Lifespan`] value of a session. It refuses to own a clock,
 //! environment variables or storage: every function takes `now` (the database clock in the
 //! running system, so server replicas and the reaper agree), binaries pass in the text of
-//! `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX` and `TTLAB_MAX_EXTENSIONS`, and the store keeps
-//! the three fields of a [`Lifespan`].
+//! `TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`, `TTLAB_MAX_EXTENSIONS`, `TTLAB_EXTEND_WINDOW`
+//! and `TTLAB_HARD_DEADLINE_GRACE`, and the store keeps the three fields of a [`Lifespan`].
 //!
 //! # Rules
 //!
@@ -31,9 +31,10 @@
 //!   ([`Lifespan::extend_by_operator`]): no window, no count, but never past `start + max`.
 //! - [`Lifespan::remaining`] never goes negative, and [`Lifespan::is_expired`] is defined as
 //!   "remaining is zero", so a session is expired from `expires_at` on, for everyone.
-//! - Last-resort deadlines sit 15 minutes past the maximum lifetime: a pod lab's
-//!   `activeDeadlineSeconds` ([`Policy::pod_active_deadline_seconds`], 11,700 by default) and
-//!   a VM guest's self power-off ([`Lifespan::hard_deadline`]).
+//! - Last-resort deadlines sit a grace past the maximum lifetime (15 minutes by default,
+//!   `TTLAB_HARD_DEADLINE_GRACE`): a pod lab's `activeDeadlineSeconds`
+//!   ([`Policy::pod_active_deadline_seconds`], 11,700 by default) and a VM guest's self
+//!   power-off ([`Lifespan::hard_deadline`]).
 //! - Policy durations are whole seconds, so every instant derived from a database timestamp
 //!   is again exact to the microsecond and survives being stored.
 //! - The functions are total: instants before the start, policies changed while a session
@@ -72,7 +73,7 @@
 //! assert!(session.is_expired(minutes(110)));
 //! assert_eq!(session.remaining(minutes(110)), Duration::ZERO);
 //!
-//! // Last-resort deadlines: max + 15 min.
+//! // Last-resort deadlines: max + the grace, 15 min by default.
 //! assert_eq!(session.hard_deadline(&policy), minutes(195));
 //! assert_eq!(policy.pod_active_deadline_seconds(), 11_700);
 //! ```
@@ -84,9 +85,9 @@ mod policy;
 pub use error::LifespanError;
 pub use lifespan::{ExtendOffer, Lifespan};
 pub use policy::{
-    DEFAULT_EXTEND_WINDOW, DEFAULT_MAX, DEFAULT_MAX_EXTENSIONS, DEFAULT_TTL, EXTEND_WINDOW_VAR,
-    EXTENSIONS_LIMIT, HARD_DEADLINE_GRACE, LIFETIME_LIMIT, MAX_EXTENSIONS_VAR, Policy,
-    SESSION_MAX_VAR, SESSION_TTL_VAR,
+    DEFAULT_EXTEND_WINDOW, DEFAULT_HARD_DEADLINE_GRACE, DEFAULT_MAX, DEFAULT_MAX_EXTENSIONS,
+    DEFAULT_TTL, EXTEND_WINDOW_VAR, EXTENSIONS_LIMIT, HARD_DEADLINE_GRACE_VAR, LIFETIME_LIMIT,
+    MAX_EXTENSIONS_VAR, Policy, SESSION_MAX_VAR, SESSION_TTL_VAR,
 };
 
 /// A duration as the settings are usually written: `90s`, `60m`, `7d`, or humantime's form

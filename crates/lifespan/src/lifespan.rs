@@ -178,9 +178,10 @@ impl Lifespan {
         policy.max_extensions.saturating_sub(self.extensions_used)
     }
 
-    /// The last-resort deadline: `start + max + 15 min` ([`Policy::hard_lifetime`]). A VM
-    /// guest powers itself off at this instant in case the reaper cannot reclaim it; pods get
-    /// the same bound through [`Policy::pod_active_deadline_seconds`].
+    /// The last-resort deadline: `start + max + grace` ([`Policy::hard_lifetime`]; the grace
+    /// is 15 minutes by default). A VM guest powers itself off at this instant in case the
+    /// reaper cannot reclaim it; pods get the same bound through
+    /// [`Policy::pod_active_deadline_seconds`].
     pub fn hard_deadline(&self, policy: &Policy) -> DateTime<Utc> {
         add(self.started_at, policy.hard_lifetime())
     }
@@ -522,6 +523,7 @@ mod tests {
             max: Duration::MAX,
             max_extensions: u32::MAX,
             extend_window: Duration::MAX,
+            hard_deadline_grace: Duration::MAX,
         };
         let s = Lifespan::open(DateTime::<Utc>::MAX_UTC, &policy);
         assert_eq!(s.expires_at, DateTime::<Utc>::MAX_UTC);

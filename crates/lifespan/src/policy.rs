@@ -28,10 +28,15 @@ pub const DEFAULT_EXTEND_WINDOW: Duration = Duration::from_secs(15 * 60);
 pub const LIFETIME_LIMIT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// The most extensions a policy accepts.
 pub const EXTENSIONS_LIMIT: u32 = 1000;
-/// Time added to the maximum lifetime before the last-resort deadlines fire (a pod's
-/// `activeDeadlineSeconds`, a VM guest's self power-off): 15 minutes. The reaper normally
-/// reclaims a session at its expiry, long before; this bounds the damage when it cannot run.
-pub const HARD_DEADLINE_GRACE: Duration = Duration::from_secs(15 * 60);
+/// The name of the setting that holds the hard deadline's grace: how long past the maximum
+/// lifetime the last-resort deadlines fire.
+pub const HARD_DEADLINE_GRACE_VAR: &str = "TTLAB_HARD_DEADLINE_GRACE";
+
+/// Default hard-deadline grace: the last-resort deadlines (a pod's `activeDeadlineSeconds`, a
+/// VM guest's self power-off) fire 15 minutes after the maximum lifetime. The reaper normally
+/// reclaims a session at its expiry, long before; the grace bounds the damage when it cannot
+/// run.
+pub const DEFAULT_HARD_DEADLINE_GRACE: Duration = Duration::from_secs(15 * 60);
 
 /// How long sessions live: plain data, the same for every session of a deployment.
 ///
@@ -55,34 +60,46 @@ pub struct Policy {
     /// ([`EXTEND_WINDOW_VAR`]).
     #[serde(default = "default_extend_window")]
     pub extend_window: Duration,
+    /// How long after the maximum lifetime the last-resort deadlines fire: a pod lab's
+    /// `activeDeadlineSeconds` and a VM guest's own power-off ([`Policy::hard_lifetime`]).
+    /// Default 15 minutes ([`HARD_DEADLINE_GRACE_VAR`]).
+    #[serde(default = "default_hard_deadline_grace")]
+    pub hard_deadline_grace: Duration,
 }
 
 fn default_extend_window() -> Duration {
     DEFAULT_EXTEND_WINDOW
 }
 
+fn default_hard_deadline_grace() -> Duration {
+    DEFAULT_HARD_DEADLINE_GRACE
+}
+
 impl Default for Policy {
     /// 60 minutes, at most 180 minutes, extended at most 3 times, each time in the last 15
-    /// minutes.
+    /// minutes; the last-resort deadlines 15 minutes after the maximum lifetime.
     fn default() -> Self {
         Self {
             ttl: DEFAULT_TTL,
             max: DEFAULT_MAX,
             max_extensions: DEFAULT_MAX_EXTENSIONS,
             extend_window: DEFAULT_EXTEND_WINDOW,
+            hard_deadline_grace: DEFAULT_HARD_DEADLINE_GRACE,
         }
     }
 }
 
 impl Policy {
     /// A validated policy (see [`Policy::validate`] for the rules) with the default extend
-    /// window ([`Policy::with_extend_window`] sets another).
+    /// window and hard-deadline grace ([`Policy::with_extend_window`] and
+    /// [`Policy::with_hard_deadline_grace`] set others).
     pub fn new(ttl: Duration, max: Duration, max_extensions: u32) -> Result<Self, LifespanError> {
         let policy = Self {
             ttl,
             max,
             max_extensions,
             extend_window: DEFAULT_EXTEND_WINDOW,
+            hard_deadline_grace: DEFAULT_HARD_DEADLINE_GRACE,
         };
         policy.validate()?;
         Ok(policy)
@@ -122,6 +139,45 @@ impl Policy {
     pub fn with_extend_window_setting(self, text: Option<&str>) -> Result<Self, LifespanError> {
         let window = parse_duration(EXTEND_WINDOW_VAR, text, DEFAULT_EXTEND_WINDOW)?;
         self.with_extend_window(window)
+    }
+
+    /// This policy with the hard-deadline grace `grace`, validated.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ttlab_lifespan::Policy;
+    ///
+    /// let policy = Policy::default().with_hard_deadline_grace(Duration::from_secs(30)).unwrap();
+    /// assert_eq!(policy.hard_lifetime(), Duration::from_secs(180 * 60 + 30));
+    /// assert!(Policy::default().with_hard_deadline_grace(Duration::ZERO).is_err());
+    /// ```
+    pub fn with_hard_deadline_grace(self, grace: Duration) -> Result<Self, LifespanError> {
+        let policy = Self {
+            hard_deadline_grace: grace,
+            ..self
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// This policy with the hard-deadline grace read from the text of
+    /// [`HARD_DEADLINE_GRACE_VAR`] (`None`: the default, 15 minutes), validated.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ttlab_lifespan::Policy;
+    ///
+    /// let policy = Policy::default().with_hard_deadline_grace_setting(Some("2m")).unwrap();
+    /// assert_eq!(policy.hard_deadline_grace, Duration::from_secs(120));
+    /// let err = Policy::default().with_hard_deadline_grace_setting(Some("0s")).unwrap_err();
+    /// assert!(err.to_string().starts_with("TTLAB_HARD_DEADLINE_GRACE is zero"), "{err}");
+    /// ```
+    pub fn with_hard_deadline_grace_setting(
+        self,
+        text: Option<&str>,
+    ) -> Result<Self, LifespanError> {
+        let grace = parse_duration(HARD_DEADLINE_GRACE_VAR, text, DEFAULT_HARD_DEADLINE_GRACE)?;
+        self.with_hard_deadline_grace(grace)
     }
 
     /// A validated policy from the text of the three settings, as a binary reads them from
@@ -168,7 +224,10 @@ impl Policy {
     ///   is allowed and means sessions cannot be extended;
     /// - the extend window is not zero ([`LifespanError::ZeroExtendWindow`]), whole seconds
     ///   and at most [`LIFETIME_LIMIT`]; a window longer than the ttl means "whenever
-    ///   extending adds time".
+    ///   extending adds time";
+    /// - the hard-deadline grace is not zero ([`LifespanError::ZeroHardDeadlineGrace`]: the
+    ///   guest would power off at the very instant the reaper reclaims it), whole seconds and
+    ///   at most [`LIFETIME_LIMIT`].
     pub fn validate(&self) -> Result<(), LifespanError> {
         if self.ttl.is_zero() {
             return Err(LifespanError::ZeroTtl);
@@ -176,10 +235,14 @@ impl Policy {
         if self.extend_window.is_zero() {
             return Err(LifespanError::ZeroExtendWindow);
         }
+        if self.hard_deadline_grace.is_zero() {
+            return Err(LifespanError::ZeroHardDeadlineGrace);
+        }
         for (setting, value) in [
             (SESSION_TTL_VAR, self.ttl),
             (SESSION_MAX_VAR, self.max),
             (EXTEND_WINDOW_VAR, self.extend_window),
+            (HARD_DEADLINE_GRACE_VAR, self.hard_deadline_grace),
         ] {
             if value.subsec_nanos() != 0 {
                 return Err(LifespanError::FractionalSeconds { setting, value });
@@ -208,9 +271,9 @@ impl Policy {
     }
 
     /// How long after its start a session is stopped by the last-resort deadlines: the maximum
-    /// lifetime plus [`HARD_DEADLINE_GRACE`] (195 minutes by default).
+    /// lifetime plus [`Policy::hard_deadline_grace`] (195 minutes by default).
     pub fn hard_lifetime(&self) -> Duration {
-        self.max.saturating_add(HARD_DEADLINE_GRACE)
+        self.max.saturating_add(self.hard_deadline_grace)
     }
 
     /// `activeDeadlineSeconds` for a pod lab: [`Policy::hard_lifetime`] in seconds, rounded up
@@ -324,6 +387,66 @@ mod tests {
     }
 
     #[test]
+    fn the_hard_deadline_grace_is_read_checked_and_moves_both_deadlines() {
+        let p = Policy::default();
+        assert_eq!(p.hard_deadline_grace, mins(15));
+        assert_eq!(p.with_hard_deadline_grace_setting(None), Ok(p));
+        let short = Policy::new(mins(5), mins(5), 0)
+            .unwrap()
+            .with_hard_deadline_grace_setting(Some(" 30s "))
+            .unwrap();
+        assert_eq!(short.hard_deadline_grace, Duration::from_secs(30));
+        assert_eq!(short.hard_lifetime(), Duration::from_secs(5 * 60 + 30));
+        assert_eq!(short.pod_active_deadline_seconds(), 5 * 60 + 30);
+        // The other settings are kept.
+        assert_eq!(
+            (short.ttl, short.max, short.max_extensions),
+            (mins(5), mins(5), 0)
+        );
+
+        let zero = p.with_hard_deadline_grace_setting(Some("0s")).unwrap_err();
+        assert_eq!(zero, LifespanError::ZeroHardDeadlineGrace);
+        assert_eq!(
+            zero.to_string(),
+            "TTLAB_HARD_DEADLINE_GRACE is zero: the last-resort deadlines must fall after \
+             TTLAB_SESSION_MAX (at least one second later)"
+        );
+        assert_eq!(zero.code(), "invalid_policy");
+        assert!(!zero.is_extend_refusal());
+        assert_eq!(
+            p.with_hard_deadline_grace_setting(Some(""))
+                .unwrap_err()
+                .to_string(),
+            "TTLAB_HARD_DEADLINE_GRACE is set but empty; unset it to use the default (15m)"
+        );
+        assert!(
+            p.with_hard_deadline_grace_setting(Some("soon"))
+                .unwrap_err()
+                .to_string()
+                .starts_with("TTLAB_HARD_DEADLINE_GRACE (\"soon\") is not a duration")
+        );
+        assert!(matches!(
+            p.with_hard_deadline_grace(Duration::from_millis(1500)),
+            Err(LifespanError::FractionalSeconds {
+                setting: HARD_DEADLINE_GRACE_VAR,
+                ..
+            })
+        ));
+        assert_eq!(
+            p.with_hard_deadline_grace_setting(Some("8d"))
+                .unwrap_err()
+                .to_string(),
+            "TTLAB_HARD_DEADLINE_GRACE (8d) is longer than the limit of 7d"
+        );
+        // A policy written before the grace was a setting reads with the default.
+        let old: Policy = serde_json::from_str(
+            r#"{"ttl":{"secs":3600,"nanos":0},"max":{"secs":10800,"nanos":0},"max_extensions":3}"#,
+        )
+        .unwrap();
+        assert_eq!(old, p);
+    }
+
+    #[test]
     fn defaults_are_60_180_3_and_valid() {
         let p = Policy::default();
         assert_eq!((p.ttl, p.max, p.max_extensions), (mins(60), mins(180), 3));
@@ -353,6 +476,7 @@ mod tests {
             max: Duration::from_millis(1500),
             max_extensions: 0,
             extend_window: DEFAULT_EXTEND_WINDOW,
+            hard_deadline_grace: DEFAULT_HARD_DEADLINE_GRACE,
         };
         assert_eq!(p.pod_active_deadline_seconds(), 15 * 60 + 2);
         let p = Policy {
@@ -360,6 +484,7 @@ mod tests {
             max: Duration::MAX,
             max_extensions: 0,
             extend_window: DEFAULT_EXTEND_WINDOW,
+            hard_deadline_grace: DEFAULT_HARD_DEADLINE_GRACE,
         };
         assert_eq!(p.pod_active_deadline_seconds(), i64::MAX);
     }
@@ -532,7 +657,10 @@ mod tests {
 
     #[test]
     fn policy_serde_round_trips() {
-        let p = Policy::new(mins(45), mins(90), 2).unwrap();
+        let p = Policy::new(mins(45), mins(90), 2)
+            .unwrap()
+            .with_hard_deadline_grace(mins(2))
+            .unwrap();
         let json = serde_json::to_string(&p).unwrap();
         assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), p);
     }

@@ -35,13 +35,20 @@ fn valid_policy() -> impl Strategy<Value = Policy> {
     ]
     .prop_flat_map(move |(ttl, extra, n)| {
         let max = (ttl + extra).min(limit);
-        // Windows shorter than, around and longer than the ttl.
-        (Just((ttl, max, n)), 1..=(ttl * 2).min(limit))
+        // Windows shorter than, around and longer than the ttl; graces from a second to the
+        // limit.
+        (
+            Just((ttl, max, n)),
+            1..=(ttl * 2).min(limit),
+            prop_oneof![1..=3600u64, 1..=limit],
+        )
     })
-    .prop_map(|((ttl, max, n), window)| {
+    .prop_map(|((ttl, max, n), window, grace)| {
         Policy::new(Duration::from_secs(ttl), Duration::from_secs(max), n)
             .unwrap()
             .with_extend_window(Duration::from_secs(window))
+            .unwrap()
+            .with_hard_deadline_grace(Duration::from_secs(grace))
             .unwrap()
     })
 }
@@ -54,14 +61,22 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         (0..=u64::MAX, 0..1_000_000_000u32).prop_map(|(s, n)| Duration::new(s, n)),
         Just(Duration::MAX),
     ];
-    (duration.clone(), duration.clone(), any::<u32>(), duration).prop_map(
-        |(ttl, max, max_extensions, extend_window)| Policy {
-            ttl,
-            max,
-            max_extensions,
-            extend_window,
-        },
+    (
+        duration.clone(),
+        duration.clone(),
+        any::<u32>(),
+        duration.clone(),
+        duration,
     )
+        .prop_map(
+            |(ttl, max, max_extensions, extend_window, hard_deadline_grace)| Policy {
+                ttl,
+                max,
+                max_extensions,
+                extend_window,
+                hard_deadline_grace,
+            },
+        )
 }
 
 /// Extension attempts, each as a step forward from the previous attempt measured in
@@ -194,7 +209,8 @@ proptest! {
         prop_assert!(opened.expires_at >= start);
         prop_assert!(opened.expires_at <= opened.max_expires_at(&policy));
         prop_assert!(opened.hard_deadline(&policy) >= opened.max_expires_at(&policy));
-        prop_assert!(policy.pod_active_deadline_seconds() >= 900);
+        let grace = i64::try_from(policy.hard_deadline_grace.as_secs()).unwrap_or(i64::MAX);
+        prop_assert!(policy.pod_active_deadline_seconds() >= grace);
 
         for s in [opened, Lifespan { started_at: start, expires_at, extensions_used }] {
             match s.extend(now, &policy) {
@@ -237,19 +253,21 @@ proptest! {
     }
 
     /// Every valid policy survives being written as settings and read back, and its pod
-    /// deadline is exactly max + 15 minutes.
+    /// deadline is exactly max + the grace.
     #[test]
     fn valid_policies_round_trip_through_settings(policy in valid_policy()) {
         let ttl = format!("{}s", policy.ttl.as_secs());
         let max = format!("{}s", policy.max.as_secs());
         let n = policy.max_extensions.to_string();
         let window = format!("{}s", policy.extend_window.as_secs());
+        let grace = format!("{}s", policy.hard_deadline_grace.as_secs());
         prop_assert_eq!(
             Policy::from_settings(Some(&ttl), Some(&max), Some(&n))
-                .and_then(|p| p.with_extend_window_setting(Some(&window))),
+                .and_then(|p| p.with_extend_window_setting(Some(&window)))
+                .and_then(|p| p.with_hard_deadline_grace_setting(Some(&grace))),
             Ok(policy)
         );
-        let expected = i64::try_from(policy.max.as_secs()).unwrap() + 15 * 60;
+        let expected = i64::try_from(policy.max.as_secs() + policy.hard_deadline_grace.as_secs()).unwrap();
         prop_assert_eq!(policy.pod_active_deadline_seconds(), expected);
     }
 
