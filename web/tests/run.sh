@@ -3,6 +3,9 @@
 # (terminal.mjs, against the same demo afterwards) and of the waitlist (waitlist.mjs, against a
 # demo of its own with room for one VM): headless Chromium (Debian's `chromium`, driven
 # by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim, ttlab-server, ttlab-reaper).
+# Beside them, from the start, qemu.mjs against `ttlabctl demo --guest qemu --no-reaper`: a real
+# guest of TTLAB_GUEST_IMAGE, from Start lab to its own power-off at the hard deadline (about
+# 7 minutes); without qemu or the image it is SKIPPED, and fails under CI=true.
 #
 #   web/tests/run.sh            # from anywhere in the checkout
 #
@@ -55,6 +58,89 @@ fi
 say "building ttlabctl, ttlab-server, ttlab-reaper, ttlab-agent"
 (cd "$root" && cargo build -q -p ttlab-ttlabctl-bin -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin)
 
+# The qemu demo (qemu.mjs): `ttlabctl demo --guest qemu --no-reaper` with a real guest of
+# TTLAB_GUEST_IMAGE (as the Rust real-guest tests get it; .ci/run exports it), on a port of its
+# own, beside the tests below: its guest boots for minutes on one core while they run (3 to 4
+# minutes to ready, loaded). A 6-minute lifespan leaves time to do the lab after that, and a
+# 20 s grace puts the guest's own power-off 6 min 20 s after Start lab.
+# Its output is kept and printed at the end; its failure fails the script.
+qemu_pid=""
+qemu_log="$(mktemp -d)"
+qemu_skipped=""
+stop_qemu_job() {
+  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+    kill -TERM "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+  fi
+  qemu_pid=""
+  rm -rf "$qemu_log"
+}
+trap stop_qemu_job EXIT
+qemu_missing=""
+command -v qemu-system-x86_64 >/dev/null 2>&1 || qemu_missing="qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"
+if [ -z "$qemu_missing" ] && [ -z "${TTLAB_GUEST_IMAGE:-}" ]; then
+  qemu_missing="TTLAB_GUEST_IMAGE is not set (build the image with \`sudo ttlabctl guest-image\` and set it to the directory printed)"
+elif [ -z "$qemu_missing" ] && [ ! -f "$TTLAB_GUEST_IMAGE/manifest.json" ]; then
+  qemu_missing="TTLAB_GUEST_IMAGE=$TTLAB_GUEST_IMAGE is not a guest image directory (no manifest.json)"
+fi
+# Runs in a subshell of its own: its variables and traps are its own.
+run_qemu_test() {
+  qemu_demo=""
+  qemu_node=""
+  # Stops what this job started, by pid: the test, then the demo (which stops its guest).
+  stop_qemu_demo() {
+    if [ -n "$qemu_node" ] && kill -0 "$qemu_node" 2>/dev/null; then kill -TERM "$qemu_node" 2>/dev/null || true; fi
+    if [ -n "$qemu_demo" ] && kill -0 "$qemu_demo" 2>/dev/null; then
+      kill -TERM "$qemu_demo" 2>/dev/null || true
+      for _ in $(seq 1 300); do kill -0 "$qemu_demo" 2>/dev/null || break; sleep 0.2; done
+      if kill -0 "$qemu_demo" 2>/dev/null; then kill -KILL "$qemu_demo" 2>/dev/null || true; fi
+    fi
+    qemu_demo=""
+    qemu_node=""
+  }
+  trap stop_qemu_demo EXIT
+  trap 'exit 143' TERM INT
+  local grace=20s max=6m status=0
+  TTLAB_SESSION_TTL=$max TTLAB_SESSION_MAX=$max TTLAB_MAX_EXTENSIONS=0 TTLAB_HARD_DEADLINE_GRACE=$grace \
+    "$root/target/debug/ttlabctl" demo --port 0 --guest qemu --guest-image "$TTLAB_GUEST_IMAGE" --no-reaper \
+    >"$qemu_log/out" 2>"$qemu_log/err" &
+  qemu_demo=$!
+  for _ in $(seq 1 900); do
+    grep -q '^ttlab demo ready:' "$qemu_log/out" 2>/dev/null && break
+    kill -0 "$qemu_demo" 2>/dev/null || break
+    sleep 0.2
+  done
+  if ! grep -q '^ttlab demo ready:' "$qemu_log/out"; then
+    echo "FAILED: the qemu demo did not start within 180 s"
+    return 1
+  fi
+  local student admin sim
+  student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$qemu_log/out" | head -n 1)"
+  admin="$(sed -n 's/^ *admin: *\([^ ]*\).*/\1/p' "$qemu_log/out" | head -n 1)"
+  sim="$(sed -n 's/^ *cluster: *kube-sim at *\([^ ]*\).*/\1/p' "$qemu_log/out" | head -n 1)"
+  echo "qemu demo at ${student%%\?*}"
+  TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
+    TTLAB_SESSION_MAX=$max TTLAB_HARD_DEADLINE_GRACE=$grace TTLAB_QEMU_READY_TIMEOUT=300 \
+    TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" node "$web/tests/qemu.mjs" &
+  qemu_node=$!
+  wait "$qemu_node" || status=$?
+  qemu_node=""
+  return "$status"
+}
+mkdir -p "$artifacts"
+if [ -n "$qemu_missing" ]; then
+  if in_ci; then
+    say "FAILED: CI=true and the qemu browser test cannot run: $qemu_missing"
+  else
+    say "SKIPPED: the qemu browser test: $qemu_missing"
+  fi
+  qemu_skipped=1
+else
+  say "starting ttlabctl demo --guest qemu --no-reaper and qemu.mjs in the background"
+  (run_qemu_test) >"$qemu_log/test" 2>&1 &
+  qemu_pid=$!
+fi
+
 # The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once,
 # and an extend window that opens 40 s into it.
 log="$(mktemp -d)"
@@ -66,7 +152,7 @@ stop_demo() {
   fi
   rm -rf "$log"
 }
-trap stop_demo EXIT
+trap 'stop_demo; stop_qemu_job' EXIT
 
 say "starting ttlabctl demo"
 TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_EXTEND_WINDOW=4m20s TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
@@ -117,7 +203,7 @@ stop_waitlist_demo() {
     for _ in $(seq 1 100); do kill -0 "$wl_pid" 2>/dev/null || break; sleep 0.2; done
   fi
 }
-trap 'stop_waitlist_demo; stop_demo' EXIT
+trap 'stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
 wl_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 say "starting ttlabctl demo with TTLAB_VM_LIMIT=1 (waitlist)"
 TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
@@ -146,5 +232,21 @@ else
   tail -n 30 "$log/wl-err" >&2
 fi
 stop_waitlist_demo
+
+# The qemu demo's test, started first: its result.
+if [ -n "$qemu_pid" ]; then
+  say "waiting for the qemu browser test"
+  qemu_status=0
+  wait "$qemu_pid" || qemu_status=$?
+  qemu_pid=""
+  cat "$qemu_log/test"
+  if [ "$qemu_status" != 0 ]; then
+    status=1
+    say "FAILED: the qemu browser test (exit $qemu_status); its demo's log (last 40 lines):"
+    tail -n 40 "$qemu_log/err" >&2
+  fi
+elif [ -n "$qemu_skipped" ] && in_ci; then
+  status=1
+fi
 say "screenshots in $artifacts"
 exit "$status"

@@ -6,7 +6,9 @@
 //! `ttlab-reaper` as separate child processes that talk only through PostgreSQL. It waits for
 //! the server's `/readyz`, prints the URL, ready-made student and admin login links and how to
 //! watch the cluster with kubectl, and runs until Ctrl-C or SIGTERM, when it stops the
-//! children (by pid), the simulation and PostgreSQL, and deletes every file it made.
+//! children (by pid), the simulation and PostgreSQL, and deletes every file it made. With
+//! `--no-reaper` the reaper is not started, so a VM outlives its session's expiry until its
+//! own hard deadline powers it off (to watch that deadline).
 //!
 //! The children get `DATABASE_URL`, `KUBECONFIG`, `TTLAB_ENV`, `TTLAB_NAMESPACE`,
 //! `TTLAB_LISTEN`, `TTLAB_LESSONS`, `TTLAB_AGENT_BINARY`, `TTLAB_WEB_DIR` and
@@ -83,6 +85,11 @@ pub struct DemoArgs {
     /// `ttlabctl guest-image`].
     #[arg(long, env = "TTLAB_GUEST_IMAGE", value_name = "DIR")]
     pub guest_image: Option<PathBuf>,
+    /// Run without the reaper: expired sessions are not reclaimed, so a VM keeps running past
+    /// its session's expiry until its own hard deadline (start + `TTLAB_SESSION_MAX` +
+    /// `TTLAB_HARD_DEADLINE_GRACE`) powers it off. To watch the guest's own deadline.
+    #[arg(long, env = "TTLAB_DEMO_NO_REAPER")]
+    pub no_reaper: bool,
     /// Validity of the printed login tokens.
     #[arg(long, env = "TTLAB_DEMO_TOKEN_TTL", default_value = "12h", value_parser = parse_duration)]
     pub token_ttl: Duration,
@@ -297,7 +304,11 @@ impl Demo {
         self.server = Some(server);
 
         let mut reaper_line = String::new();
-        if let Some(reaper_bin) = &bins.reaper {
+        if args.no_reaper {
+            reaper_line = "  reaper:   NOT RUNNING (--no-reaper): expired sessions are not \
+                           reclaimed; each VM powers itself off at its hard deadline\n"
+                .to_owned();
+        } else if let Some(reaper_bin) = &bins.reaper {
             let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
             let mut reaper_env = common.clone();
             reaper_env.push(("TTLAB_METRICS_LISTEN", metrics.to_string().into()));
