@@ -125,6 +125,24 @@ run_qemu_test() {
   qemu_node=$!
   wait "$qemu_node" || status=$?
   qemu_node=""
+  # The demo stops cleanly on SIGTERM, and its guests with it.
+  kill -TERM "$qemu_demo" 2>/dev/null || true
+  local stopped="" code=0
+  for _ in $(seq 1 300); do
+    if ! kill -0 "$qemu_demo" 2>/dev/null; then stopped=1; break; fi
+    sleep 0.2
+  done
+  if [ -n "$stopped" ]; then
+    wait "$qemu_demo" || code=$?
+    qemu_demo=""
+    if [ "$code" != 0 ]; then
+      echo "FAILED: the qemu demo exited with status $code on SIGTERM"
+      status=1
+    fi
+  else
+    echo "FAILED: the qemu demo did not stop within 60 s of SIGTERM"
+    status=1
+  fi
   return "$status"
 }
 mkdir -p "$artifacts"
