@@ -19,8 +19,10 @@
 //! ```
 //!
 //! It also holds [`FaultProxy`] ([`fault_proxy`]), a loopback TCP proxy that passes,
-//! blackholes (half-open: no reply, no RST, no FIN), stalls or closes connections on command,
-//! for suites that test what a process does when the network under it goes bad.
+//! blackholes (half-open: no reply, no RST, no FIN), stalls, loses replies (the request takes
+//! effect, its answer is dropped) or closes connections on command, and can cut the
+//! connections open now ([`FaultProxy::cut_open`]), for suites that test what a process does
+//! when the network under it goes bad.
 
 pub mod fault_proxy;
 
