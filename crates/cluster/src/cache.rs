@@ -45,15 +45,6 @@ impl ObjectCache {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.snapshot(Instant::now())
     }
-
-    /// When its current contents were last rebuilt from a full list, if they are
-    /// trustworthy now.
-    pub fn synced_at(&self) -> Option<Instant> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state
-            .synced_at
-            .filter(|_| state.snapshot(Instant::now()).is_some())
-    }
 }
 
 impl Drop for ObjectCache {

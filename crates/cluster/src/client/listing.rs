@@ -12,12 +12,10 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
 
+use super::watch::WATCH_SECONDS;
 use super::{KubeCluster, api_resource, convert};
 use crate::Kind;
 use crate::cache::{CacheState, Change, FIRST_RESTART_PAUSE, MAX_RESTART_PAUSE, ObjectCache};
-
-/// How long the server may hold one watch open before it is re-opened.
-const WATCH_SECONDS: u32 = 290;
 
 impl KubeCluster {
     /// A cache of the objects of `kind` matching the label `selector`, kept by a watch and

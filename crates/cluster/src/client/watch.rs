@@ -25,7 +25,7 @@ use crate::ClusterError;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long the server may hold one watch open before it is re-opened.
-const WATCH_SECONDS: u32 = 290;
+pub(super) const WATCH_SECONDS: u32 = 290;
 
 /// Pauses between recoveries of a wait's watch: doubling from 100 ms to 5 s, each drawn
 /// between half and all of the current pause (so many waits recovering at once spread out),
