@@ -1,7 +1,9 @@
 //! When cycles run: a full sweep at start, every interval as the backstop and on "collect
 //! now" requests (answered with the cycle's report row); and, side by side with the sweeps, a
 //! database-only cycle at the next deadline (re-read whenever the server notifies a session
-//! change), so an expiry never waits for a sweep of a large cluster. Only the holder of the
+//! change), so an expiry never waits for a sweep of a large cluster. Deadline cycles run side
+//! by side (up to [`MAX_DEADLINE_CYCLES`]): one waiting for a reclaimed VM to be gone never
+//! holds back the next expiry. Only the holder of the
 //! environment's leader lease acts (a row renewed on a heartbeat: `ttlab_store::leases`); it
 //! stops as soon as it cannot renew, and other replicas take over once the lease expired on
 //! the database clock — whatever the old leader's sockets do.
@@ -26,6 +28,10 @@ pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 const LISTEN_RETRY: Duration = Duration::from_secs(5);
 /// Slack added after a deadline, so the database clock has surely passed it on waking.
 const DEADLINE_SLACK: Duration = Duration::from_millis(2);
+/// At most this many deadline cycles run at once. A cycle can wait a few seconds for the
+/// objects of a session it reclaimed to be gone; a deadline that comes due meanwhile starts a
+/// cycle of its own instead of waiting for that one.
+pub const MAX_DEADLINE_CYCLES: usize = 8;
 
 /// The outcome of one cycle run by the scheduler: its report and, unless the database was
 /// unreachable, the row recorded for it.
@@ -143,7 +149,7 @@ pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) 
         };
         tracing::info!(env = %ctx.env, "acting as the reaper of this environment");
         metrics.leader.set(1);
-        act(&ctx, &lock, interval, &metrics).await;
+        act(&ctx, &lock, interval, metrics.clone()).await;
         metrics.leader.set(0);
         let _ = lock.release().await;
         if ctx.shutdown.is_cancelled() {
@@ -241,7 +247,7 @@ async fn next_wakeup(
 /// expired and stuck directions only, at the next expiry or readiness deadline). A deadline
 /// that comes due during a long sweep is therefore handled at once, not after it. Both are
 /// idempotent and every transition is conditional, so overlapping is safe.
-async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: &Metrics) {
+async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: Arc<Metrics>) {
     let stop = ctx.shutdown.child_token();
     // The lease is lost (a renewal refused, or none got through in time): stop at once, not
     // at the next cycle's check, so a standby that takes over never acts beside us.
@@ -255,8 +261,8 @@ async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics
         }
     };
     tokio::join!(
-        sweeps(ctx, lock, interval, metrics, &stop),
-        deadlines(ctx, lock, metrics, &stop),
+        sweeps(ctx, lock, interval, &metrics, &stop),
+        deadlines(ctx, lock, metrics.clone(), &stop),
         watch_lease,
     );
 }
@@ -319,11 +325,66 @@ async fn sweeps(
     }
 }
 
+/// The deadline cycles in flight. Each runs on its own task, so one that waits for a
+/// reclaimed session's objects to be gone does not hold back the next deadline; the loop
+/// waits for all of them before it returns, so no cycle outlives the leadership it ran under.
+struct InFlight {
+    ctx: ReaperContext,
+    metrics: Arc<Metrics>,
+    cycles: tokio::task::JoinSet<()>,
+}
+
+impl InFlight {
+    /// Starts a deadline cycle, after one in flight has finished if [`MAX_DEADLINE_CYCLES`]
+    /// already run.
+    async fn start(&mut self) {
+        while self.cycles.len() >= MAX_DEADLINE_CYCLES {
+            self.finished().await;
+        }
+        let ctx = self.ctx.clone();
+        let metrics = self.metrics.clone();
+        self.cycles.spawn(async move {
+            run_cycle(&ctx, &metrics, CycleTrigger::Wakeup, &[]).await;
+        });
+    }
+
+    /// Waits for one cycle in flight to finish; never, with none in flight.
+    async fn finished(&mut self) {
+        match self.cycles.join_next().await {
+            Some(Err(e)) => tracing::error!(error = %e, "a deadline cycle ended abnormally"),
+            Some(Ok(())) => {}
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Waits for every cycle in flight.
+    async fn drain(&mut self) {
+        while !self.cycles.is_empty() {
+            self.finished().await;
+        }
+    }
+}
+
 async fn deadlines(
     ctx: &ReaperContext,
     lock: &LeaderLock,
-    metrics: &Metrics,
+    metrics: Arc<Metrics>,
     stop: &CancellationToken,
+) {
+    let mut in_flight = InFlight {
+        ctx: ctx.clone(),
+        metrics,
+        cycles: tokio::task::JoinSet::new(),
+    };
+    deadline_loop(ctx, lock, stop, &mut in_flight).await;
+    in_flight.drain().await;
+}
+
+async fn deadline_loop(
+    ctx: &ReaperContext,
+    lock: &LeaderLock,
+    stop: &CancellationToken,
+    in_flight: &mut InFlight,
 ) {
     let mut listener = open_listener(ctx, Channel::SessionsChanged).await;
     let mut last_run: LastRun = None;
@@ -354,7 +415,7 @@ async fn deadlines(
         if let Some(d) = due_now {
             last_run = Some((d, Instant::now()));
             if still_leader(lock, stop).await {
-                run_cycle(ctx, metrics, CycleTrigger::Wakeup, &[]).await;
+                in_flight.start().await;
             }
             continue;
         }
@@ -389,9 +450,11 @@ async fn deadlines(
                 // Something may have been missed while the connection was down: run.
                 listener.is_none()
             }
+            // A cycle finished: what it could not reclaim is due again (after `MIN_PAUSE`).
+            () = in_flight.finished() => false,
         };
         if run && still_leader(lock, stop).await {
-            run_cycle(ctx, metrics, CycleTrigger::Wakeup, &[]).await;
+            in_flight.start().await;
         }
     }
 }

@@ -21,7 +21,9 @@ use crate::{CycleReport, ReaperContext};
 /// before it leaves them terminating for the next cycle: a guest that shuts down within a
 /// second or two is confirmed gone in the same cycle. Short, because a session being looked
 /// at holds one of the cycle's concurrent slots, and a real guest's shutdown grace (30 s by
-/// default) is longer anyway: such a session is completed by a later cycle.
+/// default) is longer anyway: such a session is completed by a later cycle. The wait never
+/// delays another session's expiry: deadline cycles run side by side
+/// ([`crate::schedule::MAX_DEADLINE_CYCLES`]).
 const GONE_WITHIN: Duration = Duration::from_secs(3);
 
 /// How a session enters `finishing`.

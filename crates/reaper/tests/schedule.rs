@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use common::Harness;
+use ttlab_cluster::Cluster as _;
 use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
 use ttlab_model::SessionStatus;
 use ttlab_reaper::Metrics;
@@ -164,6 +165,62 @@ async fn an_expiry_is_reclaimed_on_time_while_other_sessions_change_all_the_time
         sorted[sorted.len() / 2] < Duration::from_millis(1000),
         "{delays:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expiry_is_not_held_back_by_a_vm_of_another_session_still_terminating() {
+    const HOLD: &str = "test.ttlab.io/node-unreachable";
+    let h = Harness::start().await;
+    let ctx = h.ctx("dev");
+    let reaper = tokio::spawn(ttlab_reaper::run(
+        ctx.clone(),
+        Duration::from_secs(60),
+        Arc::new(Metrics::new()),
+    ));
+    // Rows written as running before their VMs exist would be ghosts to the startup sweep:
+    // open them after it (the next sweep is a minute away).
+    h.wait_for_cycle("dev", ttlab_store::CycleTrigger::Startup)
+        .await;
+    // The first session's VM stays terminating (its node is gone): the cycle that expires it
+    // waits a few seconds for it to go. The second expires half a second later.
+    let opened = Instant::now();
+    let held = h
+        .open(
+            "dev",
+            SessionStatus::Running,
+            TimeDelta::milliseconds(1000),
+            &["vm"],
+        )
+        .await;
+    h.create_vms_held("dev", held.id, &["vm"], true, Some(HOLD))
+        .await;
+    let next = running_vm(&h, 1500).await;
+    while h.status(next.id).await != SessionStatus::Expired {
+        // Waiting behind the first cycle's wait would take it past 1 s + 3 s.
+        assert!(
+            opened.elapsed() < Duration::from_millis(3600),
+            "the second expiry waited for the first session's VM (status {:?}, first {:?})",
+            h.status(next.id).await,
+            h.status(held.id).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!h.vm_alive(next.id, "vm").await);
+    // Meanwhile the first is still finishing: its VM is being deleted, and has not gone.
+    assert_eq!(h.status(held.id).await, SessionStatus::Finishing);
+    let held_vm = ttlab_vm_manifest::vm_name(held.id, &common::node("vm"));
+    let vm = h
+        .fixtures
+        .get(ttlab_cluster::Kind::VirtualMachine, &held_vm)
+        .await
+        .unwrap();
+    assert!(
+        vm.is_some_and(|o| o.deleting),
+        "the held VM is still there, terminating"
+    );
+    h.release(&held_vm, HOLD).await;
+    ctx.shutdown.cancel();
+    reaper.await.unwrap();
 }
 
 /// A store on the harness's database reached through `proxy`, with bounds short enough for a
