@@ -369,7 +369,13 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let reference = self.is_failure().then(new_reference);
         if let Some(reference) = &reference {
-            tracing::warn!(code = self.code(), reference = %reference, error = %self, "request failed");
+            // A 500 is the server's own fault, never an outage it rode out: an error line, so
+            // it shows at the quietest log level.
+            if status == StatusCode::INTERNAL_SERVER_ERROR {
+                tracing::error!(code = self.code(), reference = %reference, error = %self, "request failed");
+            } else {
+                tracing::warn!(code = self.code(), reference = %reference, error = %self, "request failed");
+            }
         } else if status.is_server_error() {
             tracing::warn!(code = self.code(), error = %self, "request failed");
         }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kube::client::UpgradeConnectionError;
+
 use crate::types::VmiState;
 
 /// Why a call to the cluster failed, in the terms a caller decides on.
@@ -195,6 +197,30 @@ impl ClusterError {
             kube::Error::Auth(e) => Self::Forbidden {
                 message: format!("authentication: {e}"),
             },
+            // A reply that ends before its JSON does was cut on the way (a dropped
+            // connection, a proxy giving up): the call may work again. Any other decoding
+            // failure is a reply this client does not understand, and stays unexpected.
+            kube::Error::SerdeError(e) if e.is_eof() => Self::Transient {
+                message: format!("the reply was cut short: {e}"),
+            },
+            // An upgrade refused with a status says what the status says (a 503 passes, a 403
+            // does not); one whose connection broke on the way may work again.
+            kube::Error::UpgradeConnection(UpgradeConnectionError::ProtocolSwitch(status)) => {
+                let reason = status.canonical_reason().unwrap_or("");
+                Self::from_status(
+                    status.as_u16(),
+                    reason,
+                    &format!(
+                        "WebSocket upgrade refused: HTTP {} {reason}",
+                        status.as_u16()
+                    ),
+                )
+            }
+            kube::Error::UpgradeConnection(e @ UpgradeConnectionError::GetPendingUpgrade(_)) => {
+                Self::Transient {
+                    message: format!("WebSocket upgrade: {e}"),
+                }
+            }
             kube::Error::UpgradeConnection(e) => Self::Unexpected {
                 message: format!("WebSocket upgrade: {e}"),
             },
@@ -292,6 +318,41 @@ mod tests {
         assert!(!ClusterError::from_status(409, "AlreadyExists", "").is_retryable());
         assert!(!ClusterError::from_status(403, "Forbidden", "exceeded quota: q").is_retryable());
         assert!(!ClusterError::from_status(422, "Invalid", "").is_retryable());
+    }
+
+    #[test]
+    fn a_websocket_upgrade_refused_for_now_is_retryable_and_one_refused_for_good_is_not() {
+        let upgrade = |code: u16| {
+            ClusterError::from_kube(kube::Error::UpgradeConnection(
+                UpgradeConnectionError::ProtocolSwitch(http::StatusCode::from_u16(code).unwrap()),
+            ))
+        };
+        for code in [500, 502, 503, 504, 429] {
+            assert!(upgrade(code).is_retryable(), "{code}: {:?}", upgrade(code));
+        }
+        assert!(matches!(upgrade(403), ClusterError::Forbidden { .. }));
+        assert!(matches!(upgrade(404), ClusterError::NotFound { .. }));
+        assert!(
+            upgrade(503)
+                .to_string()
+                .contains("WebSocket upgrade refused: HTTP 503")
+        );
+        let handshake = ClusterError::from_kube(kube::Error::UpgradeConnection(
+            UpgradeConnectionError::SecWebSocketAcceptKeyMismatch,
+        ));
+        assert!(!handshake.is_retryable(), "{handshake:?}");
+    }
+
+    #[test]
+    fn a_reply_cut_mid_json_is_retryable_and_a_reply_not_understood_is_not() {
+        let cut = serde_json::from_str::<serde_json::Value>(r#"{"kind":"VirtualMachineInst"#)
+            .unwrap_err();
+        let cut = ClusterError::from_kube(kube::Error::SerdeError(cut));
+        assert!(cut.is_retryable(), "{cut:?}");
+        assert!(cut.to_string().contains("cut short"), "{cut}");
+        let garbled = serde_json::from_str::<serde_json::Value>(r#"{"kind": nope}"#).unwrap_err();
+        let garbled = ClusterError::from_kube(kube::Error::SerdeError(garbled));
+        assert!(!garbled.is_retryable(), "{garbled:?}");
     }
 
     #[test]

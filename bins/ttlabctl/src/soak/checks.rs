@@ -30,9 +30,6 @@ const EXAMPLES: usize = 5;
 /// After a fault on one process's connection ends, how long its answers may still show it
 /// (a request that was waiting on the cut connection, a reconnect).
 const LINK_TAIL: TimeDelta = TimeDelta::seconds(5);
-/// How long the reaper's cycle looks for a deleted VM to be gone before it leaves it
-/// terminating for a later cycle (`GONE_WITHIN` of `crates/reaper/src/sessions.rs`).
-const HELD_WAIT: TimeDelta = TimeDelta::seconds(3);
 /// The share of sessions (in percent) that must reach running when every fault injected was
 /// transient.
 const RUNNING_PERCENT: u32 = 99;
@@ -189,8 +186,9 @@ pub(crate) async fn watch(
             // user's old session and their new one).
             match store.sessions().list_live(env, None, 1_000_000).await {
                 Ok(rows) => {
-                    for s in &rows {
-                        *users.entry(s.user.to_string()).or_default() += 1;
+                    // An unclaimed warm-pool member is nobody's session.
+                    for user in rows.iter().filter_map(|s| s.user.as_ref()) {
+                        *users.entry(user.to_string()).or_default() += 1;
                     }
                 }
                 // PostgreSQL is down (an injected outage): no check this time.
@@ -387,14 +385,6 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     let mut delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
     let reaper_faults = injected_faults_by_env(&calls, true);
-    // Per environment, when VMs held by the finalizer were terminating.
-    let mut held_by_env: Vec<Vec<(DateTime<Utc>, DateTime<Utc>)>> = vec![Vec::new(); ENVS.len()];
-    for (name, h) in input.held {
-        if let (Some((env, _)), Some(since)) = (owner.get(name), h.deleting_since) {
-            held_by_env[*env].push((since, h.released_at.unwrap_or(input.drain_started)));
-        }
-    }
-    let mut held_excused = 0u64;
     for s in input
         .sessions
         .iter()
@@ -473,18 +463,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             None => e + expiry_bound,
             Some(f) => f.max(e) + lease + cycle + expiry_bound,
         };
-        // A VM of this environment held terminating by the finalizer meanwhile: the reaper's
-        // cycle waits up to its gone-wait for it (a concurrent slot held), and an expiry
-        // falling due during that cycle waits for the next one.
-        let held_during = held_by_env[env]
-            .iter()
-            .any(|(since, gone)| *since <= done && *gone + HELD_WAIT >= e);
-        let bound = if held_during && done > bound && done <= bound + HELD_WAIT {
-            held_excused += 1;
-            bound + HELD_WAIT
-        } else {
-            bound
-        };
+        // (A VM of the environment held terminating meanwhile is no excuse: the reaper's
+        // deadline cycles run side by side, so the one waiting for that VM to go holds back
+        // no other expiry.)
         delays.push((done - e).num_milliseconds());
         expiry.check(done <= bound, || {
             format!(
@@ -500,13 +481,6 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         });
     }
     table.rows.push(expiry);
-    if held_excused > 0 {
-        table.notes.push(format!(
-            "expiries past the bound while a VM of their environment was held terminating (the \
-             reaper's cycle waits up to {} s for it; excused): {held_excused}",
-            HELD_WAIT.num_seconds()
-        ));
-    }
 
     // The servers' own limit (the first layer): a VM create the quota refused means a server
     // admitted a session past the limit. By design a server does not limit when it cannot
@@ -719,13 +693,6 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         .iter()
         .filter_map(|s| s.finished_at.map(|t| (s.id.to_string(), t)))
         .collect();
-    let pod_labs: std::collections::HashSet<String> = input
-        .sessions
-        .iter()
-        .filter(|s| s.runtime == Runtime::Pod)
-        .map(|s| s.id.to_string())
-        .collect();
-    let mut pod_grading_faults = 0u64;
     let calls_journal = lock(&input.journal.calls);
     let mut by_answer: BTreeMap<String, u64> = BTreeMap::new();
     for c in calls_journal.iter() {
@@ -775,14 +742,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                     .as_deref()
                     .and_then(|id| ended_at.get(id))
                     .is_some_and(|t| *t <= c.ended + TimeDelta::seconds(2));
-                // A pod lab is graded through the API server's pod exec: a failed call of that
-                // server (or its connection to the API misbehaving) is answered this way too.
-                let pod_exec_failed = (fault_during || own_kube)
-                    && c.session.as_deref().is_some_and(|id| pod_labs.contains(id));
-                if pod_exec_failed && !raced {
-                    pod_grading_faults += 1;
-                }
-                raced || pod_exec_failed
+                // (A pod lab's exec failed by the API server is a 503 cluster_unavailable,
+                // not this: no excuse for it here.)
+                raced
             }
             _ => false,
         };
@@ -804,12 +766,6 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     }
     drop(calls_journal);
     table.rows.push(fivexx);
-    if pod_grading_faults > 0 {
-        table.notes.push(format!(
-            "pod-lab grading answered 502 agent_unavailable while the cluster failed that \
-             server's calls: {pod_grading_faults}"
-        ));
-    }
 
     // Children that exited by themselves. A process that cannot reach PostgreSQL while it
     // starts exits (its supervisor starts it again): excused during an outage.
