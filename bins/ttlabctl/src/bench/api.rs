@@ -10,7 +10,10 @@
 //!   being written (its modification time), for every session of the POST phase
 //!   (target p99 ≤ 250 ms);
 //! - `GET /api/sessions/{id}` by the session's owner, open-loop at a fixed rate (default
-//!   1,000/s) over all those sessions (target p99 ≤ 5 ms).
+//!   1,000/s) over all those sessions (target p99 ≤ 5 ms);
+//! - the same GETs while every list of the Kubernetes API takes 10 s (`--slow-kube`), with
+//!   ten starts at once and `/readyz` polled meanwhile: GET p99 (target ≤ 5 ms), how long the
+//!   starts took to be answered, and whether readiness ever failed (it must not).
 //!
 //! Open-loop: each request has a scheduled instant and its latency is measured from that
 //! instant, so a slow answer cannot hold back the next requests and hide its own cost
@@ -75,6 +78,10 @@ pub struct ApiBenchArgs {
     /// Longest wait for every session to be running.
     #[arg(long, default_value = "180s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
+    /// How long every list of the Kubernetes API is delayed in the last phase (the same GETs,
+    /// with ten starts and readiness probes meanwhile); `0s` skips that phase.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub slow_kube: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -392,6 +399,104 @@ impl Rig {
             ),
             GET_TARGET,
         );
+        if !args.slow_kube.is_zero() {
+            self.slow_phase(args, lesson, &http, &targets).await?;
+        }
+        Ok(())
+    }
+
+    /// The GET phase again while every list of the cluster takes `--slow-kube`, with ten
+    /// students starting at once and readiness probed every 100 ms meanwhile.
+    async fn slow_phase(
+        &self,
+        args: &ApiBenchArgs,
+        lesson: &str,
+        http: &HttpClient,
+        targets: &Arc<Vec<(String, String)>>,
+    ) -> anyhow::Result<()> {
+        const STARTS: u32 = 10;
+        let sim = self.sim.as_ref().context("kube-sim is not running")?;
+        let millis = u64::try_from(args.slow_kube.as_millis()).unwrap_or(u64::MAX);
+        let rule = sim.faults().add(ttlab_kube_sim::FaultRule {
+            action: ttlab_kube_sim::FaultAction::Delay { millis },
+            ..ttlab_kube_sim::FaultRule::fail(Some(ttlab_kube_sim::Verb::List), None, 500)
+        });
+        let began = Instant::now();
+        let starts: Vec<_> = (0..STARTS)
+            .map(|i| {
+                let user = UserId::new(format!("bench-slow-{i:03}"))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let token = self.token(&user)?;
+                let (http, url) = (http.clone(), format!("{}/api/sessions", self.url));
+                let body = serde_json::json!({ "lesson": lesson });
+                Ok(tokio::spawn(async move {
+                    let at = Instant::now();
+                    let r =
+                        client::send(&http, Method::POST, &url, Some(&token), Some(&body)).await;
+                    (r.map(|(status, _)| status.as_u16()), at.elapsed())
+                }))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let probes = {
+            let (http, url, until) = (
+                http.clone(),
+                format!("{}/readyz", self.url),
+                began + args.slow_kube,
+            );
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                while Instant::now() < until {
+                    match client::send(&http, Method::GET, &url, None, None).await {
+                        Ok((s, _)) if s == http::StatusCode::OK => ok += 1,
+                        Ok((s, body)) => {
+                            failed.push(format!("{s}: {}", String::from_utf8_lossy(&body)));
+                        }
+                        Err(e) => failed.push(format!("{e:#}")),
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (ok, failed)
+            })
+        };
+        let mut get = open_loop(http, targets, args.get_rate, args.slow_kube).await;
+        let (ready_ok, ready_failed) = probes.await.context("the readiness probes failed")?;
+        let mut answers: std::collections::BTreeMap<String, u32> = Default::default();
+        let mut slowest = Duration::ZERO;
+        for s in starts {
+            let (r, took) = s.await.context("a start task failed")?;
+            slowest = slowest.max(took);
+            let key = match r {
+                Ok(status) => status.to_string(),
+                Err(e) => format!("no answer ({e:#})"),
+            };
+            *answers.entry(key).or_default() += 1;
+        }
+        sim.faults().remove(rule);
+        get.print(
+            &format!(
+                "GET /api/sessions/{{id}} while every cluster list takes {} s ({}/s offered)",
+                args.slow_kube.as_secs_f64(),
+                args.get_rate
+            ),
+            GET_TARGET,
+        );
+        let answers: Vec<String> = answers.iter().map(|(k, n)| format!("{n}× {k}")).collect();
+        println!(
+            "  {STARTS} starts at once meanwhile: answered {}; the slowest in {} ms",
+            answers.join(", "),
+            slowest.as_millis()
+        );
+        println!(
+            "  /readyz every 100 ms meanwhile: {ready_ok} ok, {} not ok{}",
+            ready_failed.len(),
+            ready_failed
+                .first()
+                .map(|f| format!(" (first: {f})"))
+                .unwrap_or_default()
+        );
+        if !ready_failed.is_empty() {
+            println!("  readiness: FAIL (a slow cluster took the replica out of service)");
+        }
         Ok(())
     }
 }

@@ -821,6 +821,49 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    // A ghost is a running session whose VM vanished: the soak never deletes one itself, so
+    // each is shown with what was done to its objects, to tell who did it.
+    for s in input
+        .sessions
+        .iter()
+        .filter(|s| s.status == SessionStatus::Ghost)
+        .take(EXAMPLES)
+    {
+        let mut lines = vec![format!(
+            "ghost {} ({}, {}): created {}, running {}, ghost {}",
+            s.id,
+            s.env,
+            s.lesson,
+            s.created_at.format("%H:%M:%S%.3f"),
+            s.ready_at
+                .map_or_else(|| "never".into(), |t| t.format("%H:%M:%S%.3f").to_string()),
+            s.finished_at
+                .map_or_else(|| "?".into(), |t| t.format("%H:%M:%S%.3f").to_string()),
+        )];
+        for (resource, name) in objects_of.get(&s.id).map(Vec::as_slice).unwrap_or_default() {
+            for c in by_object
+                .get(&(*resource, name.as_str()))
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter(|c| match c.verb {
+                    Verb::List | Verb::Watch => false,
+                    // A get that found nothing: how a ghost is confirmed.
+                    Verb::Get => c.status == 404,
+                    _ => true,
+                })
+            {
+                lines.push(format!(
+                    "    {} {:?} {resource}/{name} by {} -> {}",
+                    c.at.format("%H:%M:%S%.3f"),
+                    c.verb,
+                    c.user.unwrap_or("?"),
+                    c.status
+                ));
+            }
+        }
+        table.notes.push(lines.join("\n"));
+    }
     let mut by_lesson: BTreeMap<&str, u64> = BTreeMap::new();
     for s in input.sessions {
         *by_lesson.entry(s.lesson.as_str()).or_default() += 1;
