@@ -113,3 +113,62 @@ async fn a_silent_peer_times_out() {
     assert!(err.is_retryable());
     drop(listener);
 }
+
+#[tokio::test]
+async fn rotate_token_installs_the_new_token_and_retrying_it_confirms() {
+    let agent = RunningAgent::start();
+    let old = client(&agent);
+    let new_token = AgentToken::from_random_bytes([0x6b; 32]);
+    let rotated = old.rotate_token(&new_token).await.expect("rotation");
+    assert!(rotated.changed);
+    assert!(matches!(old.ready().await, Err(Error::Unauthorized { .. })));
+    // A retry with the old token is refused, and the same call with the new one confirms.
+    assert!(matches!(
+        old.rotate_token(&new_token).await,
+        Err(Error::Unauthorized { .. })
+    ));
+    let new = old.clone().with_token(new_token.clone());
+    assert!(
+        !new.rotate_token(&new_token)
+            .await
+            .expect("same token")
+            .changed
+    );
+    assert!(!new.ready().await.expect("ready with the new token").ready);
+    assert_eq!(
+        std::fs::read_to_string(agent.path(protocol::TOKEN_PATH)).unwrap(),
+        format!("{}\n", new_token.reveal())
+    );
+}
+
+#[tokio::test]
+async fn a_rotation_the_agent_cannot_store_is_rejected_with_500() {
+    let agent = RunningAgent::start();
+    std::fs::create_dir_all(agent.path("/etc/ttlab/.agent.token.new/x")).unwrap();
+    let err = client(&agent)
+        .rotate_token(&AgentToken::from_random_bytes([0x7c; 32]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Rejected { status: 500, code, .. } if code == protocol::error_code::INTERNAL),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
+    client(&agent)
+        .ready()
+        .await
+        .expect("the old token still works");
+}
+
+#[tokio::test]
+async fn set_deadline_stores_whole_seconds_and_answers_them() {
+    let agent = RunningAgent::start();
+    let at = std::time::SystemTime::now() + Duration::from_millis(3 * 3600 * 1000 + 900);
+    let stored = client(&agent).set_deadline(at).await.expect("deadline");
+    let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert_eq!(stored.power_off_at, i64::try_from(secs).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(agent.path(protocol::POWER_OFF_AT_PATH)).unwrap(),
+        format!("{secs}\n")
+    );
+}

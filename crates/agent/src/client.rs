@@ -1,8 +1,9 @@
-//! The typed async client the server uses to ask an agent whether its guest is ready and to
-//! run grading commands. One HTTP/1.1 connection per request (the agent closes after each).
+//! The typed async client the server uses to ask an agent whether its guest is ready, to run
+//! grading commands, to size the console, to rotate the agent's token and to move the guest's
+//! hard deadline. One HTTP/1.1 connection per request (the agent closes after each).
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
@@ -14,7 +15,7 @@ use tokio::net::TcpStream;
 use crate::Error;
 use crate::protocol::{
     AgentToken, ConsoleSize, ErrorResponse, ExecRequest, ExecResponse, MAX_EXEC_TIMEOUT_MS,
-    MAX_OUTPUT_BYTES, ReadyResponse,
+    MAX_OUTPUT_BYTES, PowerOffAt, ReadyResponse, RotateTokenRequest, TokenRotated,
 };
 
 /// Largest answer accepted: two capped output streams, JSON-escaped (at most 6 bytes per
@@ -69,6 +70,14 @@ impl AgentClient {
     pub fn with_timeouts(mut self, connect: Duration, request: Duration) -> Self {
         self.connect_timeout = connect;
         self.request_timeout = request;
+        self
+    }
+
+    /// The same client presenting `token` (for example the one [`rotate_token`] installed).
+    ///
+    /// [`rotate_token`]: Self::rotate_token
+    pub fn with_token(mut self, token: AgentToken) -> Self {
+        self.token = token;
         self
     }
 
@@ -146,6 +155,56 @@ impl AgentClient {
         self.call(
             Method::POST,
             "/v1/console-size",
+            Some(body),
+            self.request_timeout,
+        )
+        .await
+    }
+
+    /// `POST /v1/token`: makes `new` the agent's only valid token, authenticated with this
+    /// client's (current) token; the agent stores it before answering, so from the answer on
+    /// only `new` is accepted, also after a restart of the agent. Rotating to the token already
+    /// in use answers `changed: false`. Within the request timeout.
+    ///
+    /// After a retryable error the rotation may or may not have happened: retry with this
+    /// client; [`Error::Unauthorized`] then means it did (or the old token was wrong), which
+    /// the same call on [`with_token(new)`](Self::with_token) confirms with `changed: false`.
+    /// [`Error::Rejected`] with status 409 (`conflict`): another rotation to another token won
+    /// the race. Status 500: the agent could not store the new token; the old one still works.
+    pub async fn rotate_token(&self, new: &AgentToken) -> Result<TokenRotated, Error> {
+        let body = serde_json::to_vec(&RotateTokenRequest::new(new))
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.call(Method::POST, "/v1/token", Some(body), self.request_timeout)
+            .await
+    }
+
+    /// `POST /v1/deadline`: re-arms the guest's hard deadline at `power_off_at` (whole
+    /// seconds; earlier or later than the one it booted with), which the guest's power-off
+    /// check, run every minute, honours within a minute. Returns the value stored. A time
+    /// before 2020 or more than 400 days after this machine's clock is refused before anything
+    /// is sent ([`Error::InvalidRequest`]); the agent checks the same bounds against its own
+    /// clock. Within the request timeout.
+    pub async fn set_deadline(&self, power_off_at: SystemTime) -> Result<PowerOffAt, Error> {
+        let unix = |t: SystemTime| {
+            t.duration_since(UNIX_EPOCH)
+                .ok()
+                .and_then(|d| i64::try_from(d.as_secs()).ok())
+        };
+        let request = PowerOffAt {
+            power_off_at: unix(power_off_at).ok_or_else(|| {
+                Error::InvalidRequest(format!(
+                    "a deadline must be after 2020, got {power_off_at:?}"
+                ))
+            })?,
+        };
+        request
+            .check(unix(SystemTime::now()).unwrap_or(0))
+            .map_err(Error::InvalidRequest)?;
+        let body =
+            serde_json::to_vec(&request).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.call(
+            Method::POST,
+            "/v1/deadline",
             Some(body),
             self.request_timeout,
         )
@@ -376,6 +435,21 @@ mod tests {
         assert_eq!(named, "ttlab-server/0.1.0");
         let unnamed = user_agent_sent(|addr| AgentClient::new(addr, token())).await;
         assert_eq!(unnamed, AgentClient::DEFAULT_USER_AGENT);
+    }
+
+    #[tokio::test]
+    async fn deadlines_out_of_bounds_are_refused_before_connecting() {
+        // Nothing listens on this address: a request sent would be Unreachable.
+        let client = AgentClient::new(addr(), AgentToken::from_random_bytes([1; 32]));
+        let day = Duration::from_secs(24 * 60 * 60);
+        for t in [
+            UNIX_EPOCH,
+            UNIX_EPOCH + Duration::from_secs(1_577_836_799),
+            SystemTime::now() + 401 * day,
+        ] {
+            let err = client.set_deadline(t).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidRequest(_)), "{t:?}: {err}");
+        }
     }
 
     #[tokio::test]

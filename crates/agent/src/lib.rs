@@ -1,7 +1,8 @@
 //! The guest grading agent: the wire protocol between the server and `ttlab-agent`, the fixed
 //! paths the agent and cloud-init agree on, the agent itself (token check, HTTP handling,
-//! command runner), and, behind the `client` feature, the typed async client the server uses
-//! for readiness and grading.
+//! command runner, token rotation, the moved hard deadline), and, behind the `client` feature,
+//! the typed async client the server uses for readiness, grading, the console size, token
+//! rotation and the deadline.
 //!
 //! It does not own what runs around it: cloud-init installs and starts the agent and writes its
 //! token and markers (the cloudinit crate), the server decides when to poll and what to grade
@@ -29,7 +30,32 @@
 //!   the student's browser terminal). Under `--root DIR` (a simulated guest, no device) it
 //!   writes `ROWS COLS` to `DIR/dev/ttyS0` instead, which the simulated console reads.
 //!   A console that is missing or not a terminal gets 500 `internal`.
-//! - Malformed HTTP gets 400, an oversized head 431, an oversized body 413 (unread), a
+//! - `POST /v1/token` with [`protocol::RotateTokenRequest`] (`{"token":"<64 lowercase hex>"}`,
+//!   parsed exactly as the token file is; anything else 400 `bad_request`, whose message never
+//!   repeats what was sent) → [`protocol::TokenRotated`]: replaces the token file atomically
+//!   (a temporary file in the same directory, mode 0600, fsynced, renamed over it). From the
+//!   answer on only the new token is accepted, on every endpoint and after a restart; requests
+//!   already authenticated with the old one complete. Rotating to the token in use answers
+//!   `{"changed":false}` and writes nothing. Rotations hold a mutex; one that finds the token
+//!   already rotated to another by a concurrent request gets 409 `conflict`. When the new file
+//!   cannot be written the answer is 500 `internal` with the reason, and the old token stays
+//!   valid, its file untouched.
+//! - `POST /v1/deadline` with [`protocol::PowerOffAt`] (`{"power_off_at":1767225600}`, Unix
+//!   seconds, not before 2020 ([`protocol::MIN_POWER_OFF_AT`]) nor more than 400 days after
+//!   the guest's clock, else 400) → the value stored: writes it atomically (mode 0644) to
+//!   [`protocol::POWER_OFF_AT_PATH`], which the guest's power-off check (run every minute by
+//!   its timer) prefers to the deadline baked in at first boot, so the new deadline, earlier or
+//!   later, takes effect within a minute. 500 `internal` if it cannot be written (the previous
+//!   deadline stays in force).
+//!
+//! Why only the server may call these two: the bearer token is the only credential, and only
+//! its current holder can rotate it, so a pool VM's boot token (in its cloud-init Secret and
+//! its user-data) stops working once the server rotates it at claim time. The deadline
+//! endpoint can move the guest's power-off later as well as earlier, which is why the token
+//! is never given to anyone but the server. A student is root in their own guest and can
+//! always disable the power-off there; it is the last-resort layer behind the reaper, which
+//! deletes the VM at expiry from the database clock.
+//! - A known path with another method gets 405, an unknown path 404. Malformed HTTP gets 400, an oversized head 431, an oversized body 413 (unread), a
 //!   request not received within 10 s 408; the agent keeps serving.
 //!
 //! Once listening it prints one line, [`protocol::LISTENING_PREFIX`] and the bound address, to

@@ -1,4 +1,4 @@
-//! Where the agent finds its token and markers, with the `--root DIR` mapping for tests.
+//! Where the agent finds its token, markers and moved deadline, with the `--root DIR` mapping for tests.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +13,8 @@ pub struct AgentPaths {
     pub ready_marker: PathBuf,
     /// The setup failure marker ([`protocol::FAILED_MARKER_PATH`]).
     pub failed_marker: PathBuf,
+    /// A hard deadline moved by `POST /v1/deadline` ([`protocol::POWER_OFF_AT_PATH`]).
+    pub power_off_at: PathBuf,
     /// Working directory of executed commands (`/`, or DIR under `--root`).
     pub workdir: PathBuf,
     /// The serial console ([`protocol::CONSOLE_TTY_PATH`]).
@@ -34,6 +36,7 @@ impl AgentPaths {
             token: map(protocol::TOKEN_PATH),
             ready_marker: map(protocol::READY_MARKER_PATH),
             failed_marker: map(protocol::FAILED_MARKER_PATH),
+            power_off_at: map(protocol::POWER_OFF_AT_PATH),
             workdir: root.map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
             console: map(protocol::CONSOLE_TTY_PATH),
             simulated: root.is_some(),
@@ -50,6 +53,7 @@ mod tests {
         let real = AgentPaths::under(None);
         assert_eq!(real.token, Path::new(protocol::TOKEN_PATH));
         assert_eq!(real.ready_marker, Path::new(protocol::READY_MARKER_PATH));
+        assert_eq!(real.power_off_at, Path::new("/etc/ttlab/power-off-at"));
         assert_eq!(real.workdir, Path::new("/"));
         assert_eq!(real.console, Path::new("/dev/ttyS0"));
         assert!(!real.simulated);
@@ -60,6 +64,10 @@ mod tests {
         assert_eq!(
             mapped.failed_marker,
             Path::new("/tmp/x/var/lib/ttlab/failed")
+        );
+        assert_eq!(
+            mapped.power_off_at,
+            Path::new("/tmp/x/etc/ttlab/power-off-at")
         );
         assert_eq!(mapped.workdir, Path::new("/tmp/x"));
         assert_eq!(mapped.console, Path::new("/tmp/x/dev/ttyS0"));

@@ -16,6 +16,17 @@ pub const READY_MARKER_PATH: &str = "/var/lib/ttlab/ready";
 /// with the readiness marker.
 pub const FAILED_MARKER_PATH: &str = "/var/lib/ttlab/failed";
 
+/// A hard deadline moved by `POST /v1/deadline` (Unix seconds, one line, mode 0644): the
+/// power-off check prefers it to the deadline cloud-init baked in at first boot, and falls back
+/// to that one when this file is missing or does not hold a plausible Unix time.
+pub const POWER_OFF_AT_PATH: &str = "/etc/ttlab/power-off-at";
+
+/// The earliest deadline `POST /v1/deadline` accepts: 2020-01-01T00:00:00Z.
+pub const MIN_POWER_OFF_AT: i64 = 1_577_836_800;
+
+/// How far past the agent's own clock `POST /v1/deadline` accepts a deadline: 400 days.
+pub const MAX_POWER_OFF_AHEAD_SECS: i64 = 400 * 24 * 60 * 60;
+
 /// The guest's serial console, whose window size `POST /v1/console-size` sets (the console the
 /// browser's terminal is relayed to; its getty and shell run on it).
 pub const CONSOLE_TTY_PATH: &str = "/dev/ttyS0";
@@ -83,6 +94,69 @@ impl ConsoleSize {
     }
 }
 
+/// `POST /v1/token` body: the token that replaces the current one (64 lowercase hex digits, as
+/// [`AgentToken::parse`] reads them). `Debug` redacts it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateTokenRequest {
+    /// The new token's text.
+    pub token: String,
+}
+
+impl RotateTokenRequest {
+    /// The body that rotates to `token`.
+    pub fn new(token: &AgentToken) -> Self {
+        Self {
+            token: token.reveal().to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RotateTokenRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RotateTokenRequest { token: <redacted> }")
+    }
+}
+
+/// `POST /v1/token` answer (never the token itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRotated {
+    /// Whether the token changed: `false` when the request asked for the token already in use.
+    pub changed: bool,
+}
+
+/// `POST /v1/deadline` body, and its answer (the value stored): the guest's hard deadline in
+/// Unix seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerOffAt {
+    /// When the guest powers itself off, in seconds since the Unix epoch (UTC).
+    pub power_off_at: i64,
+}
+
+impl PowerOffAt {
+    /// Checks the bounds against `now_unix` (the checker's clock): not before
+    /// [`MIN_POWER_OFF_AT`], not after `now_unix` + [`MAX_POWER_OFF_AHEAD_SECS`]. The error
+    /// is a sentence for humans.
+    pub fn check(&self, now_unix: i64) -> Result<(), String> {
+        let latest = now_unix.saturating_add(MAX_POWER_OFF_AHEAD_SECS);
+        if self.power_off_at < MIN_POWER_OFF_AT {
+            Err(format!(
+                "power_off_at must be a Unix time in seconds, not before {MIN_POWER_OFF_AT} (2020-01-01), got {}",
+                self.power_off_at
+            ))
+        } else if self.power_off_at > latest {
+            Err(format!(
+                "power_off_at must be at most 400 days ahead (at most {latest}), got {}",
+                self.power_off_at
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// Error body for every non-2xx answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorResponse {
@@ -136,6 +210,9 @@ pub mod error_code {
     pub const BUSY: &str = "busy";
     /// 400: malformed HTTP or an invalid JSON body.
     pub const BAD_REQUEST: &str = "bad_request";
+    /// 409: a token rotation found the token already rotated to another one by a concurrent
+    /// request, so the token it presented is no longer valid.
+    pub const CONFLICT: &str = "conflict";
     /// 404: no such path.
     pub const NOT_FOUND: &str = "not_found";
     /// 405: the path exists but not with this method.
@@ -148,8 +225,9 @@ pub mod error_code {
     pub const TOO_LARGE: &str = "too_large";
     /// 431: too many or too large headers.
     pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
-    /// 500: the agent could not run the command (for example `/bin/sh` is missing), or could
-    /// not set the console's size (no such device, or not a terminal).
+    /// 500: the agent could not run the command (for example `/bin/sh` is missing), could
+    /// not set the console's size (no such device, or not a terminal), or could not store a
+    /// new token or deadline (the previous one stays in force, its file untouched).
     pub const INTERNAL: &str = "internal";
 }
 
@@ -207,5 +285,33 @@ mod tests {
         assert_eq!(AgentToken::parse(&format!("  {}\n", t.reveal())), Some(t));
         assert_eq!(AgentToken::parse("abc"), None);
         assert_eq!(AgentToken::parse(&"G".repeat(64)), None);
+        assert_eq!(AgentToken::parse(&"A".repeat(64)), None);
+    }
+
+    #[test]
+    fn rotation_bodies_redact_the_token() {
+        let t = AgentToken::from_random_bytes([0xcd; 32]);
+        let body = RotateTokenRequest::new(&t);
+        assert!(!format!("{body:?}").contains(t.reveal()));
+        assert_eq!(
+            serde_json::to_string(&body).unwrap(),
+            format!(r#"{{"token":"{}"}}"#, t.reveal())
+        );
+    }
+
+    #[test]
+    fn deadlines_are_bounded_by_2020_and_400_days_ahead() {
+        let now = 1_800_000_000;
+        let at = |power_off_at| PowerOffAt { power_off_at };
+        assert!(at(MIN_POWER_OFF_AT).check(now).is_ok());
+        assert!(at(now + MAX_POWER_OFF_AHEAD_SECS).check(now).is_ok());
+        let early = at(MIN_POWER_OFF_AT - 1).check(now).unwrap_err();
+        assert!(early.contains("2020"), "{early}");
+        let late = at(now + MAX_POWER_OFF_AHEAD_SECS + 1)
+            .check(now)
+            .unwrap_err();
+        assert!(late.contains("400 days"), "{late}");
+        assert!(at(i64::MAX).check(i64::MAX).is_ok());
+        assert!(at(-1).check(now).is_err());
     }
 }

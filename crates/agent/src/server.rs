@@ -11,22 +11,32 @@
 //! the token (requests then get 503 `token_unavailable`, which a polling client retries), and
 //! a replaced token takes effect without a restart. Reading a 64-byte file per request costs
 //! nothing next to running a command.
+//!
+//! The file is also the only copy of the token the agent has: `POST /v1/token` writes the new
+//! token to a temporary file in the same directory (mode 0600, fsynced) and renames it over
+//! the token file, which is the swap. Every request read after the rename is checked against
+//! the new token, a request already authenticated with the old one completes, and a
+//! restarted agent reads the new one. Rotations and deadline writes hold one mutex, so two of
+//! them never interleave; under it a rotation checks again that the token it was
+//! authenticated with is still the current one.
 
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::http::{self, Conn, Head, ReadError, Response};
 use crate::paths::AgentPaths;
 use crate::protocol::{
     AgentToken, ConsoleSize, ExecRequest, MAX_CONCURRENT_REQUESTS, MAX_CONSOLE_DIMENSION,
-    MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES, MAX_REQUEST_BODY_BYTES, PORT, ReadyResponse, error_code,
+    MAX_EXEC_TIMEOUT_MS, MAX_OUTPUT_BYTES, MAX_REQUEST_BODY_BYTES, PORT, PowerOffAt, ReadyResponse,
+    RotateTokenRequest, TokenRotated, error_code,
 };
 use crate::{Error, runner, token};
 
@@ -47,6 +57,10 @@ const MAX_LINGERING: usize = 16;
 const CONNECTION_STACK: usize = 1024 * 1024;
 /// Largest failure-marker text returned by `/v1/ready`.
 const MAX_MARKER_BYTES: u64 = 4096;
+/// Mode of the token file (only root reads it).
+const TOKEN_MODE: u32 = 0o600;
+/// Mode of the moved-deadline file.
+const POWER_OFF_AT_MODE: u32 = 0o644;
 
 /// How the agent is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +128,16 @@ impl AgentConfig {
 #[derive(Debug)]
 pub struct Agent {
     listener: TcpListener,
-    paths: Arc<AgentPaths>,
+    shared: Arc<Shared>,
+}
+
+/// What every connection thread shares.
+#[derive(Debug)]
+struct Shared {
+    paths: AgentPaths,
+    /// Held while the token or the deadline file is replaced, so two such writes never
+    /// interleave.
+    writes: Mutex<()>,
 }
 
 impl Agent {
@@ -126,7 +149,10 @@ impl Agent {
         })?;
         Ok(Self {
             listener,
-            paths: Arc::new(config.paths),
+            shared: Arc::new(Shared {
+                paths: config.paths,
+                writes: Mutex::new(()),
+            }),
         })
     }
 
@@ -152,12 +178,12 @@ impl Agent {
             };
             match Slot::take(&active, MAX_CONCURRENT_REQUESTS) {
                 Some(slot) => {
-                    let paths = Arc::clone(&self.paths);
+                    let shared = Arc::clone(&self.shared);
                     let lingering = Arc::clone(&lingering);
                     let spawned = thread::Builder::new()
                         .name("ttlab-agent-conn".into())
                         .stack_size(CONNECTION_STACK)
-                        .spawn(move || serve_connection(stream, &paths, slot, &lingering));
+                        .spawn(move || serve_connection(stream, &shared, slot, &lingering));
                     if let Err(e) = spawned {
                         eprintln!("ttlab-agent: cannot start a connection thread: {e}");
                     }
@@ -217,10 +243,11 @@ fn refuse_busy(mut stream: TcpStream) {
 /// is written, so a client sending its next request at once does not find it still taken.
 fn serve_connection(
     mut stream: TcpStream,
-    paths: &AgentPaths,
+    shared: &Shared,
     slot: Slot,
     lingering: &Arc<AtomicUsize>,
 ) {
+    let paths = &shared.paths;
     let started = Instant::now();
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
@@ -237,6 +264,10 @@ fn serve_connection(
                     |accepted| match accepted {
                         Accepted::Exec(request) => run_exec(request, paths),
                         Accepted::ConsoleSize(size) => set_console_size(size, paths),
+                        Accepted::RotateToken { current, new } => {
+                            rotate_token(current, new, paths, &shared.writes)
+                        }
+                        Accepted::Deadline(at) => set_deadline(at, paths, &shared.writes),
                     },
                 );
             (Some(response), read_all, what)
@@ -283,11 +314,19 @@ enum Accepted<'a> {
     Exec(&'a ExecRequest),
     /// `POST /v1/console-size`.
     ConsoleSize(&'a ConsoleSize),
+    /// `POST /v1/token`: replace `current` (the token the request was authenticated with) by
+    /// `new`.
+    RotateToken {
+        current: &'a AgentToken,
+        new: &'a AgentToken,
+    },
+    /// `POST /v1/deadline`, within its bounds.
+    Deadline(&'a PowerOffAt),
 }
 
 /// Answers one parsed request; also says whether the whole request was read. `run` answers a
-/// valid, authorized exec or console-size request (the real agent runs the command or sets
-/// the size; the fuzz hook does neither).
+/// valid, authorized request that changes something (the real agent runs the command, sets
+/// the size, rotates the token or stores the deadline; the fuzz hook does none of these).
 fn handle(
     conn: &mut impl Conn,
     head: &Head,
@@ -331,7 +370,24 @@ fn handle(
             }
             Ok(size) => (run(Accepted::ConsoleSize(&size)), true),
         },
-        ("/v1/ready" | "/v1/exec" | "/v1/console-size", _) => {
+        ("/v1/token", "POST") => match read_new_token(conn, head, deadline) {
+            Err(answer) => answer,
+            Ok(new) => (
+                run(Accepted::RotateToken {
+                    current: &expected,
+                    new: &new,
+                }),
+                true,
+            ),
+        },
+        ("/v1/deadline", "POST") => match read_json::<PowerOffAt>(conn, head, deadline) {
+            Err(answer) => answer,
+            Ok(at) => match at.check(unix_now()) {
+                Err(message) => (Response::error(400, error_code::BAD_REQUEST, message), true),
+                Ok(()) => (run(Accepted::Deadline(&at)), true),
+            },
+        },
+        ("/v1/ready" | "/v1/exec" | "/v1/console-size" | "/v1/token" | "/v1/deadline", _) => {
             let message = format!("{} is not allowed on {path}", head.method);
             (
                 Response::error(405, error_code::METHOD_NOT_ALLOWED, message),
@@ -343,6 +399,158 @@ fn handle(
             no_body,
         ),
     }
+}
+
+/// The agent's clock in Unix seconds (0 if it is before 1970).
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Reads a `POST /v1/token` body and parses its token exactly as the token file is parsed.
+/// Neither the answer nor the log ever repeats what was sent: a body that is not the
+/// expected JSON is described by its position only.
+fn read_new_token(
+    conn: &mut impl Conn,
+    head: &Head,
+    deadline: Instant,
+) -> Result<AgentToken, (Response, bool)> {
+    let bad = |message: String| (Response::error(400, error_code::BAD_REQUEST, message), true);
+    const EXPECTED: &str = r#"expected {"token": "<64 lowercase hex digits>"} and nothing else"#;
+    let body = read_body_bytes(conn, head, deadline)?;
+    // Only the object form (serde would also read a struct from a JSON array).
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(bad(format!(
+            "invalid token request: {EXPECTED} (the body is not a JSON object)"
+        )));
+    }
+    let request: RotateTokenRequest = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "invalid token request: {EXPECTED} (JSON {} at line {} column {})",
+            match e.classify() {
+                serde_json::error::Category::Io | serde_json::error::Category::Eof => "cut short",
+                serde_json::error::Category::Syntax => "syntax error",
+                serde_json::error::Category::Data => "of the wrong shape",
+            },
+            e.line(),
+            e.column()
+        ))
+    })?;
+    AgentToken::parse(&request.token).ok_or_else(|| {
+        bad(format!(
+            "invalid token request: the token must be {} lowercase hex digits",
+            AgentToken::BYTES * 2
+        ))
+    })
+}
+
+/// `POST /v1/token`: replaces the token file by one holding `new`, if the token is still
+/// `current` (what the request was authenticated with). Answers 200 without writing when the
+/// token already is `new`, 409 when a concurrent rotation replaced `current` by another
+/// token, and 500 when the new file cannot be written (the old token stays valid and its file
+/// untouched).
+fn rotate_token(
+    current: &AgentToken,
+    new: &AgentToken,
+    paths: &AgentPaths,
+    writes: &Mutex<()>,
+) -> Response {
+    let _held = writes.lock().unwrap_or_else(PoisonError::into_inner);
+    match load_token(&paths.token) {
+        Some(stored) if token::matches(&stored, new.reveal().as_bytes()) => {
+            return Response::ok(&TokenRotated { changed: false });
+        }
+        Some(stored) if token::matches(&stored, current.reveal().as_bytes()) => {}
+        Some(_) => {
+            return Response::error(
+                409,
+                error_code::CONFLICT,
+                "another request rotated the token while this one waited; the token this request \
+                 presented is no longer valid"
+                    .into(),
+            );
+        }
+        None => {
+            return Response::error(
+                503,
+                error_code::TOKEN_UNAVAILABLE,
+                "the token file became unreadable; nothing was changed".into(),
+            );
+        }
+    }
+    let content = format!("{}\n", new.reveal());
+    match replace_file(&paths.token, content.as_bytes(), TOKEN_MODE) {
+        Ok(()) => Response::ok(&TokenRotated { changed: true }),
+        Err(e) => Response::error(
+            500,
+            error_code::INTERNAL,
+            format!(
+                "cannot store the new token in {}: {e}; the current token stays valid",
+                paths.token.display()
+            ),
+        ),
+    }
+}
+
+/// `POST /v1/deadline` (bounds already checked): stores the deadline for the power-off check.
+fn set_deadline(at: &PowerOffAt, paths: &AgentPaths, writes: &Mutex<()>) -> Response {
+    let _held = writes.lock().unwrap_or_else(PoisonError::into_inner);
+    let content = format!("{}\n", at.power_off_at);
+    match replace_file(&paths.power_off_at, content.as_bytes(), POWER_OFF_AT_MODE) {
+        Ok(()) => Response::ok(at),
+        Err(e) => Response::error(
+            500,
+            error_code::INTERNAL,
+            format!(
+                "cannot store the deadline in {}: {e}; the previous deadline stays in force",
+                paths.power_off_at.display()
+            ),
+        ),
+    }
+}
+
+/// Replaces `path` atomically by a file holding `content` with `mode`: written to
+/// `.NAME.new` in the same directory (created exclusively, so never through a link left
+/// there), fsynced, then renamed over `path`, and the directory fsynced. On any error before
+/// the rename `path` is untouched and the temporary file removed. Callers hold the write
+/// mutex, so the temporary name is theirs alone.
+fn replace_file(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::other("not a file path"));
+    };
+    let partial = dir.join(format!(".{}.new", name.to_string_lossy()));
+    match fs::remove_file(&partial) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let written = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&partial)?;
+        // The umask may have narrowed the mode given at creation.
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&partial, path)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&partial);
+        return Err(e);
+    }
+    // The rename is done (and in force); only its durability across a power cut is at stake.
+    if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
+        eprintln!(
+            "ttlab-agent: cannot fsync {} after replacing {}: {e}",
+            dir.display(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The token in `path`, if the file exists and holds a valid token.
@@ -403,6 +611,27 @@ fn read_json<T: serde::de::DeserializeOwned>(
     head: &Head,
     deadline: Instant,
 ) -> Result<T, (Response, bool)> {
+    let body = read_body_bytes(conn, head, deadline)?;
+    serde_json::from_slice(&body).map_err(|e| {
+        let what = head.path.trim_start_matches("/v1/");
+        (
+            Response::error(
+                400,
+                error_code::BAD_REQUEST,
+                format!("invalid {what} request: {e}"),
+            ),
+            true,
+        )
+    })
+}
+
+/// Reads a body with a `Content-Length` within the limit; otherwise the answer to give (and
+/// whether the whole request was read).
+fn read_body_bytes(
+    conn: &mut impl Conn,
+    head: &Head,
+    deadline: Instant,
+) -> Result<Vec<u8>, (Response, bool)> {
     let len = match (head.content_length, head.transfer_encoding) {
         (Some(len), false) => len,
         _ => {
@@ -435,17 +664,7 @@ fn read_json<T: serde::de::DeserializeOwned>(
             return Err((response, false));
         }
     };
-    serde_json::from_slice(&body).map_err(|e| {
-        let what = head.path.trim_start_matches("/v1/");
-        (
-            Response::error(
-                400,
-                error_code::BAD_REQUEST,
-                format!("invalid {what} request: {e}"),
-            ),
-            true,
-        )
-    })
+    Ok(body)
 }
 
 /// Sets the serial console's window size: `TIOCSWINSZ` on the terminal device, which makes
@@ -524,12 +743,16 @@ pub struct Answered {
     pub exec: Option<ExecRequest>,
     /// The console size that would have been set, if one was accepted.
     pub console_size: Option<ConsoleSize>,
+    /// Whether a token rotation was accepted (it is not carried out).
+    pub token_rotation: bool,
+    /// The deadline that would have been stored, if one was accepted.
+    pub power_off_at: Option<PowerOffAt>,
 }
 
 /// Reads one request from `input` (delivered in reads of at most `read_size` bytes) and answers
-/// it exactly as a connection is answered, except that an accepted exec or console-size request
-/// is not carried out (it is returned, and answered 200 with an empty body). For the fuzz targets and tests; not
-/// part of the agent's interface.
+/// it exactly as a connection is answered, except that an accepted exec, console-size, token or
+/// deadline request is not carried out (it is recorded, and answered 200 with an empty body).
+/// For the fuzz targets and tests; not part of the agent's interface.
 #[doc(hidden)]
 pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answered {
     let mut conn = Bytes {
@@ -540,12 +763,16 @@ pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answe
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut accepted = None;
     let mut console_size = None;
+    let mut token_rotation = false;
+    let mut power_off_at = None;
     let (response, read_all) = match http::read_head(&mut conn, deadline) {
         Ok(head) => {
             let (response, read_all) = handle(&mut conn, &head, paths, deadline, |request| {
                 match request {
                     Accepted::Exec(r) => accepted = Some(r.clone()),
                     Accepted::ConsoleSize(s) => console_size = Some(*s),
+                    Accepted::RotateToken { .. } => token_rotation = true,
+                    Accepted::Deadline(at) => power_off_at = Some(*at),
                 }
                 Response {
                     status: 200,
@@ -562,6 +789,8 @@ pub fn answer_bytes(input: &[u8], read_size: usize, paths: &AgentPaths) -> Answe
         consumed: conn.pos,
         exec: accepted,
         console_size,
+        token_rotation,
+        power_off_at,
     }
 }
 

@@ -34,7 +34,11 @@
 //!    check directly: the timer's run and this one are one systemd job, so a deadline already
 //!    past at first boot makes a single power-off request (two would race, and the forced
 //!    fallback of the loser would cut the power). The check leaves a shutdown already under
-//!    way alone;
+//!    way alone. The agent can move the deadline later (`POST /v1/deadline`, when a warm-pool
+//!    VM is claimed by a session) or earlier: the check prefers the Unix time in
+//!    `/etc/ttlab/power-off-at` when that file holds ten digits, and otherwise (missing,
+//!    empty, garbage) keeps the deadline baked in here, never "no deadline"; since it runs
+//!    every minute, a moved deadline takes effect within a minute;
 //! 2. checks glibc ≥ 2.34, finds the agent disk by its label (waiting at most
 //!    [`AGENT_DISK_WAIT_SECS`] for udev), mounts it read-only, unpacks the agent, checks its
 //!    sha256 against the one this user-data pins ([`AGENT_DIGEST_PATH`]), installs it and

@@ -9,8 +9,8 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use serde::Serialize;
 use ttlab_agent::protocol::{
-    AgentToken, BINARY_PATH, FAILED_MARKER_PATH, MIN_GLIBC, READY_MARKER_PATH, TOKEN_PATH,
-    UNIT_PATH,
+    AgentToken, BINARY_PATH, FAILED_MARKER_PATH, MIN_GLIBC, POWER_OFF_AT_PATH, READY_MARKER_PATH,
+    TOKEN_PATH, UNIT_PATH,
 };
 use ttlab_lesson::Lesson;
 use ttlab_model::{NodeName, Runtime};
@@ -30,7 +30,8 @@ pub const FIRSTBOOT_PATH: &str = "/usr/local/lib/ttlab/firstboot";
 pub const SETUP_PATH: &str = "/usr/local/lib/ttlab/setup";
 /// Output of the setup script (its last lines go into the failure marker).
 pub const SETUP_LOG_PATH: &str = "/var/log/ttlab-setup.log";
-/// Powers the guest off once the hard deadline has passed.
+/// Powers the guest off once the hard deadline has passed: the one the agent stored in
+/// [`POWER_OFF_AT_PATH`] when it holds a plausible Unix time, else the one baked in here.
 pub const POWEROFF_CHECK_PATH: &str = "/usr/local/lib/ttlab/poweroff-check";
 /// The oneshot service that runs [`POWEROFF_CHECK_PATH`].
 pub const POWEROFF_SERVICE_PATH: &str = "/etc/systemd/system/ttlab-poweroff.service";
@@ -271,15 +272,22 @@ ExecStart=
 ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200,57600,38400,9600 %I $TERM
 ";
 
+/// The power-off check. A deadline moved through the agent wins only if it is ten digits
+/// (2001 to 2286; the agent stores 2020 to 400 days ahead): anything else in the file, which
+/// `[` might reject as a number and so never power off, leaves the baked deadline.
 fn poweroff_check(deadline_unix: i64, deadline: &DateTime<Utc>) -> String {
     let human = deadline.to_rfc3339_opts(SecondsFormat::Secs, true);
     format!(
         "#!/bin/sh\n\
-         # Powers the VM off once the session's hard deadline ({human}) has passed.\n\
+         # Powers the VM off once the hard deadline has passed: {human}, or the Unix time in\n\
+         # {POWER_OFF_AT_PATH} if the agent moved it (POST /v1/deadline). Run every minute,\n\
+         # so a moved deadline, earlier or later, takes effect within a minute.\n\
          deadline={deadline_unix}\n\
+         moved=$(cat {POWER_OFF_AT_PATH} 2>/dev/null)\n\
+         case $moved in [1-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]) deadline=$moved ;; esac\n\
          now=$(date -u +%s) || exit 1\n\
          [ \"$now\" -ge \"$deadline\" ] || exit 0\n\
-         echo \"ttlab: the session's hard deadline ({human}) has passed: powering off\" 2>/dev/null >/dev/console\n\
+         echo \"ttlab: the session's hard deadline (Unix time $deadline) has passed: powering off\" 2>/dev/null >/dev/console\n\
          # A shutdown already under way is not hurried: forcing it would cut the power.\n\
          case $(systemctl is-system-running 2>/dev/null) in stopping) exit 0 ;; esac\n\
          systemctl --no-block poweroff && exit 0\n\
@@ -292,11 +300,12 @@ fn poweroff_timer(deadline: &DateTime<Utc>) -> String {
     let at = deadline.format("%Y-%m-%d %H:%M:%S UTC");
     format!(
         "[Unit]\n\
-         Description=ttlab: power off at the session's hard deadline ({at})\n\
+         Description=ttlab: power off at the session's hard deadline ({at}, or as moved by the agent)\n\
          \n\
          [Timer]\n\
-         # At the deadline itself, then every minute and whenever the timer is started (each\n\
-         # boot): a deadline already in the past when the guest boots still powers it off.\n\
+         # At the deadline first armed, then every minute and whenever the timer is started\n\
+         # (each boot): a deadline already in the past when the guest boots still powers it off,\n\
+         # and one the agent moved, earlier or later, takes effect within a minute.\n\
          OnCalendar={at}\n\
          OnCalendar=*-*-* *:*:00\n\
          OnActiveSec=0\n\

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use ttlab_agent::protocol::BINARY_PATH;
-use ttlab_agent::protocol::{FAILED_MARKER_PATH, READY_MARKER_PATH};
+use ttlab_agent::protocol::{FAILED_MARKER_PATH, POWER_OFF_AT_PATH, READY_MARKER_PATH};
 use ttlab_cloudinit::{
     AGENT_DIGEST_PATH, AGENT_DISK_MOUNT, AGENT_KEY, AGENT_VOLUME_LABEL, FIRSTBOOT_PATH,
     POWEROFF_CHECK_PATH, SETUP_LOG_PATH, SETUP_PATH,
@@ -376,6 +376,7 @@ fn boot_past_the_deadline() -> Vec<String> {
     let parsed = common::parse(common::render(&samples::systemd_basics(), "vm").as_str());
     let check = parsed
         .text(POWEROFF_CHECK_PATH)
+        .replace(POWER_OFF_AT_PATH, &p("power-off-at"))
         .replace(
             "/sbin/poweroff -f",
             &format!("echo 'forced power-off' >> {}", p("events")),
@@ -485,6 +486,7 @@ fn the_power_off_check_leaves_a_shutdown_under_way_alone() {
     let parsed = common::parse(common::render(&samples::systemd_basics(), "vm").as_str());
     let check = parsed
         .text(POWEROFF_CHECK_PATH)
+        .replace(POWER_OFF_AT_PATH, &p("power-off-at"))
         .replace(
             "/sbin/poweroff -f",
             &format!("echo forced >> {}", p("events")),

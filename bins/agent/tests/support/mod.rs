@@ -52,34 +52,7 @@ impl RunningAgent {
                 token.reveal(),
             );
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ttlab-agent"))
-            .arg("--root")
-            .arg(root.path())
-            .args(["--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start ttlab-agent");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read stdout");
-        let addr = line
-            .trim()
-            .strip_prefix(protocol::LISTENING_PREFIX)
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
-        let (tx, log) = mpsc::channel();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (child, addr, log) = spawn(root.path());
         Self {
             child,
             addr,
@@ -87,6 +60,17 @@ impl RunningAgent {
             token,
             log,
         }
+    }
+
+    /// Stops the agent and starts a new one on the same root (a new address), as systemd's
+    /// `Restart=always` would after a crash or a reboot.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, addr, log) = spawn(self.root.path());
+        self.child = child;
+        self.addr = addr;
+        self.log = log;
     }
 
     /// The agent's process id.
@@ -102,6 +86,18 @@ impl RunningAgent {
     /// `Authorization` header line with the right token.
     pub fn auth(&self) -> String {
         format!("Authorization: Bearer {}\r\n", self.token.reveal())
+    }
+
+    /// `POST path` with `token` as bearer and `json` as body.
+    pub fn post_with(&self, token: &AgentToken, path: &str, json: &str) -> (u16, String) {
+        self.raw(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{json}",
+                token.reveal(),
+                json.len()
+            )
+            .as_bytes(),
+        )
     }
 
     /// Sends `raw` and returns the status and body of the answer.
@@ -143,6 +139,39 @@ impl Drop for RunningAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts the binary on 127.0.0.1 with `--root root`; returns it, its address and its log.
+fn spawn(root: &Path) -> (Child, SocketAddr, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ttlab-agent"))
+        .arg("--root")
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ttlab-agent");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    let addr = line
+        .trim()
+        .strip_prefix(protocol::LISTENING_PREFIX)
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .expect("address");
+    let (tx, log) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, addr, log)
 }
 
 /// Reads an answer to its end and returns its status and body.
