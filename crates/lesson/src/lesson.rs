@@ -9,6 +9,7 @@ use ttlab_model::{LessonId, NodeName, Runtime};
 use crate::file::LabFile;
 use crate::instructions::Instructions;
 use crate::memory::Memory;
+use crate::pool::PoolSpec;
 
 /// Default time the server waits for the VMI to be Running: 150 s.
 pub const DEFAULT_READINESS_TIMEOUT: Duration = Duration::from_secs(150);
@@ -59,6 +60,8 @@ pub struct Lesson {
     pub grading: Vec<GradingStep>,
     /// What the student is asked to do, shown beside the terminal; `None` for none.
     pub instructions: Option<Instructions>,
+    /// The warm pool of prepared labs kept for this lesson (VM lessons only); `None` for none.
+    pub pool: Option<PoolSpec>,
 }
 
 /// Which root disk a VM lesson prefers.
@@ -228,6 +231,7 @@ pub(crate) struct RawLesson {
     #[serde(default)]
     grading: Vec<RawGradingStep>,
     instructions: Option<String>,
+    pool: Option<PoolSpec>,
 }
 
 fn timeout(field: &str, seconds: Option<u64>, default: Duration) -> Result<Duration, String> {
@@ -335,6 +339,12 @@ impl TryFrom<RawLesson> for Lesson {
             if nodes.len() > 1 {
                 return fail("a `runtime: pod` lesson has exactly one node".to_owned());
             }
+            if raw.pool.is_some() {
+                return fail(
+                    "`pool` only applies to `runtime: vm` lessons (a pod lab starts in seconds)"
+                        .to_owned(),
+                );
+            }
         }
         let cores = raw.cores.unwrap_or(1);
         if !(1..=MAX_CORES).contains(&cores) {
@@ -430,6 +440,7 @@ impl TryFrom<RawLesson> for Lesson {
             readiness_timeout,
             setup_timeout,
             grading,
+            pool: raw.pool,
         })
     }
 }

@@ -5,9 +5,10 @@
 //! `*.yaml`/`*.yml` files into a [`LessonSet`] (the one file read it performs), and refuses a
 //! bad lesson at load with the file, the line and what is wrong — an unknown field, a missing
 //! image, a relative lab-file path or one with `..`, a duplicate node name, a memory quantity
-//! that does not parse, a lesson id defined twice. It does not render cloud-init or manifests
-//! (`ttlab-cloudinit`, `ttlab-vm-manifest`), decide the disk (`ttlab-disk-select`) or run
-//! grading (`ttlab-agent`). Sample lessons used by tests and the demo are in [`samples`].
+//! that does not parse, pool sizes out of order, a lesson id defined twice. It does not render cloud-init or manifests
+//! (`ttlab-cloudinit`, `ttlab-vm-manifest`), decide the disk (`ttlab-disk-select`), plan a
+//! warm pool (`ttlab-pool`; a [`PoolSpec`] converts into its settings) or run grading
+//! (`ttlab-agent`). Sample lessons used by tests and the demo are in [`samples`].
 //!
 //! ```
 //! use ttlab_lesson::{parse_lesson, VmDisk};
@@ -53,6 +54,7 @@
 //! | `setup_timeout_seconds` | the setup script is killed after this | 600 |
 //! | `grading` | `name`, `command`, `expect_exit` (0), `timeout_seconds` (30), `node` (first node) | none |
 //! | `instructions` | Markdown shown beside the terminal ([`instructions`]: a safe subset, HTML in it shown as text), ≤ 64 KiB | none |
+//! | `pool` | VM lessons only: prepared labs kept ready ([`PoolSpec`]): `size` (required), `min` (0), `max` (`size`), `max_age_minutes` (240, 10–1440), `demand` (false), `paused` (false); `min <= size <= max <= 50` | none |
 //!
 //! Every mapping refuses unknown fields.
 
@@ -61,6 +63,7 @@ mod file;
 pub mod instructions;
 mod lesson;
 mod memory;
+mod pool;
 pub mod samples;
 mod set;
 
@@ -72,6 +75,7 @@ pub use lesson::{
     GoldenDisk, GoldenSource, GradingStep, Lesson, MAX_CORES, MAX_TIMEOUT, Nodes, VmDisk,
 };
 pub use memory::{MIN_MEMORY_BYTES, Memory};
+pub use pool::{DEFAULT_POOL_MAX_AGE, MAX_POOL_MAX_AGE, MAX_POOL_SIZE, MIN_POOL_MAX_AGE, PoolSpec};
 pub use set::{LessonSet, parse_lesson};
 
 /// Deserializes `Raw` from a mapping and validates it into `T` inside the mapping's visitor,

@@ -321,3 +321,87 @@ fn instructions_are_markdown_with_html_escaped_and_blank_ones_are_refused() {
     assert_eq!(file, "bad.yaml");
     assert!(message.contains("`instructions` is empty"), "{message}");
 }
+
+#[test]
+fn a_pool_section_is_read_for_single_and_multi_vm_lessons() {
+    let set = LessonSet::load(&repo_lessons()).unwrap();
+    assert!(
+        set.iter().all(|l| l.pool.is_none()),
+        "no shipped lesson has a pool"
+    );
+    assert!(
+        load_one("hello.yaml", GOOD)
+            .unwrap()
+            .iter()
+            .next()
+            .unwrap()
+            .pool
+            .is_none()
+    );
+
+    let text = format!(
+        "{GOOD}pool:\n  size: 4\n  min: 1\n  max: 8\n  max_age_minutes: 120\n  demand: true\n  paused: true\n"
+    );
+    let set = load_one("pooled.yaml", &text).unwrap();
+    let pool = set.iter().next().unwrap().pool.unwrap();
+    assert_eq!((pool.min, pool.size, pool.max), (1, 4, 8));
+    assert_eq!(pool.max_age.as_secs(), 120 * 60);
+    assert!(pool.demand && pool.paused);
+
+    // A member of a multi-VM lesson is the whole set of nodes: the section is the same.
+    let text = format!("{GOOD}nodes: [control-plane, worker-1, worker-2]\npool:\n  size: 2\n");
+    let set = load_one("cluster.yaml", &text).unwrap();
+    let lesson = set.iter().next().unwrap();
+    assert_eq!(lesson.nodes.len(), 3);
+    let pool = lesson.pool.unwrap();
+    assert_eq!((pool.min, pool.size, pool.max), (0, 2, 2));
+    assert_eq!(pool.max_age.as_secs(), 240 * 60);
+    assert!(!pool.demand && !pool.paused);
+}
+
+#[test]
+fn a_bad_pool_section_is_refused_at_its_line_naming_the_field() {
+    let (file, line, column, msg) = invalid(&format!("{GOOD}pool:\n  size: 4\n  max: 3\n"));
+    assert_eq!(file, "bad.yaml");
+    assert_eq!((line, column), (Some(6), Some(3)));
+    assert!(
+        msg.contains("`pool.size` (4) is above `pool.max` (3): the rule is min <= size <= max"),
+        "{msg}"
+    );
+    let (_, line, column, msg) = invalid(&format!("{GOOD}pool:\n  size: 4\n  warm: yes\n"));
+    assert_eq!((line, column), (Some(7), Some(3)));
+    assert!(msg.contains("unknown field `warm`"), "{msg}");
+    for (pool, why) in [
+        ("{size: 60}", "`pool.size` is 60; the most allowed is 50"),
+        (
+            "{size: 2, max: 80, demand: true}",
+            "`pool.max` is 80; the most allowed is 50",
+        ),
+        (
+            "{size: 2, min: 3, max: 4}",
+            "`pool.min` (3) is above `pool.size` (2)",
+        ),
+        (
+            "{size: 2, max_age_minutes: 5}",
+            "`pool.max_age_minutes` is 5; it must be from 10 to 1440",
+        ),
+        ("{size: 0}", "`pool.size` is 0 and `pool.demand` is false"),
+        ("{max: 4}", "missing field `size`"),
+        ("[4]", "a pool (a mapping)"),
+    ] {
+        let (_, line, _, msg) = invalid(&format!("{GOOD}pool: {pool}\n"));
+        assert_eq!(line, Some(5), "{pool}");
+        assert!(msg.contains(why), "{pool}: {msg}");
+    }
+}
+
+#[test]
+fn a_pod_lesson_may_not_have_a_pool() {
+    let text = GOOD.replace("runtime: vm", "runtime: pod") + "pool:\n  size: 2\n";
+    let (_, line, _, msg) = invalid(&text);
+    assert_eq!(line, Some(1));
+    assert!(
+        msg.contains("lesson `hello`: `pool` only applies to `runtime: vm` lessons"),
+        "{msg}"
+    );
+}

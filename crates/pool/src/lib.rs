@@ -1,0 +1,72 @@
+//! The warm-pool planner: for one pool (one lesson in one environment), how many fresh members
+//! to create now and which members to retire, and why.
+//!
+//! A pool member is a whole prepared lab (every node of the lesson, setup done) bound to no
+//! session, waiting for a student's click. This crate owns the decision only: [`plan`] takes
+//! the pool's [`PoolSettings`], its unclaimed [`Member`]s, the environment's VM [`Capacity`]
+//! and, for a demand-driven pool, recent starts ([`Demand`]), with `now` passed in, and returns
+//! a [`Plan`]. It refuses to own a clock, a database, a cluster client or the claim: the server
+//! reads the inputs, acts on the plan through the normal provisioning and reclamation paths,
+//! and claims members in the database. Claimed members are not the planner's business, and it
+//! never reuses anything: it only ever asks for fresh members.
+//!
+//! The rules (each one tested, the invariants also by property tests; operators read them in
+//! `docs/pools.md`):
+//!
+//! - A member still preparing after `stuck_after` is retired; any other member whose
+//!   `created_at` is at least `max_age` ago is retired. A replacement is created in the same
+//!   plan when capacity allows; the old member's VMs count as taken until they are gone.
+//! - The target is `size`, or for a demand-driven pool the starts expected during one refill
+//!   time, clamped to `min..=max`: the largest of the recent rate scaled to one refill time and
+//!   the starts of the next refill time one day and one week earlier, counted only where the
+//!   history covers the window ([`expected_starts`]). With no history yet, `size`.
+//! - Members beyond the target are retired; preparing ones first, then the oldest ready ones.
+//! - Capacity stays honest: a member is created only while `limit - alive - starting -
+//!   create * nodes >= reserve`, so planned members never take a place a cold start needs; when
+//!   the free places (with those being freed) are fewer than the reserve, members are retired
+//!   until the reserve is restored.
+//! - Paused: nothing is created and nothing is retired for size (ready members keep serving
+//!   claims); age, stuck and capacity rules still apply. To empty a pool, resize it to 0.
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use chrono::{TimeDelta, TimeZone, Utc};
+//! use ttlab_model::SessionId;
+//! use ttlab_pool::{Capacity, Member, PlanInput, PoolSettings, RetireReason, plan};
+//!
+//! let now = Utc.with_ymd_and_hms(2026, 12, 2, 9, 0, 0).unwrap();
+//! let one = NonZeroU32::MIN;
+//! let old = Member {
+//!     id: SessionId::new_random(),
+//!     created_at: now - TimeDelta::hours(5),
+//!     ready_at: Some(now - TimeDelta::hours(5) + TimeDelta::minutes(2)),
+//!     nodes: one,
+//! };
+//! let input = PlanInput {
+//!     now,
+//!     settings: PoolSettings::new(0, 2, 2, TimeDelta::minutes(240)).unwrap(),
+//!     member_nodes: one,
+//!     members: vec![old],
+//!     capacity: Capacity { limit: 8, alive: 3, starting: 0, retiring: 0, reserve: 3 },
+//!     demand: None,
+//!     stuck_after: TimeDelta::minutes(15),
+//! };
+//! let p = plan(&input);
+//! assert_eq!(p.retire, vec![(old.id, RetireReason::TooOld)]);
+//! // Two wanted; 8 - 3 = 5 free, so two fit beside the reserve of 3.
+//! assert_eq!((p.target, p.create, p.deferred), (2, 2, 0));
+//! assert!(p.why.starts_with("target 2 (fixed size); 1 ready, 0 preparing; 1 older than 240 min"));
+//! ```
+
+mod demand;
+mod error;
+mod plan;
+mod settings;
+
+pub use demand::{
+    DAY, DEFAULT_RECENT_WINDOW, DEFAULT_REFILL_TIME, Demand, DemandWindows, Forecast,
+    MAX_FORECAST_DURATION, WEEK, Window, WindowCount, WindowKind, expected_starts,
+};
+pub use error::PoolError;
+pub use plan::{Capacity, Member, Plan, PlanInput, RetireReason, TargetSource, plan};
+pub use settings::{DEFAULT_MAX_AGE, PoolSettings};
