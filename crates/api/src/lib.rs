@@ -57,6 +57,7 @@ mod error;
 pub mod extract;
 pub mod limits;
 pub mod metrics;
+mod pool;
 pub mod routes;
 pub mod saga;
 mod state;
@@ -134,6 +135,7 @@ impl Server {
         let state = AppState::new(config, store, cluster);
         state.start_hub();
         state.start_cluster_probe();
+        state.start_pools();
         match saga::recover(&state).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),

@@ -15,6 +15,13 @@
 //! | `ttlab_waitlist_joined_total` | — | students put on the waitlist |
 //! | `ttlab_waitlist_granted_total` | — | freed places held for the first in line (by this replica) |
 //! | `ttlab_waitlist_lapsed_total` | — | holds that lapsed untaken (removed by this replica) |
+//! | `ttlab_pool_claims_total` | `lesson` | "Start lab" served by a prepared member of the lesson's pool (by this replica) |
+//! | `ttlab_pool_misses_total` | `lesson` | "Start lab" on a pooled lesson that found no ready member and went the cold way |
+//! | `ttlab_pool_refills_total` | `lesson` | pool members this replica started preparing |
+//! | `ttlab_pool_retired_total` | `lesson`, `reason` | pool members this replica retired (`too_old`, `surplus`, `capacity_short`, `stuck_preparing`) |
+//! | `ttlab_pool_ready` | `lesson` | unclaimed members ready, at this replica's last look |
+//! | `ttlab_pool_preparing` | `lesson` | unclaimed members still being prepared, at its last look |
+//! | `ttlab_pool_target` | `lesson` | the size the pool is kept at (fixed, or from demand) |
 //! | `ttlab_objects_terminating` | `kind` | objects of sessions this server ended whose deletion was accepted but that were still there at its last look (their sessions stay `finishing`) |
 
 use std::collections::BTreeMap;
@@ -82,6 +89,22 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// Labels of the pool metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LessonLabels {
+    /// Lesson id.
+    pub lesson: String,
+}
+
+/// Labels of `ttlab_pool_retired_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetireLabels {
+    /// Lesson id.
+    pub lesson: String,
+    /// Why: `too_old`, `surplus`, `capacity_short`, `stuck_preparing`.
+    pub reason: String,
+}
+
 /// The server's metrics. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct Metrics {
@@ -116,6 +139,20 @@ pub struct Metrics {
     pub objects_terminating: Family<KindLabels, Gauge>,
     /// What `objects_terminating` is computed from.
     terminating: Arc<Mutex<Terminating>>,
+    /// Claims of pool members.
+    pub pool_claims: Family<LessonLabels, Counter>,
+    /// Pooled starts that found no ready member.
+    pub pool_misses: Family<LessonLabels, Counter>,
+    /// Pool members started.
+    pub pool_refills: Family<LessonLabels, Counter>,
+    /// Pool members retired.
+    pub pool_retired: Family<RetireLabels, Counter>,
+    /// Unclaimed ready members.
+    pub pool_ready: Family<LessonLabels, Gauge>,
+    /// Unclaimed members being prepared.
+    pub pool_preparing: Family<LessonLabels, Gauge>,
+    /// Each pool's target size.
+    pub pool_target: Family<LessonLabels, Gauge>,
 }
 
 /// The kinds of the objects still terminating, by session, and the kinds exported so far.
@@ -226,8 +263,57 @@ impl Metrics {
             "Requests refused by the concurrency limit or cut by the request timeout",
             shed.clone(),
         );
+        let pool_claims = Family::<LessonLabels, Counter>::default();
+        let pool_misses = Family::<LessonLabels, Counter>::default();
+        let pool_refills = Family::<LessonLabels, Counter>::default();
+        let pool_retired = Family::<RetireLabels, Counter>::default();
+        let pool_ready = Family::<LessonLabels, Gauge>::default();
+        let pool_preparing = Family::<LessonLabels, Gauge>::default();
+        let pool_target = Family::<LessonLabels, Gauge>::default();
+        registry.register(
+            "ttlab_pool_claims",
+            "Starts served by a prepared member of the lesson's pool",
+            pool_claims.clone(),
+        );
+        registry.register(
+            "ttlab_pool_misses",
+            "Starts of a pooled lesson that found no ready member",
+            pool_misses.clone(),
+        );
+        registry.register(
+            "ttlab_pool_refills",
+            "Pool members started",
+            pool_refills.clone(),
+        );
+        registry.register(
+            "ttlab_pool_retired",
+            "Pool members retired, by reason",
+            pool_retired.clone(),
+        );
+        registry.register(
+            "ttlab_pool_ready",
+            "Unclaimed pool members ready",
+            pool_ready.clone(),
+        );
+        registry.register(
+            "ttlab_pool_preparing",
+            "Unclaimed pool members being prepared",
+            pool_preparing.clone(),
+        );
+        registry.register(
+            "ttlab_pool_target",
+            "The size each pool is kept at",
+            pool_target.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            pool_claims,
+            pool_misses,
+            pool_refills,
+            pool_retired,
+            pool_ready,
+            pool_preparing,
+            pool_target,
             cluster_reachable,
             cluster_probe_seconds,
             rate_limited,

@@ -68,6 +68,19 @@ struct Inner {
     limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
     handover: HandOver,
+    /// The last plan of each pool by this replica's refiller (for the admin page).
+    pool_plans: Mutex<std::collections::BTreeMap<ttlab_model::LessonId, PoolPlanSeen>>,
+}
+
+/// A pool's last plan, as the admin page shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct PoolPlanSeen {
+    /// The size the pool is kept at.
+    pub target: u32,
+    /// Members the target wants but capacity does not allow now.
+    pub deferred: u32,
+    /// Why, in one line.
+    pub why: String,
 }
 
 /// A graceful hand-over in progress (SIGTERM): new starts are refused, provisioning tasks let
@@ -173,6 +186,7 @@ impl AppState {
                 limiter,
                 tasks: Mutex::new(JoinSet::new()),
                 handover: HandOver::new(),
+                pool_plans: Mutex::default(),
             }),
         }
     }
@@ -207,6 +221,30 @@ impl AppState {
     /// connection).
     pub(crate) async fn capacity_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.inner.capacity.lock().await
+    }
+
+    /// Keeps a pool's last plan for the admin page.
+    pub(crate) fn record_pool_plan(&self, lesson: &ttlab_model::LessonId, plan: &ttlab_pool::Plan) {
+        let seen = PoolPlanSeen {
+            target: plan.target,
+            deferred: plan.deferred,
+            why: plan.why.clone(),
+        };
+        self.inner
+            .pool_plans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(lesson.clone(), seen);
+    }
+
+    /// A pool's last plan by this replica, if its refiller has looked at it.
+    pub(crate) fn pool_plan(&self, lesson: &ttlab_model::LessonId) -> Option<PoolPlanSeen> {
+        self.inner
+            .pool_plans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(lesson)
+            .cloned()
     }
 
     /// When the agent's ConfigMap was last found present (see

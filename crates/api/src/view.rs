@@ -13,8 +13,8 @@ use crate::auth::CurrentUser;
 pub struct SessionView {
     /// Session id.
     pub id: String,
-    /// Whose session.
-    pub user: UserId,
+    /// Whose session (`null` for a warm-pool member nobody has claimed yet: admin lists only).
+    pub user: Option<UserId>,
     /// Lesson id.
     pub lesson: String,
     /// `vm` or `pod`.

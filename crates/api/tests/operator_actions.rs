@@ -8,7 +8,7 @@ mod support;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use support::{World, policy, start_running, token, windowed_policy};
+use support::{World, policy, sql, start_running, token, windowed_policy};
 use ttlab_api::auth::Role;
 
 fn instant(v: &Value) -> DateTime<Utc> {
@@ -16,18 +16,6 @@ fn instant(v: &Value) -> DateTime<Utc> {
         .unwrap_or_else(|| panic!("not an instant: {v}"))
         .parse()
         .unwrap()
-}
-
-/// Runs `sql` with the session id as `$1` on the test's database.
-async fn sql(w: &World, statement: &str, sid: &str) -> u64 {
-    let (db, connection) = tokio_postgres::connect(w.db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let connection = tokio::spawn(connection);
-    let n = db.execute(statement, &[&sid]).await.unwrap();
-    drop(db);
-    let _ = connection.await;
-    n
 }
 
 #[tokio::test]

@@ -654,3 +654,63 @@ async fn a_vm_stuck_terminating_keeps_its_session_finishing_until_it_is_gone(h: 
             .is_empty()
     );
 }
+
+on_both_backends!(pool_members_are_their_environments_and_never_another_reapers);
+async fn pool_members_are_their_environments_and_never_another_reapers(h: Harness) {
+    // A ready member of dev's warm pool (a live row held by no student) with its VM, and one
+    // past its age limit.
+    let now = h.now().await;
+    let sessions = h.store.sessions();
+    let member = |age_limit: TimeDelta| {
+        let id = SessionId::new_random();
+        let new = ttlab_store::NewPoolMember {
+            id,
+            lesson: common::LESSON.parse().unwrap(),
+            runtime: ttlab_model::Runtime::Vm,
+            env: common::env("dev"),
+            times: ttlab_store::SessionTimes {
+                started_at: now - TimeDelta::hours(1),
+                expires_at: now + age_limit,
+                max_expires_at: now + age_limit,
+            },
+            readiness_deadline: now + TimeDelta::minutes(5),
+        };
+        (id, new)
+    };
+    let (ready, ready_new) = member(TimeDelta::hours(3));
+    let (old, old_new) = member(TimeDelta::minutes(-1));
+    for (id, new) in [(ready, &ready_new), (old, &old_new)] {
+        sessions.insert_pool_member(new).await.unwrap();
+        let vms = [ttlab_store::SessionVm {
+            node: node("vm"),
+            name: vm_name(id, &node("vm")),
+        }];
+        assert!(sessions.record_vms(id, &vms).await.unwrap());
+        sessions.mark_running(id, None).await.unwrap().unwrap();
+        h.create_vms("dev", id, &["vm"], true).await;
+    }
+    // A member's objects whose row is gone (a refill that crashed half-way): an orphan of dev.
+    let leftover = SessionId::new_random();
+    h.create_vms("dev", leftover, &["vm"], true).await;
+
+    // The other environment's reaper touches none of them.
+    let prod = reap_once(&h.ctx("prod")).await;
+    assert_eq!(
+        (prod.expired.done, prod.orphans.done, prod.ghosts.done),
+        (0, 0, 0),
+        "{prod:?}"
+    );
+    for id in [ready, old, leftover] {
+        assert!(h.vm_alive(id, "vm").await, "prod's reaper touched {id}");
+    }
+    // Dev's own reaper: the ready member is a live session (kept), the old one expired like
+    // any session, the leftover deleted as an orphan.
+    let dev = reap_once(&h.ctx("dev")).await;
+    assert_eq!(dev.expired.done, 1, "{dev:?}");
+    assert!(dev.orphans.done >= 1, "{dev:?}");
+    assert!(h.vm_alive(ready, "vm").await);
+    assert_eq!(h.status(ready).await, SessionStatus::Running);
+    assert!(!h.vm_alive(old, "vm").await);
+    assert_eq!(h.status(old).await, SessionStatus::Expired);
+    assert!(!h.vm_alive(leftover, "vm").await);
+}

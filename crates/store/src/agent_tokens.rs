@@ -78,6 +78,27 @@ impl<'a> AgentTokens<'a> {
             .map_err(StoreError::query("reading an agent token"))
     }
 
+    /// Replaces the token of `node` of a live `session` (a pool member's token rotated at
+    /// its claim). `false` (nothing stored) if the session is not live any more or has no
+    /// token for that node.
+    pub async fn replace(
+        &self,
+        session: SessionId,
+        node: &NodeName,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        const SQL: &str = "UPDATE agent_tokens t SET token = $3, created_at = now() \
+             FROM sessions s WHERE t.session_id = $1 AND t.node = $2 \
+             AND s.id = t.session_id AND s.status = ANY($4)";
+        let live: Vec<&str> = SessionStatus::LIVE.iter().map(|s| s.as_str()).collect();
+        let client = self.store.client().await?;
+        let n = client
+            .execute(SQL, &[&session.as_uuid(), &node.as_str(), &token, &live])
+            .await
+            .map_err(StoreError::query("replacing an agent token"))?;
+        Ok(n == 1)
+    }
+
     /// How many tokens are stored for `session` (for checks that final sessions keep none).
     pub async fn count(&self, session: SessionId) -> Result<u64, StoreError> {
         const SQL: &str = "SELECT count(*) FROM agent_tokens WHERE session_id = $1";

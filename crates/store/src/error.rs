@@ -68,6 +68,15 @@ pub enum StoreError {
     /// An argument was out of range; nothing was sent to the database.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// The database refused values its schema's CHECK constraints forbid (the values are not
+    /// repeated; the rule is).
+    #[error("{what} refused: {rule}")]
+    Refused {
+        /// What was being saved.
+        what: &'static str,
+        /// The rule the values broke.
+        rule: &'static str,
+    },
     /// Applying the schema migrations failed.
     #[error("schema migration failed on {target}: {reason}")]
     Migration {

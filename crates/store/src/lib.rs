@@ -1,7 +1,7 @@
 //! The PostgreSQL store: the schema (embedded migrations), the queries — one module per table —
-//! the LISTEN/NOTIFY channels, the [leases](leases) (the reaper's leadership, a server's
-//! provisioning of a session) and the transaction-scoped locks through which the server and
-//! the reaper talk. It is the only channel between them, and the only crate that holds SQL.
+//! the LISTEN/NOTIFY channels, the [warm pools](pools), the [leases](leases) (the reaper's
+//! leadership, a server's provisioning of a session) and the transaction-scoped locks through
+//! which the server and the reaper talk. It is the only channel between them, and the only crate that holds SQL.
 //! Every connection it opens is bounded (keepalives, `TCP_USER_TIMEOUT`, statement, lock and
 //! idle-in-transaction timeouts, and a client-side watchdog on every request: [`Timeouts`])
 //! and speaks TLS as `sslmode` in the URL says ([`SslMode`]).
@@ -50,6 +50,7 @@ pub mod locks;
 mod migrate;
 mod net;
 pub mod notify;
+pub mod pools;
 pub mod reaper_cycles;
 pub mod sessions;
 pub mod testing;
@@ -75,12 +76,16 @@ pub use locks::{CapacityGuard, LeaderLock, LeaseTtls, ProvisioningLock};
 pub use migrate::{MigrationReport, SCHEMA_VERSION};
 pub use net::{SslMode, Timeouts};
 pub use notify::{Channel, ConsoleTaken, Listener, Notification};
+pub use pools::{
+    EVENT_RETENTION, LessonPool, POOL_SIZE_CAP, PoolCounts, PoolSettings, Pools, RecentStarts,
+};
 pub use reaper_cycles::{
     CycleError, CycleId, CycleTrigger, Direction, DirectionCount, NewCycle, ReaperCycle,
     ReaperCycles,
 };
 pub use sessions::{
-    DiskKind, NewSession, Session, SessionTimes, SessionVm, Sessions, Stage, TerminatingSession,
+    CLAIM_MARGIN, DiskKind, NewPoolMember, NewSession, PoolClaim, Session, SessionTimes, SessionVm,
+    Sessions, Stage, TerminatingSession,
 };
 pub use url::{DEFAULT_CONNECT_TIMEOUT, DbUrl, redact};
 pub use waitlist::{GrantReport, Joined, Reservations, Waitlist, WaitlistEntry};
@@ -228,6 +233,11 @@ impl Store {
     /// Queries on the `sessions` table.
     pub fn sessions(&self) -> Sessions<'_> {
         Sessions::new(self)
+    }
+
+    /// Warm pools: settings overrides, counts and history, recent starts.
+    pub fn pools(&self) -> Pools<'_> {
+        Pools::new(self)
     }
 
     /// Queries on the `admin_actions` table (the operators' audit trail).

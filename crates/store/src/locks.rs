@@ -12,7 +12,7 @@ use std::time::Duration;
 use ttlab_model::EnvName;
 
 use crate::leases::{HeldLease, LeaseKind};
-use crate::sessions::{self, NewSession, Session};
+use crate::sessions::{self, NewPoolMember, NewSession, Session};
 use crate::{Store, StoreError};
 
 /// What an advisory lock protects; its class is `0x7474_0000 | kind`.
@@ -294,7 +294,7 @@ impl CapacityGuard {
             Err(sessions::InsertError::LiveExists) => {
                 self.rollback_in_place().await?;
                 match self.store.sessions().live_for_user(&new.user).await? {
-                    Some(open) => Err(sessions::exists_error(open)),
+                    Some(open) => Err(sessions::exists_error(&new.user, open)),
                     // The other session ended in the meantime: the caller may simply retry.
                     None => Err(StoreError::Conflict {
                         what: "another session of this user ended while this one was opened",
@@ -302,6 +302,25 @@ impl CapacityGuard {
                 }
             }
             Err(sessions::InsertError::Other(e)) => Err(e),
+        }
+    }
+
+    /// Opens a warm-pool member (held by no user) and commits, releasing the lock: members
+    /// count against the same capacity as sessions.
+    pub async fn insert_pool_member(mut self, new: &NewPoolMember) -> Result<Session, StoreError> {
+        match sessions::insert_member_on(self.client(), new).await {
+            Ok(session) => {
+                self.client()
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(StoreError::query("committing the new pool member"))?;
+                self.return_to_pool();
+                Ok(session)
+            }
+            Err(e) => {
+                self.rollback_in_place().await?;
+                Err(e)
+            }
         }
     }
 

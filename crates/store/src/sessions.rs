@@ -8,6 +8,11 @@
 //! environment as payload, so the reaper can sleep until the next deadline. Progress records
 //! (stage, disk, VMs, failure reason) notify the same channel, so a server replica streaming
 //! a session's progress hears about changes another replica made.
+//!
+//! Warm-pool members (schema version 12) are rows of this table too, opened with no user
+//! ([`Sessions::insert_pool_member`]) and handed to one by [`Sessions::claim_pool_member`].
+//! Queries by user never return an unclaimed member; the reaper's listings and the capacity
+//! count include every member.
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,7 +35,7 @@ macro_rules! columns {
         "id, user_id, lesson, runtime, env, status, finishing_to, started_at, expires_at, \
          max_expires_at, extensions_used, readiness_deadline, created_at, vm_created_at, \
          vmi_running_at, agent_up_at, ready_at, finished_at, reclaimed_at, disk_kind, \
-         disk_reason, node_names, vm_names, failure_reason, updated_at"
+         disk_reason, node_names, vm_names, failure_reason, updated_at, pool_member, claimed_at"
     };
 }
 
@@ -90,6 +95,49 @@ pub struct NewSession {
     /// If it is not running by then, it is failed and reclaimed.
     pub readiness_deadline: DateTime<Utc>,
 }
+
+/// A warm-pool member about to be opened (status `starting`): provisioned like a session,
+/// held by no user until [`Sessions::claim_pool_member`] hands it to one. Its lifespan is the
+/// pool's age limit (the reaper expires and reclaims an old member like any session); its
+/// readiness deadline is the lesson's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPoolMember {
+    /// Its id (Kubernetes object names derive from it).
+    pub id: SessionId,
+    /// Which lesson's pool.
+    pub lesson: LessonId,
+    /// What it runs on.
+    pub runtime: Runtime,
+    /// The environment of the backend opening it.
+    pub env: EnvName,
+    /// Its age limit, as a lifespan: it is expired at `expires_at` unless claimed before.
+    pub times: SessionTimes,
+    /// If it is not running by then, it is failed and reclaimed.
+    pub readiness_deadline: DateTime<Utc>,
+}
+
+/// A student's "Start lab" served from a lesson's warm pool: see
+/// [`Sessions::claim_pool_member`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolClaim {
+    /// The environment of the backend claiming.
+    pub env: EnvName,
+    /// The lesson whose pool is claimed from.
+    pub lesson: LessonId,
+    /// Who gets the member.
+    pub user: UserId,
+    /// The session's lifespan from the claim: `expires_at` = claim + `ttl` (the policy's TTL,
+    /// as `ttlab-lifespan` would compute for a session opened at the claim instant).
+    pub ttl: std::time::Duration,
+    /// The hard cap from the claim: `max_expires_at` = claim + `max` (at least `ttl`).
+    pub max: std::time::Duration,
+}
+
+/// The longest lifespan a claim may ask for (ten years; far beyond any policy).
+const LIFESPAN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// A member whose age limit (`expires_at`) is this close is left to the reaper, not claimed.
+pub const CLAIM_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Which root disk a session got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -156,8 +204,8 @@ pub enum Stage {
 pub struct Session {
     /// The session id.
     pub id: SessionId,
-    /// Whose session.
-    pub user: UserId,
+    /// Whose session: `None` exactly for a warm-pool member nobody has claimed yet.
+    pub user: Option<UserId>,
     /// Which lesson.
     pub lesson: LessonId,
     /// What it runs on.
@@ -200,6 +248,10 @@ pub struct Session {
     pub failure_reason: Option<String>,
     /// Last change of the row.
     pub updated_at: DateTime<Utc>,
+    /// Whether it was opened as a warm-pool member (claimed or not).
+    pub pool_member: bool,
+    /// When a student claimed it (pool members only; its lifespan starts then).
+    pub claimed_at: Option<DateTime<Utc>>,
 }
 
 impl Session {
@@ -261,7 +313,7 @@ impl Session {
             .collect::<Result<_, StoreError>>()?;
         Ok(Self {
             id: SessionId::from_uuid(get::<Uuid>(row, "id")?),
-            user: parse(row, "user_id")?,
+            user: parse_opt(row, "user_id")?,
             lesson: parse(row, "lesson")?,
             runtime: parse(row, "runtime")?,
             env: parse(row, "env")?,
@@ -287,6 +339,8 @@ impl Session {
             vms,
             failure_reason: get(row, "failure_reason")?,
             updated_at: get(row, "updated_at")?,
+            pool_member: get(row, "pool_member")?,
+            claimed_at: get(row, "claimed_at")?,
         })
     }
 }
@@ -338,27 +392,81 @@ pub(crate) enum InsertError {
     Other(StoreError),
 }
 
-pub(crate) fn exists_error(open: Session) -> StoreError {
+pub(crate) fn exists_error(user: &UserId, open: Session) -> StoreError {
     StoreError::SessionExists {
-        user: open.user,
+        user: user.clone(),
         lesson: open.lesson,
         session: open.id,
         status: open.status,
     }
 }
 
-/// Inserts a `starting` row on `client` (pooled connection or open transaction).
+/// Inserts a user's `starting` row on `client` (pooled connection or open transaction).
 pub(crate) async fn insert_on(
     client: &tokio_postgres::Client,
     new: &NewSession,
 ) -> Result<Session, InsertError> {
+    insert_row(
+        client,
+        NewRow {
+            id: new.id,
+            user: Some(&new.user),
+            lesson: &new.lesson,
+            runtime: new.runtime,
+            env: &new.env,
+            times: &new.times,
+            readiness_deadline: new.readiness_deadline,
+        },
+    )
+    .await
+}
+
+/// Inserts a warm-pool member's `starting` row (no user) on `client`.
+pub(crate) async fn insert_member_on(
+    client: &tokio_postgres::Client,
+    new: &NewPoolMember,
+) -> Result<Session, StoreError> {
+    let row = NewRow {
+        id: new.id,
+        user: None,
+        lesson: &new.lesson,
+        runtime: new.runtime,
+        env: &new.env,
+        times: &new.times,
+        readiness_deadline: new.readiness_deadline,
+    };
+    match insert_row(client, row).await {
+        Ok(session) => Ok(session),
+        Err(InsertError::Other(e)) => Err(e),
+        // A row without a user is not covered by the one-live-per-user index.
+        Err(InsertError::LiveExists) => Err(StoreError::Conflict {
+            what: "a pool member collided with a user's live session",
+        }),
+    }
+}
+
+/// The values of a new `starting` row; `user` is `None` for a warm-pool member.
+struct NewRow<'a> {
+    id: SessionId,
+    user: Option<&'a UserId>,
+    lesson: &'a LessonId,
+    runtime: Runtime,
+    env: &'a EnvName,
+    times: &'a SessionTimes,
+    readiness_deadline: DateTime<Utc>,
+}
+
+async fn insert_row(
+    client: &tokio_postgres::Client,
+    new: NewRow<'_>,
+) -> Result<Session, InsertError> {
     const SQL: &str = concat!(
         "INSERT INTO sessions (id, user_id, lesson, runtime, env, status, started_at, \
-         expires_at, max_expires_at, readiness_deadline) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+         expires_at, max_expires_at, readiness_deadline, pool_member) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         returning_and_notify!()
     );
-    let t = &new.times;
+    let t = new.times;
     if !(t.started_at <= t.expires_at && t.expires_at <= t.max_expires_at) {
         return Err(InsertError::Other(StoreError::InvalidArgument(
             "a session needs started_at <= expires_at <= max_expires_at",
@@ -369,7 +477,7 @@ pub(crate) async fn insert_on(
             SQL,
             &[
                 &new.id.as_uuid(),
-                &new.user.as_str(),
+                &new.user.map(UserId::as_str),
                 &new.lesson.as_str(),
                 &new.runtime.as_str(),
                 &new.env.as_str(),
@@ -378,22 +486,23 @@ pub(crate) async fn insert_on(
                 &t.expires_at,
                 &t.max_expires_at,
                 &new.readiness_deadline,
+                &new.user.is_none(),
             ],
         )
         .await;
     match result {
         Ok(row) => Session::from_row(&row).map_err(InsertError::Other),
-        Err(e)
-            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                && e.as_db_error().and_then(|d| d.constraint())
-                    == Some("sessions_one_live_per_user") =>
-        {
-            Err(InsertError::LiveExists)
-        }
+        Err(e) if is_live_exists(&e) => Err(InsertError::LiveExists),
         Err(e) => Err(InsertError::Other(
             StoreError::query("inserting a session")(e),
         )),
     }
+}
+
+/// Whether `e` is the one-live-per-user index refusing a row.
+fn is_live_exists(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+        && e.as_db_error().and_then(|d| d.constraint()) == Some("sessions_one_live_per_user")
 }
 
 /// Queries on the `sessions` table; get one with [`Store::sessions`].
@@ -463,9 +572,90 @@ impl<'a> Sessions<'a> {
                 Err(InsertError::LiveExists) => {
                     drop(client);
                     if let Some(open) = self.live_for_user(&new.user).await? {
-                        return Err(exists_error(open));
+                        return Err(exists_error(&new.user, open));
                     }
                 }
+            }
+        }
+        Err(StoreError::Conflict {
+            what: "the user's other session kept changing",
+        })
+    }
+
+    /// Opens a warm-pool member in status `starting`, held by no user (outside the capacity
+    /// lock; the server opens members through [`CapacityGuard::insert_pool_member`]).
+    ///
+    /// [`CapacityGuard::insert_pool_member`]: crate::CapacityGuard::insert_pool_member
+    pub async fn insert_pool_member(&self, new: &NewPoolMember) -> Result<Session, StoreError> {
+        let client = self.store.client().await?;
+        insert_member_on(&client, new).await
+    }
+
+    /// Claims the longest-ready unclaimed running member of `claim.lesson`'s pool in
+    /// `claim.env` for `claim.user`, in one statement (`FOR UPDATE SKIP LOCKED`: concurrent
+    /// claims, on any replica, never get the same member). The member becomes the user's
+    /// session: `user`, `claimed_at` and a fresh lifespan starting at the claim (database
+    /// clock). Members within [`CLAIM_MARGIN`] of their age limit are passed over. Every
+    /// attempt is recorded as a claim or a miss (for hit rates).
+    ///
+    /// `Ok(None)` is a miss: no ready member (open a session the cold way). A user who
+    /// already has a live session gets [`StoreError::SessionExists`], as for a second
+    /// [`Sessions::insert`], and the member stays in the pool.
+    pub async fn claim_pool_member(
+        &self,
+        claim: &PoolClaim,
+    ) -> Result<Option<Session>, StoreError> {
+        const WHAT: &str = "claiming a pool member";
+        const SQL: &str = concat!(
+            "WITH claimed AS (UPDATE sessions SET user_id = $3, claimed_at = now(), \
+             started_at = now(), expires_at = now() + $4::float8 * interval '1 second', \
+             max_expires_at = now() + $5::float8 * interval '1 second', updated_at = now() \
+             WHERE id = (SELECT id FROM sessions WHERE env = $1 AND lesson = $2 \
+               AND pool_member AND claimed_at IS NULL AND status = 'running' \
+               AND expires_at > now() + $6::float8 * interval '1 second' \
+               ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             AND pool_member AND claimed_at IS NULL AND status = 'running'",
+            returning_and_notify!(),
+            "), event AS (INSERT INTO pool_events (env, lesson, kind) \
+             SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claim' ELSE 'miss' END) \
+             SELECT ",
+            columns!(),
+            " FROM claimed"
+        );
+        if claim.ttl > claim.max {
+            return Err(StoreError::InvalidArgument(
+                "a session needs started_at <= expires_at <= max_expires_at",
+            ));
+        }
+        if claim.max > LIFESPAN_LIMIT {
+            return Err(StoreError::InvalidArgument("a lifespan is out of range"));
+        }
+        let (ttl, max) = (claim.ttl.as_secs_f64(), claim.max.as_secs_f64());
+        let margin = CLAIM_MARGIN.as_secs_f64();
+        for _ in 0..3 {
+            let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+            let result = client
+                .query_opt(
+                    &statement,
+                    &[
+                        &claim.env.as_str(),
+                        &claim.lesson.as_str(),
+                        &claim.user.as_str(),
+                        &ttl,
+                        &max,
+                        &margin,
+                    ],
+                )
+                .await;
+            match result {
+                Ok(row) => return opt_session(row),
+                Err(e) if is_live_exists(&e) => {
+                    drop(client);
+                    if let Some(open) = self.live_for_user(&claim.user).await? {
+                        return Err(exists_error(&claim.user, open));
+                    }
+                }
+                Err(e) => return Err(StoreError::query(WHAT)(e)),
             }
         }
         Err(StoreError::Conflict {
@@ -530,7 +720,8 @@ impl<'a> Sessions<'a> {
         Ok(Some((Session::from_row(&row)?, now)))
     }
 
-    /// The user's live (starting, running or finishing) session, if any.
+    /// The user's live (starting, running or finishing) session, if any (a claimed pool
+    /// member is the user's session; an unclaimed one is nobody's).
     pub async fn live_for_user(&self, user: &UserId) -> Result<Option<Session>, StoreError> {
         const SQL: &str = concat!(
             "SELECT ",
@@ -545,8 +736,30 @@ impl<'a> Sessions<'a> {
         .await
     }
 
-    /// Live sessions of `env`, by id, at most `limit`, after `after` (the last id of the
-    /// previous page).
+    /// The unclaimed live (starting, running, finishing) members of `lesson`'s pool in `env`,
+    /// oldest first ([`Pools::members`](crate::Pools::members)).
+    pub(crate) async fn unclaimed_members(
+        &self,
+        env: &EnvName,
+        lesson: &LessonId,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 AND lesson = $2 AND pool_member \
+             AND claimed_at IS NULL AND status IN ('starting', 'running', 'finishing') \
+             ORDER BY created_at, id"
+        );
+        self.query_all(
+            "listing a pool's members",
+            SQL,
+            &[&env.as_str(), &lesson.as_str()],
+        )
+        .await
+    }
+
+    /// Live sessions of `env`, unclaimed pool members included, by id, at most `limit`, after
+    /// `after` (the last id of the previous page).
     pub async fn list_live(
         &self,
         env: &EnvName,

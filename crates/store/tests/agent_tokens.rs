@@ -66,6 +66,13 @@ async fn tokens_are_kept_while_live_and_forgotten_when_final() {
         .unwrap();
     assert!(!tokens.put(s.id, &[(node("one"), &a)]).await.unwrap());
     assert_eq!(tokens.count(s.id).await.unwrap(), 2);
+    // A rotation replaces one node's token of a live session; a node without one is not
+    // given one.
+    let d = "d".repeat(64);
+    assert!(tokens.replace(s.id, &node("two"), &d).await.unwrap());
+    assert_eq!(tokens.get(s.id, &node("two")).await.unwrap(), Some(d));
+    assert!(!tokens.replace(s.id, &node("three"), &a).await.unwrap());
+    assert_eq!(tokens.count(s.id).await.unwrap(), 2);
     // Finishing keeps them (the agents still run); final forgets them.
     store
         .sessions()
@@ -82,6 +89,9 @@ async fn tokens_are_kept_while_live_and_forgotten_when_final() {
         .unwrap();
     assert_eq!(tokens.count(s.id).await.unwrap(), 0);
     assert_eq!(tokens.get(s.id, &node("one")).await.unwrap(), None);
+    // A final session's token is never brought back.
+    assert!(!tokens.replace(s.id, &node("one"), &a).await.unwrap());
+    assert_eq!(tokens.count(s.id).await.unwrap(), 0);
 
     // An unknown session stores nothing.
     assert!(

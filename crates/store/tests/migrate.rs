@@ -21,7 +21,8 @@ async fn migrating_twice_applies_once() {
             "V8__admin_actions",
             "V9__grading_results",
             "V10__waitlist",
-            "V11__console_connections"
+            "V11__console_connections",
+            "V12__warm_pools"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

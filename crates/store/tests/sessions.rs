@@ -131,7 +131,11 @@ async fn a_user_may_start_again_once_the_previous_session_is_final() {
         .await
         .unwrap();
     assert_eq!(
-        s.live_for_user(&second.user).await.unwrap().unwrap().id,
+        s.live_for_user(second.user.as_ref().unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
         second.id
     );
 }
@@ -240,7 +244,10 @@ async fn ghosts_are_only_running_sessions() {
     assert!(ghost.finished_at.is_some());
     assert_eq!(ghost.reclaimed_at, None);
     assert_eq!(s.mark_ghost(row.id).await.unwrap(), None);
-    assert_eq!(s.live_for_user(&row.user).await.unwrap(), None);
+    assert_eq!(
+        s.live_for_user(row.user.as_ref().unwrap()).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]

@@ -267,7 +267,7 @@ async fn ticket(
 ) -> Result<Json<TicketView>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let s = match state.store().sessions().get(id).await? {
-        Some(s) if s.user == user.user => s,
+        Some(s) if s.user.as_ref() == Some(&user.user) => s,
         _ => return Err(ApiError::SessionNotFound),
     };
     if s.status != SessionStatus::Running {
@@ -408,7 +408,7 @@ async fn prepare(
         .await
         .map_err(|e| ApiError::from(e).into_response())?
         .ok_or_else(|| ApiError::SessionNotFound.into_response())?;
-    if session.user != ticket.user {
+    if session.user.as_ref() != Some(&ticket.user) {
         return Err(refuse(
             StatusCode::FORBIDDEN,
             "not_your_session",

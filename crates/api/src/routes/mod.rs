@@ -10,6 +10,7 @@ mod admin;
 mod events;
 mod health;
 pub mod openapi;
+mod pools;
 mod sessions;
 
 use std::time::Duration;
@@ -36,6 +37,7 @@ pub fn public_routes() -> Router<AppState> {
         .merge(sessions::routes())
         .merge(events::routes())
         .merge(admin::routes())
+        .merge(pools::routes())
         .merge(openapi::routes())
         .merge(crate::console::routes())
 }

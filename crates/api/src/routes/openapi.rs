@@ -80,7 +80,7 @@ pub fn document() -> Value {
             "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": ok("OpenAPI document", json!({"type": "object"}))}}},
             "/api/lessons": {"get": op("Lessons offered", auth_errors(json!({"200": ok("lessons", json!({"type": "array", "items": {"$ref": "#/components/schemas/Lesson"}}))})))},
             "/api/sessions": {"post": {
-                "summary": "Start a lab: 202 with the session in `starting`; provisioning continues in the background",
+                "summary": "Start a lab: 202 with the session in `starting` (provisioning continues in the background), or already `running` when a prepared member of the lesson's warm pool was claimed",
                 "security": [{"bearer": []}],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}}}}}},
                 "responses": start_lab
@@ -173,7 +173,7 @@ pub fn document() -> Value {
                 }},
                 "Lesson": {"type": "object", "properties": {"id": {"type": "string"}, "title": {"type": "string"}, "runtime": {"type": "string", "enum": ["vm", "pod"]}, "nodes": {"type": "array", "items": {"type": "string"}}, "grading_steps": {"type": "integer"}}},
                 "Session": {"type": "object", "properties": {
-                    "id": {"type": "string", "format": "uuid"}, "user": {"type": "string"}, "lesson": {"type": "string"}, "runtime": {"type": "string"},
+                    "id": {"type": "string", "format": "uuid"}, "user": {"type": ["string", "null"]}, "lesson": {"type": "string"}, "runtime": {"type": "string"},
                     "status": {"type": "string", "enum": ["starting", "running", "finishing", "expired", "finished", "failed", "ghost"]},
                     "stage": {"type": "string"}, "finishing_to": {"type": ["string", "null"]},
                     "started_at": {"type": "string", "format": "date-time"}, "expires_at": {"type": "string", "format": "date-time"}, "max_expires_at": {"type": "string", "format": "date-time"},
@@ -230,6 +230,11 @@ pub fn document() -> Value {
     if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), waitlist.as_object()) {
         paths.extend(more.clone());
     }
+    let pools = pool_paths(admin_errors);
+    if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), pools.as_object()) {
+        paths.extend(more.clone());
+    }
+    doc["components"]["schemas"]["Pool"] = pool_schema();
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -248,4 +253,39 @@ pub fn document() -> Value {
     session["expected_ready"] = json!({"type": "object", "description": "while starting, if measured: p50_seconds, p90_seconds and count of the lesson's recent starts (request to ready)", "properties": {
         "count": {"type": "integer"}, "p50_seconds": {"type": "number"}, "p90_seconds": {"type": "number"}}});
     doc
+}
+
+/// The warm-pool admin routes (apart, to keep `json!`'s recursion in bounds).
+fn pool_paths(admin_errors: impl Fn(Value) -> Value) -> Value {
+    json!({
+    "/api/admin/pools": {"get": op("Every VM lesson's warm pool: settings and where they come from (`lesson` file or `admin` override), members ready and preparing, claims and misses in 24 h, hit rate, median refill time, and this replica's last plan (target, deferred, why)", admin_errors(json!({"200": ok("pools", json!({"type": "object", "properties": {"pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}}))})))},
+            "/api/admin/pools/{lesson}": {
+                "parameters": [{"name": "lesson", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "get": op("One VM lesson's warm pool", admin_errors(json!({"200": ok("pool", json!({"$ref": "#/components/schemas/Pool"})), "400": err("not_pooled: a pod lesson"), "404": err("lesson_not_found")}))),
+                "put": {
+                    "summary": "Override the pool's settings (resize, pause, resume, or a pool for a lesson whose file has none); fields left out keep their current value",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "properties": {
+                        "size": {"type": "integer", "minimum": 0, "maximum": 200}, "min": {"type": "integer", "minimum": 0}, "max": {"type": "integer", "maximum": 200},
+                        "max_age_minutes": {"type": "integer", "minimum": 1, "maximum": 10080}, "demand": {"type": "boolean"}, "paused": {"type": "boolean"}}}}}},
+                    "responses": admin_errors(json!({"200": ok("the pool with its new settings", json!({"$ref": "#/components/schemas/Pool"})), "400": err("invalid_pool (min <= size <= max <= 200, max_age_minutes 1..10080), not_pooled, invalid_body"), "404": err("lesson_not_found")}))
+                },
+                "delete": op("Drop the override: the lesson file's pool settings again (or no pool; members left are retired)", admin_errors(json!({"200": ok("the pool, with `removed_override`", json!({"$ref": "#/components/schemas/Pool"})), "400": err("not_pooled"), "404": err("lesson_not_found")})))
+            }
+    })
+}
+
+/// The `Pool` schema.
+fn pool_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "lesson": {"type": "string"}, "title": {"type": "string"}, "nodes": {"type": "integer", "description": "VMs per member"},
+        "pooled": {"type": "boolean"}, "source": {"type": ["string", "null"], "enum": ["lesson", "admin", null]},
+        "settings": {"type": ["object", "null"], "properties": {"size": {"type": "integer"}, "min": {"type": "integer"}, "max": {"type": "integer"}, "max_age_minutes": {"type": "integer"}, "demand": {"type": "boolean"}, "paused": {"type": "boolean"}}},
+        "updated_by": {"type": ["string", "null"]}, "updated_at": {"type": ["string", "null"], "format": "date-time"},
+        "ready": {"type": "integer"}, "preparing": {"type": "integer"}, "claims_24h": {"type": "integer"}, "misses_24h": {"type": "integer"},
+        "hit_rate": {"type": ["number", "null"]}, "median_refill_seconds": {"type": ["number", "null"]},
+        "target": {"type": ["integer", "null"], "description": "the size this replica's refiller keeps the pool at (null before its first look)"},
+        "deferred": {"type": ["integer", "null"], "description": "members the target wants that capacity does not allow now"},
+        "why": {"type": ["string", "null"]}
+    }})
 }

@@ -94,7 +94,11 @@ async fn create(
         .ok_or_else(|| ApiError::LessonNotFound(body.lesson.clone()))?;
     let session = saga::open_session(&state, &user.user, &lesson).await?;
     tracing::info!(session = %session.id, user = %user.user, lesson = %lesson.id, "session accepted");
-    saga::spawn_provisioning(&state, session.clone());
+    // A member claimed from the lesson's pool is running already; anything else is prepared
+    // now.
+    if session.status == SessionStatus::Starting {
+        saga::spawn_provisioning(&state, session.clone());
+    }
     let view = view(&state, &session).await?.for_viewer(&user);
     Ok((
         StatusCode::ACCEPTED,
@@ -140,7 +144,7 @@ pub(super) async fn visible(
     id: ttlab_model::SessionId,
 ) -> Result<Session, ApiError> {
     match state.store().sessions().get(id).await? {
-        Some(s) if s.user == user.user || user.is_admin() => Ok(s),
+        Some(s) if s.user.as_ref() == Some(&user.user) || user.is_admin() => Ok(s),
         _ => Err(ApiError::SessionNotFound),
     }
 }
@@ -152,7 +156,7 @@ async fn owned(
     id: ttlab_model::SessionId,
 ) -> Result<Session, ApiError> {
     match state.store().sessions().get(id).await? {
-        Some(s) if s.user == user.user => Ok(s),
+        Some(s) if s.user.as_ref() == Some(&user.user) => Ok(s),
         _ => Err(ApiError::SessionNotFound),
     }
 }
@@ -177,7 +181,7 @@ async fn read(
 ) -> Result<Json<SessionView>, ApiError> {
     // One round trip: the row and the database clock it is rendered against.
     match state.store().sessions().get_with_now(id).await? {
-        Some((s, now)) if s.user == user.user || user.is_admin() => {
+        Some((s, now)) if s.user.as_ref() == Some(&user.user) || user.is_admin() => {
             let expected = expected(&state, &s).await;
             Ok(Json(
                 SessionView::new(&s, &state.config().policy, now)

@@ -32,7 +32,9 @@ use gone::complete;
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
 pub use open::open_session;
+pub(crate) use open::{count_vms, listed_vms};
 pub(crate) use pod::LAB_CONTAINER;
+pub(crate) use tokens::fresh as fresh_token;
 pub(crate) use tokens::stored as agent_token;
 
 /// How long a provisioning step retries a database that went away before giving up.
@@ -442,12 +444,24 @@ pub async fn finish_by_student(
     state: &AppState,
     session: &Session,
 ) -> Result<Option<Session>, ApiError> {
+    end_live(state, session, FinalStatus::Finished, None).await
+}
+
+/// Ends a `starting` or `running` session as `to` (with `reason`), the way a student's finish
+/// does ([`finish_by_student`]): a provisioner still at work is waited for before anything is
+/// deleted, or left to complete the row itself.
+pub(crate) async fn end_live(
+    state: &AppState,
+    session: &Session,
+    to: FinalStatus,
+    reason: Option<&str>,
+) -> Result<Option<Session>, ApiError> {
     let Some(row) = begin_finishing(
         state,
         session,
         &[SessionStatus::Starting, SessionStatus::Running],
-        FinalStatus::Finished,
-        None,
+        to,
+        reason,
     )
     .await?
     else {

@@ -60,9 +60,21 @@ pub async fn open_session(
             ),
         });
     }
-    let session = match lesson.runtime {
-        Runtime::Pod => state.store().sessions().insert(&new).await?,
-        Runtime::Vm => open_vm_session(state, lesson, &new).await?,
+    // A pooled lesson: a prepared member if one is ready (its places are already held, so
+    // no capacity check); else the cold way, with no extra wait.
+    let claimed = match lesson.runtime {
+        Runtime::Vm => crate::pool::claim(state, user, lesson).await?,
+        Runtime::Pod => None,
+    };
+    let session = match (claimed, lesson.runtime) {
+        (Some(claimed), _) => {
+            if let Err(e) = state.store().waitlist().remove(user).await {
+                tracing::warn!(error = %e, "cannot remove the waitlist entry of an opened session");
+            }
+            claimed
+        }
+        (None, Runtime::Pod) => state.store().sessions().insert(&new).await?,
+        (None, Runtime::Vm) => open_vm_session(state, lesson, &new).await?,
     };
     state
         .metrics()
@@ -182,7 +194,7 @@ const FAILURE_MAX_AGE: Duration = Duration::from_secs(5);
 /// process lists, the others wait for its answer; a failure (the 5 s timeout included) is
 /// the answer for [`FAILURE_MAX_AGE`], so starts behind a slow cluster do not each wait out
 /// the timeout in turn.
-async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
+pub(crate) async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
     let mut cached = state.listed_vms().lock().await;
     match cached.as_ref() {
         Some((at, Ok(names))) if at.elapsed() <= LISTING_MAX_AGE => return Ok(names.clone()),
@@ -241,7 +253,10 @@ pub(crate) struct ListedVm {
 /// deleted, so the database alone accounts for every session's VMs, whatever the age of the
 /// listing; the listing (`listing`, taken before the database is read, at most a second
 /// old) only adds VMs no live session accounts for, where a second's delay is harmless.
-async fn count_vms(state: &AppState, listing: &[ListedVm]) -> Result<CapacityUse, ApiError> {
+pub(crate) async fn count_vms(
+    state: &AppState,
+    listing: &[ListedVm],
+) -> Result<CapacityUse, ApiError> {
     let mut held: BTreeSet<String> = BTreeSet::new();
     let live = state.store().sessions().live_vm_sessions_all_envs().await?;
     for (id, lesson, vms) in live {

@@ -356,3 +356,17 @@ pub fn windowed_policy(ttl: u64, max: u64, ext: u32, window: u64) -> Policy {
         .with_extend_window(Duration::from_secs(window))
         .unwrap()
 }
+
+/// Runs `statement` with the session id as `$1` (text: cast it, `$1::text::uuid`) on the
+/// test's database; how many rows it changed.
+#[allow(dead_code)]
+pub async fn sql(w: &World, statement: &str, sid: &str) -> u64 {
+    let (db, connection) = tokio_postgres::connect(w.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let n = db.execute(statement, &[&sid]).await.unwrap();
+    drop(db);
+    let _ = connection.await;
+    n
+}

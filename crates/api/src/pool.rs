@@ -1,0 +1,512 @@
+//! Warm pools: "Start lab" for a pooled lesson claims a prepared member, and every replica
+//! keeps the pools filled within the capacity headroom.
+//!
+//! A member is a session row held by no student (`pool_member`), opened under the capacity
+//! lock like any VM session and provisioned by the normal saga (setup done, readiness marker
+//! written). Its lifespan as a member is the pool's age limit, and the guest's hard deadline
+//! follows from it, so the reaper expires an old member like any session, fails one stuck
+//! preparing, and treats its objects as its environment's (never another's).
+//!
+//! **The claim** ([`claim`]) is one statement (`FOR UPDATE SKIP LOCKED`): two clicks, or two
+//! replicas, never get the same member, and the one-live-session-per-student index still
+//! decides. The lifespan starts at the claim. Then the member is handed over: through each
+//! VM's agent the guest's hard deadline is re-armed to the session's hard cap plus the grace,
+//! and the agent token is rotated (the token the member booted with stops working) and the new
+//! one stored. A member that cannot be handed over is failed, never given half-done.
+//!
+//! **The refiller** ([`AppState::start_pools`]) runs on every replica, every [`POOL_TICK`] and
+//! on change hints. For each pooled lesson it takes the capacity lock, counts the VM places as
+//! a start does, lists the unclaimed members and asks [`ttlab_pool::plan`] what to do; it
+//! opens at most one member per turn of the lock (so replicas take turns and never
+//! over-fill), and retires what the plan retires. Places held for the waitlist, and the
+//! reserve a cold start of the largest lesson needs, are never taken.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::sync::broadcast;
+use ttlab_agent::AgentClient;
+use ttlab_lesson::Lesson;
+use ttlab_model::{FinalStatus, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_pool::{Capacity, Demand, Forecast, Member, Plan, PlanInput, PoolSettings, RetireReason};
+use ttlab_store::{NewPoolMember, PoolClaim, Session, SessionTimes};
+
+use crate::metrics::LessonLabels;
+use crate::saga::{self, with_db};
+use crate::{ApiError, AppState};
+
+/// How often each replica looks at its pools (change hints wake it sooner).
+pub const POOL_TICK: Duration = Duration::from_secs(2);
+
+/// The shortest pause between two rounds, however many change hints arrive.
+const MIN_ROUND_PAUSE: Duration = Duration::from_millis(250);
+
+/// How long the hand-over of a claimed member may take, per VM.
+const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
+
+/// Where a pool's settings come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SettingsSource {
+    /// The lesson file's `pool:` section.
+    Lesson,
+    /// An operator's override (`PUT /api/admin/pools/{lesson}`).
+    Admin,
+}
+
+/// The settings a VM lesson's pool runs with: an operator's override if there is one, else
+/// the lesson file's. `None` for a lesson without a pool (and for pod lessons).
+pub(crate) async fn settings_of(
+    state: &AppState,
+    lesson: &Lesson,
+) -> Result<Option<(PoolSettings, SettingsSource)>, ApiError> {
+    if lesson.runtime != Runtime::Vm {
+        return Ok(None);
+    }
+    let overridden = state
+        .store()
+        .pools()
+        .get(&state.config().env, &lesson.id)
+        .await?;
+    settings_with(lesson, overridden.as_ref().map(|p| &p.settings))
+}
+
+/// [`settings_of`] from an override already read.
+pub(crate) fn settings_with(
+    lesson: &Lesson,
+    overridden: Option<&ttlab_store::PoolSettings>,
+) -> Result<Option<(PoolSettings, SettingsSource)>, ApiError> {
+    if lesson.runtime != Runtime::Vm {
+        return Ok(None);
+    }
+    match (overridden, lesson.pool.as_ref()) {
+        (Some(o), _) => Ok(Some((from_store(o)?, SettingsSource::Admin))),
+        (None, Some(spec)) => Ok(Some((
+            PoolSettings::try_from(spec)
+                .map_err(|e| ApiError::Internal(format!("the pool of {}: {e}", lesson.id)))?,
+            SettingsSource::Lesson,
+        ))),
+        (None, None) => Ok(None),
+    }
+}
+
+pub(crate) fn from_store(s: &ttlab_store::PoolSettings) -> Result<PoolSettings, ApiError> {
+    let max_age = TimeDelta::from_std(s.max_age)
+        .map_err(|_| ApiError::Internal("a pool's age limit is out of range".into()))?;
+    Ok(PoolSettings::new(s.min, s.size, s.max, max_age)
+        .map_err(|e| ApiError::Internal(format!("stored pool settings: {e}")))?
+        .with_demand(s.demand_driven)
+        .with_paused(s.paused))
+}
+
+/// "Start lab" on a pooled lesson: the longest-ready member, claimed for `user` and handed
+/// over. `Ok(None)`: the lesson has no pool, or no member is ready (a miss: open the session
+/// the cold way, with no extra wait).
+pub(crate) async fn claim(
+    state: &AppState,
+    user: &UserId,
+    lesson: &Lesson,
+) -> Result<Option<Session>, ApiError> {
+    if settings_of(state, lesson).await?.is_none() {
+        return Ok(None);
+    }
+    let policy = &state.config().policy;
+    let request = PoolClaim {
+        env: state.config().env.clone(),
+        lesson: lesson.id.clone(),
+        user: user.clone(),
+        ttl: policy.ttl,
+        max: policy.max,
+    };
+    let labels = LessonLabels {
+        lesson: lesson.id.to_string(),
+    };
+    let Some(session) = state.store().sessions().claim_pool_member(&request).await? else {
+        state.metrics().pool_misses.get_or_create(&labels).inc();
+        return Ok(None);
+    };
+    state.metrics().pool_claims.get_or_create(&labels).inc();
+    match hand_over(state, &session).await {
+        Ok(()) => {
+            tracing::info!(session = %session.id, %user, lesson = %lesson.id, "claimed a prepared lab from the pool");
+            Ok(Some(session))
+        }
+        Err(why) => {
+            tracing::warn!(session = %session.id, error = %why, "a claimed pool member could not be handed over; failing it");
+            let reason = format!("the prepared lab could not be handed over: {why}");
+            if let Err(e) =
+                saga::end_live(state, &session, FinalStatus::Failed, Some(&reason)).await
+            {
+                tracing::warn!(session = %session.id, error = %e, "cannot fail the claimed member; the reaper will");
+            }
+            Err(ApiError::AgentUnavailable(reason))
+        }
+    }
+}
+
+/// Re-arms each guest's hard deadline for the session and rotates its agent token, through
+/// its agent (authenticated with the token it booted with), storing each new token.
+async fn hand_over(state: &AppState, session: &Session) -> Result<(), String> {
+    let grace = TimeDelta::from_std(state.config().policy.hard_deadline_grace)
+        .map_err(|_| "the hard-deadline grace is out of range".to_owned())?;
+    let power_off_at = session
+        .max_expires_at
+        .checked_add_signed(grace)
+        .ok_or_else(|| "the hard deadline is out of range".to_owned())?;
+    let each = session.vms.iter().map(|vm| async move {
+        tokio::time::timeout(
+            HAND_OVER_WITHIN,
+            hand_over_vm(state, session.id, vm, power_off_at),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "{}: no answer within {HAND_OVER_WITHIN:?}",
+                vm.node
+            ))
+        })
+    });
+    futures::future::try_join_all(each).await.map(|_| ())
+}
+
+async fn hand_over_vm(
+    state: &AppState,
+    session: SessionId,
+    vm: &ttlab_store::SessionVm,
+    power_off_at: DateTime<Utc>,
+) -> Result<(), String> {
+    let node = &vm.node;
+    let ip = state
+        .cluster()
+        .vmi_ip(&vm.name)
+        .await
+        .map_err(|e| format!("{node}: {e}"))?
+        .ok_or_else(|| format!("{node}: the VM has no address"))?;
+    let old = saga::agent_token(state, session, node)
+        .await
+        .map_err(|e| format!("{node}: {e}"))?;
+    let new = crate::saga::fresh_token().map_err(|e| format!("{node}: {e}"))?;
+    let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), old)
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(3))
+        .with_user_agent(state.config().user_agent.as_str());
+    client
+        .set_deadline(power_off_at.into())
+        .await
+        .map_err(|e| format!("{node}: re-arming the hard deadline: {e}"))?;
+    client
+        .rotate_token(&new)
+        .await
+        .map_err(|e| format!("{node}: rotating the agent token: {e}"))?;
+    let stored = with_db(|| async {
+        state
+            .store()
+            .agent_tokens()
+            .replace(session, node, new.reveal())
+            .await
+    })
+    .await
+    .map_err(|e| format!("{node}: storing the rotated agent token: {e}"))?;
+    if !stored {
+        return Err(format!("{node}: the session ended during the hand-over"));
+    }
+    Ok(())
+}
+
+/// The VM places of the largest VM lesson: what a cold start may need, and the pools leave.
+fn cold_reserve(state: &AppState) -> u32 {
+    state
+        .config()
+        .lessons
+        .iter()
+        .filter(|l| l.runtime == Runtime::Vm)
+        .map(|l| u32::try_from(l.nodes.len()).unwrap_or(u32::MAX))
+        .max()
+        .unwrap_or(1)
+}
+
+impl AppState {
+    /// Starts the refiller of this replica's pools (see the module documentation). Does
+    /// nothing when no lesson has a pool.
+    pub(crate) fn start_pools(&self) {
+        let state = self.clone();
+        let mut rx = self.subscribe();
+        self.spawn(async move {
+            loop {
+                if let Ok(Err(broadcast::error::RecvError::Closed)) =
+                    tokio::time::timeout(POOL_TICK, rx.recv()).await
+                {
+                    return;
+                }
+                if state.is_draining() {
+                    continue;
+                }
+                // Every VM lesson: those with a pool (in their file, or an operator's), and
+                // those whose pool was taken away, whose members are retired.
+                let overrides = match state.store().pools().list(&state.config().env).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot read the pool settings now");
+                        continue;
+                    }
+                };
+                let lessons: Vec<Lesson> = state
+                    .config()
+                    .lessons
+                    .iter()
+                    .filter(|l| l.runtime == Runtime::Vm)
+                    .cloned()
+                    .collect();
+                for lesson in &lessons {
+                    let overridden = overrides.iter().find(|o| o.lesson == lesson.id);
+                    if let Err(e) = refill(&state, lesson, overridden.map(|o| &o.settings)).await {
+                        tracing::debug!(lesson = %lesson.id, error = %e, "cannot tend the pool now");
+                    }
+                }
+                tokio::time::sleep(MIN_ROUND_PAUSE).await;
+            }
+        });
+    }
+}
+
+/// One round for one pooled lesson: plan under the capacity lock, open at most one member per
+/// turn of the lock (again while the plan wants more), and retire what the first plan
+/// retires.
+async fn refill(
+    state: &AppState,
+    lesson: &Lesson,
+    overridden: Option<&ttlab_store::PoolSettings>,
+) -> Result<(), ApiError> {
+    // Without a pool, any member left (its pool was taken away) is surplus.
+    let settings = match settings_with(lesson, overridden)? {
+        Some((settings, _)) => settings,
+        None => {
+            let members = state
+                .store()
+                .pools()
+                .members(&state.config().env, &lesson.id)
+                .await?;
+            if members.is_empty() {
+                return Ok(());
+            }
+            PoolSettings::new(0, 0, 0, ttlab_pool::DEFAULT_MAX_AGE)
+                .map_err(|e| ApiError::Internal(format!("an empty pool: {e}")))?
+        }
+    };
+    let labels = LessonLabels {
+        lesson: lesson.id.to_string(),
+    };
+    let mut retired = false;
+    for _ in 0..=settings.max() {
+        let _turn = state.capacity_turn().await;
+        let listing = saga::listed_vms(state).await?;
+        let guard = state.store().lock_capacity().await?;
+        let usage = saga::count_vms(state, &listing).await?;
+        let members = state
+            .store()
+            .pools()
+            .members(&state.config().env, &lesson.id)
+            .await?;
+        let now = state.store().db_now().await?;
+        let demand = if settings.demand_driven() {
+            Some(demand_of(state, lesson, now).await?)
+        } else {
+            None
+        };
+        // Students waiting for a place come first: while anybody waits, the pools take no
+        // place and give theirs back.
+        let waiting = state.store().waitlist().any().await?;
+        let limit = u32::try_from(state.config().vm_limit).unwrap_or(u32::MAX);
+        let member_nodes = nodes_of(lesson);
+        let retiring: u32 = members
+            .iter()
+            .filter(|m| m.status == SessionStatus::Finishing)
+            .map(|m| u32::try_from(m.vms.len().max(lesson.nodes.len())).unwrap_or(u32::MAX))
+            .sum();
+        let input = PlanInput {
+            now,
+            settings,
+            member_nodes,
+            members: members
+                .iter()
+                .filter(|m| m.status != SessionStatus::Finishing)
+                .map(|m| Member {
+                    id: m.id,
+                    created_at: m.created_at,
+                    ready_at: (m.status == SessionStatus::Running)
+                        .then_some(m.ready_at.unwrap_or(m.created_at)),
+                    nodes: member_nodes,
+                })
+                .collect(),
+            capacity: Capacity {
+                limit,
+                alive: u32::try_from(usage.total()).unwrap_or(u32::MAX),
+                starting: 0,
+                retiring,
+                reserve: if waiting { limit } else { cold_reserve(state) },
+            },
+            demand,
+            stuck_after: TimeDelta::from_std(
+                lesson.readiness_timeout + lesson.setup_timeout + state.config().readiness_margin,
+            )
+            .unwrap_or(TimeDelta::MAX),
+        };
+        let plan: Plan = ttlab_pool::plan(&input);
+        let ready = input.members.iter().filter(|m| m.is_ready()).count();
+        let metrics = state.metrics();
+        metrics
+            .pool_ready
+            .get_or_create(&labels)
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
+        metrics
+            .pool_preparing
+            .get_or_create(&labels)
+            .set(i64::try_from(input.members.len() - ready).unwrap_or(i64::MAX));
+        metrics
+            .pool_target
+            .get_or_create(&labels)
+            .set(i64::from(plan.target));
+        state.record_pool_plan(&lesson.id, &plan);
+        if plan.create == 0 {
+            guard.rollback().await?;
+            if !retired {
+                retire(state, &members, &plan.retire).await;
+            }
+            return Ok(());
+        }
+        let member = guard
+            .insert_pool_member(&new_member(state, lesson, &settings, now))
+            .await?;
+        metrics.pool_refills.get_or_create(&labels).inc();
+        tracing::info!(session = %member.id, lesson = %lesson.id, why = %plan.why, "preparing a pool member");
+        saga::spawn_provisioning(state, member);
+        if !retired {
+            retired = true;
+            retire(state, &members, &plan.retire).await;
+        }
+    }
+    Ok(())
+}
+
+fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
+    NonZeroU32::new(u32::try_from(lesson.nodes.len()).unwrap_or(u32::MAX))
+        .unwrap_or(NonZeroU32::MIN)
+}
+
+/// A new member of `lesson`'s pool: its lifespan as a member is the pool's age limit, and it
+/// has the lesson's readiness deadline, like a cold session.
+fn new_member(
+    state: &AppState,
+    lesson: &Lesson,
+    settings: &PoolSettings,
+    now: DateTime<Utc>,
+) -> NewPoolMember {
+    let expires = now.checked_add_signed(settings.max_age()).unwrap_or(now);
+    let wait = lesson.readiness_timeout + lesson.setup_timeout + state.config().readiness_margin;
+    NewPoolMember {
+        id: SessionId::new_random(),
+        lesson: lesson.id.clone(),
+        runtime: lesson.runtime,
+        env: state.config().env.clone(),
+        times: SessionTimes {
+            started_at: now,
+            expires_at: expires,
+            max_expires_at: expires,
+        },
+        readiness_deadline: now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX),
+    }
+}
+
+/// The recent starts of `lesson`, for a demand-driven size.
+async fn demand_of(
+    state: &AppState,
+    lesson: &Lesson,
+    now: DateTime<Utc>,
+) -> Result<Demand, ApiError> {
+    let refill = state
+        .store()
+        .pools()
+        .counts(&state.config().env, &lesson.id)
+        .await?
+        .median_refill
+        .and_then(|d| TimeDelta::from_std(d).ok())
+        .filter(|d| *d > TimeDelta::zero())
+        .unwrap_or(ttlab_pool::DEFAULT_REFILL_TIME);
+    let forecast = Forecast::new(refill, ttlab_pool::DEFAULT_RECENT_WINDOW)
+        .or_else(|_| {
+            Forecast::new(
+                ttlab_pool::DEFAULT_REFILL_TIME,
+                ttlab_pool::DEFAULT_RECENT_WINDOW,
+            )
+        })
+        .map_err(|e| ApiError::Internal(format!("demand forecast: {e}")))?;
+    let env = &state.config().env;
+    let windows = forecast.windows(now);
+    let mut starts = Vec::new();
+    for w in [windows.recent, windows.day_before, windows.week_before]
+        .into_iter()
+        .flatten()
+    {
+        starts.extend(
+            state
+                .store()
+                .pools()
+                .starts_between(env, &lesson.id, w.start, w.end)
+                .await?,
+        );
+    }
+    // Before the oldest session the database holds, nothing is known (not "nobody started").
+    let recorded_since = state
+        .store()
+        .pools()
+        .history_since(env)
+        .await?
+        .unwrap_or(now);
+    Ok(Demand {
+        forecast,
+        starts,
+        recorded_since,
+    })
+}
+
+/// Retires members as the plan says: each is ended like a student's finish (a provisioner
+/// still at work is waited for), as `expired` (too old, surplus, places needed) or `failed`
+/// (stuck preparing).
+async fn retire(state: &AppState, members: &[Session], retire: &[(SessionId, RetireReason)]) {
+    for (id, reason) in retire {
+        let Some(member) = members.iter().find(|m| m.id == *id) else {
+            continue;
+        };
+        let (to, why) = match reason {
+            RetireReason::TooOld => (
+                FinalStatus::Expired,
+                "retired from the pool: older than its age limit",
+            ),
+            RetireReason::Surplus => (
+                FinalStatus::Expired,
+                "retired from the pool: more members than its size",
+            ),
+            RetireReason::CapacityShort => (
+                FinalStatus::Expired,
+                "retired from the pool: its places are needed",
+            ),
+            RetireReason::StuckPreparing => (
+                FinalStatus::Failed,
+                "retired from the pool: its preparation did not finish in time",
+            ),
+        };
+        state
+            .metrics()
+            .pool_retired
+            .get_or_create(&crate::metrics::RetireLabels {
+                lesson: member.lesson.to_string(),
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+        tracing::info!(session = %id, reason = reason.as_str(), "retiring a pool member");
+        if let Err(e) = saga::end_live(state, member, to, Some(why)).await {
+            tracing::warn!(session = %id, error = %e, "cannot retire the pool member now");
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Warm pools through the real server on kube-sim and a real PostgreSQL: claims on two
+//! replicas never share a member, a claimed member's boot token stops working and its hard
+//! deadline becomes the session's, the pool never takes a cold start's places, and a member
+//! past its age limit is replaced.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{LESSONS, NS, Running, World, policy, token};
+use ttlab_agent::AgentClient;
+use ttlab_agent::protocol::AgentToken;
+use ttlab_api::auth::Role;
+use ttlab_lesson::LessonSet;
+use ttlab_model::{NodeName, SessionId};
+
+/// A single-node lesson with a pool of three.
+const POOLED: &str = r#"
+id: pooled
+title: Pooled
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+readiness_timeout_seconds: 5
+setup_timeout_seconds: 5
+pool:
+  size: 3
+grading:
+  - name: passes
+    command: "true"
+"#;
+
+/// The test lessons with the pooled one.
+fn lessons() -> LessonSet {
+    LessonSet::from_sources([
+        ("test.yaml".into(), LESSONS.to_owned()),
+        ("pooled.yaml".into(), POOLED.to_owned()),
+    ])
+    .unwrap()
+}
+
+async fn pooled_server(w: &World, vm_limit: usize) -> Running {
+    let mut config = w.config(policy(3600, 7200, 3), vm_limit).await;
+    config.lessons = lessons();
+    w.serve(config).await
+}
+
+fn admin() -> String {
+    token("operator", Role::Admin)
+}
+
+/// The pool's state as the admin API shows it.
+async fn pool(s: &Running, lesson: &str) -> Value {
+    let (status, v) = s.get(&format!("/api/admin/pools/{lesson}"), &admin()).await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// Waits (60 s at most) until `lesson`'s pool has `ready` members ready.
+async fn wait_ready(s: &Running, lesson: &str, ready: u64) -> Value {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = pool(s, lesson).await;
+        if v["ready"].as_u64() == Some(ready) && v["preparing"].as_u64() == Some(0) {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "the pool never had {ready} ready: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_students_on_two_replicas_never_share_a_member_and_a_double_click_gets_one_session() {
+    let w = World::new().await;
+    let a = Arc::new(pooled_server(&w, 80).await);
+    let b = Arc::new(pooled_server(&w, 80).await);
+    wait_ready(&a, "pooled", 3).await;
+
+    // Fifty students at once, every other one on the other replica.
+    let clicks: Vec<_> = (0..50)
+        .map(|i| {
+            let replica = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let t = token(&format!("student{i:02}"), Role::Student);
+                let (status, v) = replica
+                    .post("/api/sessions", &t, json!({"lesson": "pooled"}))
+                    .await;
+                (status, v, t)
+            })
+        })
+        .collect();
+    let mut ids = BTreeSet::new();
+    let mut hits = 0;
+    let mut followed = Vec::new();
+    for c in clicks {
+        let (status, v, t) = c.await.unwrap();
+        assert_eq!(status, 202, "{v}");
+        let id = v["id"].as_str().unwrap().to_owned();
+        assert!(ids.insert(id.clone()), "session {id} given twice");
+        if v["status"] == "running" {
+            hits += 1;
+        }
+        followed.push((id, t));
+    }
+    assert_eq!(ids.len(), 50);
+    // The three ready members went to three students (refills may have served a few more),
+    // and nobody got a member someone else had.
+    assert!(hits >= 3, "only {hits} clicks were served by the pool");
+    let store = w.db.store().await.unwrap();
+    let mut claimed_by = BTreeSet::new();
+    for (id, _) in &followed {
+        let s = store
+            .sessions()
+            .get(id.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let user = s.user.clone().expect("every session has its student");
+        assert!(
+            claimed_by.insert(user.to_string()),
+            "{user} has two sessions"
+        );
+    }
+    // Every one of them runs.
+    for (id, t) in &followed {
+        let v = a.wait_session(id, t, |v| v["status"] != "starting").await;
+        assert_eq!(v["status"], "running", "{v}");
+    }
+
+    // A double click on a pooled lesson: one session, and a clear 409 for the other click.
+    wait_ready(&a, "pooled", 3).await;
+    let t = token("doubleclick", Role::Student);
+    let (x, y) = tokio::join!(
+        a.post("/api/sessions", &t, json!({"lesson": "pooled"})),
+        b.post("/api/sessions", &t, json!({"lesson": "pooled"})),
+    );
+    let mut statuses = [x.0, y.0];
+    statuses.sort();
+    assert_eq!(statuses, [202, 409], "{x:?} {y:?}");
+    let conflict = if x.0 == 409 { &x.1 } else { &y.1 };
+    assert_eq!(conflict["error"], "session_exists", "{conflict}");
+    for replica in [a, b] {
+        if let Ok(r) = Arc::try_unwrap(replica) {
+            r.stop().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claimed_member_refuses_its_boot_token_and_powers_off_at_the_sessions_deadline() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 20).await;
+    wait_ready(&s, "pooled", 3).await;
+    let store = w.db.store().await.unwrap();
+    let node: NodeName = "vm".parse().unwrap();
+    // The boot tokens of the ready members.
+    let members = store
+        .pools()
+        .members(&"dev".parse().unwrap(), &"pooled".parse().unwrap())
+        .await
+        .unwrap();
+    let mut boot_tokens = std::collections::BTreeMap::new();
+    for m in &members {
+        let t = store
+            .agent_tokens()
+            .get(m.id, &node)
+            .await
+            .unwrap()
+            .unwrap();
+        boot_tokens.insert(m.id, t);
+    }
+
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "served by the pool: {v}");
+    let id: SessionId = v["id"].as_str().unwrap().parse().unwrap();
+    let boot = boot_tokens.get(&id).expect("a member was claimed").clone();
+    let vm = ttlab_vm_manifest::vm_name(id, &node);
+    let ip = w.sim.guest_ip(NS, &vm).expect("the guest's address");
+    let addr = std::net::SocketAddr::new(ip.into(), s.state.config().agent_port);
+
+    // The token the member booted with is refused; the rotated one, stored, works.
+    let old = AgentClient::new(addr, AgentToken::parse(&boot).unwrap());
+    let refused = old.exec("true", Duration::from_secs(5)).await;
+    assert!(refused.is_err(), "the boot token still works: {refused:?}");
+    let current = store.agent_tokens().get(id, &node).await.unwrap().unwrap();
+    assert_ne!(current, boot);
+    let new = AgentClient::new(addr, AgentToken::parse(&current).unwrap());
+    let ran = new.exec("true", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(ran.exit_code, Some(0));
+    // Grading (through the server) uses it.
+    let (status, graded) = s
+        .post(&format!("/api/sessions/{id}/grade"), &alice, json!({}))
+        .await;
+    assert_eq!(status, 200, "{graded}");
+    assert_eq!(graded["passed"], 1, "{graded}");
+
+    // The guest powers off at the session's hard cap plus the grace, not the member's.
+    let session = store.sessions().get(id).await.unwrap().unwrap();
+    let grace = chrono::TimeDelta::from_std(s.state.config().policy.hard_deadline_grace).unwrap();
+    let want = (session.max_expires_at + grace).timestamp();
+    let file = w
+        .sim
+        .guest_dir(NS, &vm)
+        .unwrap()
+        .join(ttlab_agent::protocol::POWER_OFF_AT_PATH.trim_start_matches('/'));
+    let got: i64 = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        got, want,
+        "power-off at {got}, the session's deadline is {want}"
+    );
+    assert!(session.claimed_at.is_some());
+    assert!(session.started_at >= session.created_at);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pool_never_takes_the_places_a_cold_start_needs() {
+    let w = World::new().await;
+    // Five places; the largest lesson (duo) needs two, so the pool may hold three at most,
+    // however large it is asked to be.
+    let s = pooled_server(&w, 5).await;
+    let (status, v) = s
+        .raw(
+            "PUT",
+            "/api/admin/pools/pooled",
+            Some(&admin()),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"size": 10})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["source"], "admin", "{v}");
+    let v = wait_ready(&s, "pooled", 3).await;
+    assert_eq!(v["target"], 10, "{v}");
+    assert!(v["deferred"].as_u64().unwrap() > 0, "{v}");
+    for _ in 0..20 {
+        assert!(w.sim.stats().vms <= 3, "{:?}", w.sim.stats());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A cold start of the largest lesson still finds its places.
+    let (status, v) = s
+        .post(
+            "/api/sessions",
+            &token("bob", Role::Student),
+            json!({"lesson": "duo"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    // Bad settings are the operator's mistake, said plainly.
+    let (status, v) = s
+        .raw(
+            "PUT",
+            "/api/admin/pools/pooled",
+            Some(&admin()),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"size": 5, "max": 2})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"], "invalid_pool", "{v}");
+    let (status, v) = s
+        .raw(
+            "PUT",
+            "/api/admin/pools/shell",
+            Some(&admin()),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"size": 1})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"], "not_pooled", "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_older_than_its_age_limit_is_replaced_and_never_reused() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 20).await;
+    wait_ready(&s, "pooled", 3).await;
+    let store = w.db.store().await.unwrap();
+    let env = "dev".parse().unwrap();
+    let lesson = "pooled".parse().unwrap();
+    let members = store.pools().members(&env, &lesson).await.unwrap();
+    let old = members[0].id;
+    // It was created five hours ago (the age limit is four).
+    let moved = support::sql(
+        &w,
+        "UPDATE sessions SET created_at = created_at - interval '5 hours' WHERE id = $1::text::uuid",
+        &old.to_string(),
+    )
+    .await;
+    assert_eq!(moved, 1);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = store.sessions().get(old).await.unwrap().unwrap();
+        let now = store.pools().members(&env, &lesson).await.unwrap();
+        let ready = now
+            .iter()
+            .filter(|m| m.status == ttlab_model::SessionStatus::Running)
+            .count();
+        if row.status.is_final() && ready == 3 && now.iter().all(|m| m.id != old) {
+            assert_eq!(row.status, ttlab_model::SessionStatus::Expired, "{row:?}");
+            assert!(row.user.is_none(), "it served nobody");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "not replaced: {row:?}, members {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        w.sim
+            .get(
+                "virtualmachines",
+                NS,
+                &ttlab_vm_manifest::vm_name(old, &"vm".parse().unwrap())
+            )
+            .is_none()
+    );
+    s.stop().await;
+}
