@@ -27,7 +27,7 @@ mod checks;
 mod kube;
 mod linger;
 mod rig;
-mod students;
+pub(crate) mod students;
 
 use std::time::Duration;
 

@@ -84,7 +84,7 @@ pub struct ApiBenchArgs {
     pub slow_kube: Duration,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 3s, 2m)"))
 }
 
@@ -125,7 +125,12 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
 
     let mut rig = Rig::default();
     let result = async {
-        rig.start(&args, &lessons, &lessons_path, &server_bin, &agent_bin)
+        let settings = RigSettings {
+            boot: args.sim_boot,
+            setup: args.sim_setup,
+            vm_limit: u64::from(args.users) * 2,
+        };
+        rig.start(&settings, &lessons, &lessons_path, &server_bin, &agent_bin)
             .await?;
         rig.measure(&args, &lesson).await
     }
@@ -134,23 +139,33 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     result
 }
 
-/// What the benchmark started.
+/// What a benchmark's rig is started with.
+pub(crate) struct RigSettings {
+    /// Simulated guest boot time.
+    pub boot: Duration,
+    /// Simulated lab setup time.
+    pub setup: Duration,
+    /// The server's VM limit.
+    pub vm_limit: u64,
+}
+
+/// What the benchmark started: a throwaway PostgreSQL, kube-sim and one `ttlab-server`.
 #[derive(Default)]
-struct Rig {
+pub(crate) struct Rig {
     data: Option<tempfile::TempDir>,
     database: Option<Database>,
-    store: Option<Store>,
-    sim: Option<KubeSim>,
+    pub(crate) store: Option<Store>,
+    pub(crate) sim: Option<KubeSim>,
     server: Option<ChildProcess>,
-    url: String,
-    namespace: String,
+    pub(crate) url: String,
+    pub(crate) namespace: String,
     secret: String,
 }
 
 impl Rig {
-    async fn start(
+    pub(crate) async fn start(
         &mut self,
-        args: &ApiBenchArgs,
+        args: &RigSettings,
         lessons: &LessonSet,
         lessons_path: &std::path::Path,
         server_bin: &std::path::Path,
@@ -172,8 +187,8 @@ impl Rig {
         let timings = Timings {
             pending: Duration::from_millis(10),
             scheduling: Duration::from_millis(50),
-            boot: args.sim_boot,
-            setup: args.sim_setup,
+            boot: args.boot,
+            setup: args.setup,
             stop: Duration::from_millis(100),
             gc: Duration::from_millis(1),
             pod_start: Duration::from_millis(10),
@@ -187,7 +202,7 @@ impl Rig {
 
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
         self.url = format!("http://{listen}");
-        let limit = (u64::from(args.users) * 2).to_string();
+        let limit = args.vm_limit.to_string();
         let mut env: Vec<(&str, OsString)> = vec![
             ("DATABASE_URL", database_url.into()),
             ("KUBECONFIG", kubeconfig.into()),
@@ -213,7 +228,7 @@ impl Rig {
         ready
     }
 
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(s) = self.server.as_mut()
             && let Err(e) = s.stop(Duration::from_secs(15)).await
         {
@@ -235,13 +250,18 @@ impl Rig {
         }
     }
 
-    fn token(&self, user: &UserId) -> anyhow::Result<String> {
+    pub(crate) fn token(&self, user: &UserId) -> anyhow::Result<String> {
+        self.token_as(user, Role::Student)
+    }
+
+    /// A bearer token of `user` with `role`, valid for three hours.
+    pub(crate) fn token_as(&self, user: &UserId, role: Role) -> anyhow::Result<String> {
         let auth = AuthConfig::new(AuthSecret::new(self.secret.as_bytes())?);
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        Ok(auth.mint(user, Role::Student, now, Duration::from_secs(3 * 3600))?)
+        Ok(auth.mint(user, role, now, Duration::from_secs(3 * 3600))?)
     }
 
     async fn measure(&mut self, args: &ApiBenchArgs, lesson: &str) -> anyhow::Result<()> {
@@ -622,7 +642,7 @@ fn print_delays(delays: &[Duration], unmeasured: usize, not_running: &[String]) 
     );
 }
 
-fn verdict(what: &str, got: Duration, target: Duration, errors: usize) -> String {
+pub(crate) fn verdict(what: &str, got: Duration, target: Duration, errors: usize) -> String {
     let ok = got <= target && errors == 0;
     format!(
         "{what} {} vs target ≤ {}: {}",
@@ -648,16 +668,16 @@ fn one_line(s: &str) -> String {
 }
 
 /// p50, p90, p99 and max of a sample (nearest rank).
-struct Dist {
+pub(crate) struct Dist {
     n: usize,
-    p50: Duration,
+    pub(crate) p50: Duration,
     p90: Duration,
-    p99: Duration,
+    pub(crate) p99: Duration,
     max: Duration,
 }
 
 impl Dist {
-    fn of(v: &mut [Duration]) -> Self {
+    pub(crate) fn of(v: &mut [Duration]) -> Self {
         v.sort_unstable();
         let rank = |p: f64| -> Duration {
             if v.is_empty() {
@@ -690,7 +710,7 @@ impl std::fmt::Display for Dist {
     }
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 

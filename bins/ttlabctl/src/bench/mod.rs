@@ -4,6 +4,7 @@
 pub mod api;
 pub mod console;
 mod objects;
+pub mod pool;
 pub mod real;
 pub mod reaper;
 
@@ -30,6 +31,9 @@ enum BenchCommand {
     /// expired sessions against the raw delete limit, "Start lab" clicks at once, the no-op
     /// cycle at scale, etcd's size per 1,000 live sessions.
     Real(real::RealBenchArgs),
+    /// Warm pools: "Start lab" → running for clicks served by a lesson's pool, against the
+    /// cold path's in the same run, with the hit rate.
+    Pool(pool::PoolBenchArgs),
 }
 
 /// Runs the chosen benchmark.
@@ -39,5 +43,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Api(args) => api::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,
         BenchCommand::Real(args) => real::run(args).await,
+        BenchCommand::Pool(args) => pool::run(args).await,
     }
 }
