@@ -1,4 +1,4 @@
-// The admin page: capacity, the reaper's last cycles with "Collect now", every live session
+// The admin page: capacity, the warm pools (resize, pause, resume, reset), the reaper's last cycles with "Collect now", every live session
 // (open one to see its stages, console owner, objects and actions, and to end or extend it),
 // the operators' recent actions and readiness histograms per lesson and stage. Refreshes every
 // 5 seconds.
@@ -47,14 +47,16 @@ function handleError(e) {
 
 async function refresh() {
   try {
-    const [capacity, cycles, sessions, actions, stats] = await Promise.all([
+    const [capacity, pools, cycles, sessions, actions, stats] = await Promise.all([
       api(token, 'GET', '/api/admin/capacity'),
+      api(token, 'GET', '/api/admin/pools'),
       api(token, 'GET', '/api/admin/reaper?limit=10'),
       api(token, 'GET', '/api/admin/sessions?scope=live'),
       api(token, 'GET', '/api/admin/actions?limit=20'),
       api(token, 'GET', '/api/admin/stats'),
     ]);
     renderCapacity(capacity);
+    renderPools(pools.pools || []);
     renderCycles(cycles);
     renderSessions(sessions);
     renderActions(actions);
@@ -91,6 +93,62 @@ function renderCapacity(c) {
   for (const t of c.terminating || []) {
     box.append(el('p', { class: 'small terminating' },
       `Still shutting down since ${timeText(t.since)} (${t.lesson}, ${t.env}): ${(t.objects || []).join(', ')}`));
+  }
+}
+
+/** Changes a lesson's pool (`PUT`), or hands it back to the lesson file (`DELETE`). */
+async function changePool(lesson, method, body) {
+  try {
+    await api(token, method, `/api/admin/pools/${encodeURIComponent(lesson)}`, body);
+    notice(method === 'DELETE' ? `The pool of ${lesson} follows its lesson file again.`
+      : `The pool of ${lesson} is changed.`, 'info');
+    await refresh();
+  } catch (e) {
+    handleError(e);
+  }
+}
+
+function renderPools(pools) {
+  const body = document.querySelector('#pools tbody');
+  body.replaceChildren();
+  if (!pools.length) {
+    body.append(el('tr', {}, el('td', { colspan: 9, class: 'muted' }, 'No VM lesson is configured.')));
+  }
+  for (const p of pools) {
+    const s = p.settings;
+    const rate = p.hit_rate === null || p.hit_rate === undefined ? '—' : `${Math.round(p.hit_rate * 100)} %`;
+    const refill = p.median_refill_seconds === null || p.median_refill_seconds === undefined
+      ? '—' : `${p.median_refill_seconds.toFixed(0)} s`;
+    const settings = s
+      ? `size ${s.size}${s.demand ? ` (from demand, ${s.min}–${s.max})` : ''}, members renewed after ${s.max_age_minutes} min${s.paused ? ', paused' : ''} — ${p.source === 'admin' ? `set by ${p.updated_by}` : 'from the lesson file'}`
+      : 'no pool';
+    const size = el('input', {
+      type: 'number', min: 0, max: 200, value: s ? s.size : 0, class: 'narrow', 'aria-label': `pool size of ${p.lesson}`,
+    });
+    const resize = el('button', { class: 'secondary small', 'data-pool-resize': p.lesson }, s ? 'Resize' : 'Start a pool');
+    resize.addEventListener('click', () => changePool(p.lesson, 'PUT', { size: Number(size.value) }));
+    const controls = [size, ' ', resize];
+    if (s) {
+      const pause = el('button', { class: 'secondary small', 'data-pool-pause': p.lesson }, s.paused ? 'Resume' : 'Pause');
+      pause.addEventListener('click', () => changePool(p.lesson, 'PUT', { paused: !s.paused }));
+      controls.push(' ', pause);
+    }
+    if (p.source === 'admin') {
+      const reset = el('button', { class: 'secondary small', 'data-pool-reset': p.lesson }, 'Reset');
+      reset.addEventListener('click', () => changePool(p.lesson, 'DELETE'));
+      controls.push(' ', reset);
+    }
+    body.append(el('tr', { 'data-pool': p.lesson },
+      el('td', {}, p.lesson, p.nodes > 1 ? el('span', { class: 'muted small' }, ` (${p.nodes} VMs each)`) : null),
+      el('td', { 'data-field': 'ready' }, String(p.ready)),
+      el('td', { 'data-field': 'preparing' }, String(p.preparing)),
+      el('td', {}, p.target === null || p.target === undefined ? '—' : String(p.target),
+        p.deferred ? el('div', { class: 'muted small' }, `${p.deferred} waiting for free places`) : null),
+      el('td', {}, `${p.claims_24h} (${p.misses_24h} missed)`),
+      el('td', {}, rate),
+      el('td', {}, refill),
+      el('td', {}, settings, p.why ? el('div', { class: 'muted small' }, p.why) : null),
+      el('td', {}, ...controls)));
   }
 }
 
@@ -149,7 +207,7 @@ function renderSessions(sessions) {
     const open = el('button', { class: 'secondary small', 'data-session': s.id }, 'Open');
     open.addEventListener('click', () => { openSession = s.id; showDetail(s.id); });
     body.append(el('tr', {},
-      el('td', {}, open, ' ', s.user),
+      el('td', {}, open, ' ', s.user || 'pool member (unclaimed)'),
       el('td', {}, s.lesson),
       el('td', {}, status),
       el('td', { class: s.remaining_seconds <= 300 ? 'warn' : '' }, clockText(s.remaining_seconds)),
