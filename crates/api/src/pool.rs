@@ -43,6 +43,9 @@ pub const POOL_TICK: Duration = Duration::from_secs(2);
 /// The shortest pause between two rounds, however many change hints arrive.
 const MIN_ROUND_PAUSE: Duration = Duration::from_millis(250);
 
+/// How often a replica drops claim and miss events past their retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
 /// How long the hand-over of a claimed member may take, per VM.
 const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
 
@@ -227,13 +230,25 @@ fn cold_reserve(state: &AppState) -> u32 {
 }
 
 impl AppState {
-    /// Starts the refiller of this replica's pools (see the module documentation). Does
-    /// nothing when no lesson has a pool.
+    /// Starts the refiller of this replica's pools (see the module documentation); it also
+    /// drops claim and miss events older than their retention, hourly.
     pub(crate) fn start_pools(&self) {
         let state = self.clone();
         let mut rx = self.subscribe();
         self.spawn(async move {
+            let mut pruned: Option<tokio::time::Instant> = None;
             loop {
+                if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                    match state.store().pools().prune_events().await {
+                        Ok(n) => {
+                            pruned = Some(tokio::time::Instant::now());
+                            if n > 0 {
+                                tracing::debug!(events = n, "pruned old pool events");
+                            }
+                        }
+                        Err(e) => tracing::debug!(error = %e, "cannot prune pool events now"),
+                    }
+                }
                 if let Ok(Err(broadcast::error::RecvError::Closed)) =
                     tokio::time::timeout(POOL_TICK, rx.recv()).await
                 {

@@ -339,6 +339,10 @@ async fn the_openapi_document_names_every_route() {
         ("post", "/api/admin/sessions/{id}/end"),
         ("post", "/api/admin/sessions/{id}/extend"),
         ("get", "/api/admin/actions"),
+        ("get", "/api/admin/pools"),
+        ("get", "/api/admin/pools/{lesson}"),
+        ("put", "/api/admin/pools/{lesson}"),
+        ("delete", "/api/admin/pools/{lesson}"),
         ("get", "/api/waitlist"),
         ("post", "/api/waitlist"),
         ("delete", "/api/waitlist"),
@@ -350,7 +354,9 @@ async fn the_openapi_document_names_every_route() {
             "{method} {path} missing"
         );
         // And the route exists: anything but the router's own 404.
-        let concrete = path.replace("{id}", "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a");
+        let concrete = path
+            .replace("{id}", "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a")
+            .replace("{lesson}", "quick");
         let (status, body) = s
             .raw(
                 &method.to_uppercase(),
