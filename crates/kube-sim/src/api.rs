@@ -714,6 +714,10 @@ impl Call<'_> {
             self.field_validation()?,
         )?;
         if self.dry_run() {
+            let obj = self
+                .sim
+                .store()
+                .dry_run_create(self.target.t, self.ns(), obj)?;
             return Ok(with_warnings(json_response(201, &obj), &warnings));
         }
         let stored = self.sim.store().create(self.target.t, self.ns(), obj)?;
@@ -726,32 +730,35 @@ impl Call<'_> {
         let mode = self.field_validation()?;
         let status_only = self.target.sub.is_some();
         let mut warnings = Vec::new();
-        let stored =
-            self.sim
-                .store()
-                .update_with(self.target.t, self.ns(), self.name(), |cur| {
-                    if status_only {
-                        let mut next = cur.clone();
-                        next["status"] = body.get("status").cloned().unwrap_or(Value::Null);
-                        if let Some(rv) = store::meta_str(&body, "resourceVersion") {
-                            next["metadata"]["resourceVersion"] = Value::from(rv);
-                        } else {
-                            next["metadata"]["resourceVersion"] = Value::from("");
-                        }
-                        return Ok(next);
+        let stored = self.sim.store().update_or_dry_run(
+            self.target.t,
+            self.ns(),
+            self.name(),
+            self.dry_run(),
+            |cur| {
+                if status_only {
+                    let mut next = cur.clone();
+                    next["status"] = body.get("status").cloned().unwrap_or(Value::Null);
+                    if let Some(rv) = store::meta_str(&body, "resourceVersion") {
+                        next["metadata"]["resourceVersion"] = Value::from(rv);
+                    } else {
+                        next["metadata"]["resourceVersion"] = Value::from("");
                     }
-                    if rt.status_subresource {
-                        body["status"] = cur.get("status").cloned().unwrap_or(Value::Null);
-                        if body["status"].is_null()
-                            && let Some(o) = body.as_object_mut()
-                        {
-                            o.remove("status");
-                        }
+                    return Ok(next);
+                }
+                if rt.status_subresource {
+                    body["status"] = cur.get("status").cloned().unwrap_or(Value::Null);
+                    if body["status"].is_null()
+                        && let Some(o) = body.as_object_mut()
+                    {
+                        o.remove("status");
                     }
-                    let checked = admit_existing(rt, self.name(), body.clone(), mode)?;
-                    warnings = checked.1;
-                    Ok(checked.0)
-                })?;
+                }
+                let checked = admit_existing(rt, self.name(), body.clone(), mode)?;
+                warnings = checked.1;
+                Ok(checked.0)
+            },
+        )?;
         Ok(with_warnings(json_response(200, &stored), &warnings))
     }
 
@@ -795,6 +802,10 @@ impl Call<'_> {
                 obj["metadata"]["name"] = Value::from(self.name());
                 let (obj, warnings) = admit_new(self.sim, self.target.t, self.ns(), obj, mode)?;
                 if self.dry_run() {
+                    let obj = self
+                        .sim
+                        .store()
+                        .dry_run_create(self.target.t, self.ns(), obj)?;
                     return Ok(with_warnings(json_response(201, &obj), &warnings));
                 }
                 let stored = self.sim.store().create(self.target.t, self.ns(), obj)?;
@@ -834,19 +845,14 @@ impl Call<'_> {
             }
             admit_existing(rt, self.name(), next, mode)
         };
-        if dry {
-            let rt = self.rt();
-            let cur = store
-                .get(self.target.t, self.ns(), self.name())
-                .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, self.name()))?;
-            let (next, w) = compute(&cur)?;
-            return Ok(with_warnings(json_response(200, &next), &w));
-        }
-        let stored = store.update_with(self.target.t, self.ns(), self.name(), |cur| {
-            let (next, w) = compute(cur)?;
-            warnings = w;
-            Ok(next)
-        })?;
+        // A dry run goes through every check of the real update (immutable fields, conflicts,
+        // finalizers, quota) and stores nothing.
+        let stored =
+            store.update_or_dry_run(self.target.t, self.ns(), self.name(), dry, |cur| {
+                let (next, w) = compute(cur)?;
+                warnings = w;
+                Ok(next)
+            })?;
         Ok(with_warnings(json_response(200, &stored), &warnings))
     }
 

@@ -7,12 +7,13 @@
 //! whose user-data pins no digest runs whatever binary its `write_files` put in place.
 //!
 //! The agent runs as `ttlab-agent --root <guest dir> --listen <VMI address>:<agent port>`; its
-//! standard error and output go to the guest's `/var/log/ttlab-agent.log`. The simulated guest
-//! waits for the agent's `ttlab-agent listening on` line (at most
-//! [`AGENT_START_TIMEOUT`]) before the VMI turns Running, so in the sim a Running VMI has an
-//! answering agent. A real guest starts its agent later in cloud-init: clients must still
-//! retry an unreachable agent (`AgentClient::wait_ready` does). The agent is killed and
-//! reaped when its VMI ends, and at `KubeSim::shutdown` (awaited) or drop (SIGKILL).
+//! standard error and output go to the guest's `/var/log/ttlab-agent.log`. As on KubeVirt,
+//! the VMI turns Running first and the guest's agent starts later (the second half of
+//! `Timings::boot`), so a client finds the agent's port refusing connections for a while
+//! after Running and must retry (`AgentClient::wait_ready` does); the setup's marker follows
+//! once the agent's `ttlab-agent listening on` line (awaited at most [`AGENT_START_TIMEOUT`])
+//! is out. The agent is killed and reaped when its VMI ends, and at `KubeSim::shutdown`
+//! (awaited) or drop (SIGKILL).
 //!
 //! [`GuestBackend::Qemu`] replaces all of that with a real guest (see `ttlab-qemu-guest`).
 

@@ -1,6 +1,8 @@
 //! The simulated KubeVirt: a VirtualMachine controller (run strategies, finalizer, status)
 //! and one task per VirtualMachineInstance taking it Pending → Scheduling → Scheduled →
-//! Running (launcher pod, guest boot with cloud-init and the agent), and to its end.
+//! Running (launcher pod, domain started), and to its end. As on KubeVirt, Running comes
+//! while the guest still boots: its agent listens only later (half of `Timings::boot` after
+//! Running), and connections to it are refused until then.
 //!
 //! A VMI whose `configMap` volume names a missing ConfigMap never gets its launcher pod
 //! (`FailedMount`, as kubelet reports a volume it cannot mount) and so never runs; once the
@@ -783,10 +785,14 @@ async fn run_vmi(
         }
         store.set_status(VMIS, ns, name, status);
     }
-    if !wait(sim, t.boot).await {
+    // The domain starts: the VMI is Running while the guest still boots, as on KubeVirt. A
+    // qemu guest boots for real from here; a simulated one takes the first half of
+    // `Timings::boot` to reach Running and the second half to get its agent listening.
+    let qemu = matches!(sim.config.guest, crate::guest::GuestBackend::Qemu(_));
+    let to_running = if qemu { t.boot } else { t.boot / 2 };
+    if !wait(sim, to_running).await {
         return;
     }
-    // Boot: cloud-init, agent, console.
     let Some(vmi) = current(sim, ns, name, uid) else {
         return;
     };
@@ -848,32 +854,16 @@ async fn run_vmi(
             }
         }
     }
-    // First boot installs the agent from its disk (or fails, as a real guest would).
-    let mut agent_failed = None;
-    if cloud_init_ok {
-        let disks = config_disks(&sim.store(), ns, &vmi);
-        if let Err(reason) = crate::guest::install_agent(&dir, &disks) {
-            tracing::warn!(vmi = name, %reason, "the simulated guest's first boot failed");
-            if let Err(e) = crate::guest::write_marker(&dir, Some(&reason)) {
-                tracing::warn!(error = %e, "failure marker not written");
-            }
-            agent_failed = Some(reason);
-        }
-    }
-    if cloud_init_ok && agent_failed.is_none() && !start_agent(sim, ns, name, uid, &dir, ip).await {
-        sim.kubevirt.kill_agent(uid).await;
-        return;
-    }
     sim.consoles.boot(ns, name, uid, &hostname);
     {
         let mut store = sim.store();
         let mut status = vmi_status(&vmi, "Running");
         status["nodeName"] = Value::from(NODE);
-        status["interfaces"] = json!([{"name": "default", "ipAddress": ip.to_string(), "ipAddresses": [ip.to_string()], "interfaceName": "eth0", "infoSource": "domain, guest-agent"}]);
-        status["guestOSInfo"] = json!({"id": "ubuntu", "name": "Ubuntu", "prettyName": "Ubuntu 22.04 LTS (kube-sim)", "version": "22.04"});
+        status["interfaces"] = json!([{"name": "default", "ipAddress": ip.to_string(), "ipAddresses": [ip.to_string()], "interfaceName": "eth0", "infoSource": "domain"}]);
         status["conditions"] = json!([{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}]);
         store.set_status(VMIS, ns, name, status);
     }
+    let running_since = tokio::time::Instant::now();
     if let Some(g) = sim
         .kubevirt
         .guests()
@@ -883,8 +873,14 @@ async fn run_vmi(
         g.running = true;
     }
     reconcile_vm(sim, ns, name);
-    // Setup: the markers, per lesson.
-    if cloud_init_ok && agent_failed.is_none() {
+    // The rest of the boot, in the guest's own task: the agent comes up (after the second
+    // half of `Timings::boot`; until then its port refuses connections), then the setup
+    // writes its marker (`Timings::setup` after Running). The task stops when the guest
+    // does: `guest_tasks` is cancelled before the agent is killed, and the task checks it
+    // after starting the agent, so no agent outlives its guest.
+    let guest_tasks = sim.kubevirt.stop.child_token();
+    let _stop_guest_tasks = guest_tasks.clone().drop_guard();
+    if cloud_init_ok {
         let lesson = vmi["metadata"]["labels"][ttlab_model::labels::LESSON]
             .as_str()
             .unwrap_or("")
@@ -896,17 +892,41 @@ async fn run_vmi(
             .get(&lesson)
             .cloned()
             .unwrap_or(SetupOutcome::Ready);
-        let dir = dir.clone();
-        let setup = t.setup;
-        let sim2 = sim.clone();
-        let mut end2 = end_rx.clone();
+        let rest_of_boot = t.boot.saturating_sub(to_running);
+        let (sim, ns, name, uid, dir) = (
+            sim.clone(),
+            ns.to_owned(),
+            name.to_owned(),
+            uid.to_owned(),
+            dir.clone(),
+        );
+        let (setup, tasks) = (t.setup, guest_tasks.clone());
         tokio::spawn(async move {
+            tokio::select! {
+                ok = wait(&sim, rest_of_boot) => if !ok { return },
+                () = tasks.cancelled() => return,
+            }
+            // First boot installs the agent from its disk (or fails, as a real guest would).
+            let disks = config_disks(&sim.store(), &ns, &vmi);
+            if let Err(reason) = crate::guest::install_agent(&dir, &disks) {
+                tracing::warn!(vmi = name, %reason, "the simulated guest's first boot failed");
+                if let Err(e) = crate::guest::write_marker(&dir, Some(&reason)) {
+                    tracing::warn!(error = %e, "failure marker not written");
+                }
+                return;
+            }
+            let started = start_agent(&sim, &ns, &name, &uid, &dir, ip).await;
+            if !started || tasks.is_cancelled() {
+                sim.kubevirt.kill_agent(&uid).await;
+                return;
+            }
+            agent_connected(&sim, &ns, &name, &uid);
             if matches!(outcome, SetupOutcome::Never) {
                 return;
             }
             tokio::select! {
-                ok = wait(&sim2, setup) => if !ok { return },
-                _ = end2.changed() => return,
+                ok = wait(&sim, setup.saturating_sub(running_since.elapsed())) => if !ok { return },
+                () = tasks.cancelled() => return,
             }
             let failed = match &outcome {
                 SetupOutcome::Fail { reason } => Some(reason.as_str()),
@@ -928,14 +948,16 @@ async fn run_vmi(
             break Some(how);
         }
         tokio::select! {
-            ok = changed(sim, &mut rx) => if !ok { sim.kubevirt.kill_agent(uid).await; return },
-            r = end_rx.changed() => if r.is_err() { sim.kubevirt.kill_agent(uid).await; return },
+            ok = changed(sim, &mut rx) => if !ok { guest_tasks.cancel(); sim.kubevirt.kill_agent(uid).await; return },
+            r = end_rx.changed() => if r.is_err() { guest_tasks.cancel(); sim.kubevirt.kill_agent(uid).await; return },
         }
         if *sim.paused.borrow() && !unpaused(sim).await {
+            guest_tasks.cancel();
             sim.kubevirt.kill_agent(uid).await;
             return;
         }
     };
+    guest_tasks.cancel();
     if let Some(g) = sim
         .kubevirt
         .guests()
@@ -1004,10 +1026,33 @@ async fn after_end(
     }
 }
 
+/// The guest's agents are up: the VMI reports what KubeVirt learns from the guest agent (the
+/// OS, the interface as the guest sees it, `AgentConnected`), if it is still this VMI and
+/// running.
+fn agent_connected(sim: &Sim, ns: &str, name: &str, uid: &str) {
+    let mut store = sim.store();
+    let Some(vmi) = store
+        .get(VMIS, ns, name)
+        .filter(|v| meta_str(v, "uid") == Some(uid) && v["status"]["phase"] == "Running")
+    else {
+        return;
+    };
+    let mut status = vmi["status"].clone();
+    status["guestOSInfo"] = json!({"id": "ubuntu", "name": "Ubuntu", "prettyName": "Ubuntu 22.04 LTS (kube-sim)", "version": "22.04"});
+    if let Some(interfaces) = status["interfaces"].as_array_mut() {
+        for i in interfaces {
+            i["infoSource"] = Value::from("domain, guest-agent");
+        }
+    }
+    if let Some(conditions) = status["conditions"].as_array_mut() {
+        conditions.push(json!({"type": "AgentConnected", "status": "True", "lastTransitionTime": now_rfc3339(), "lastProbeTime": null}));
+    }
+    store.set_status(VMIS, ns, name, status);
+}
+
 /// Starts the guest's agent and waits (at most [`crate::guest::AGENT_START_TIMEOUT`]) for its
-/// listening line, so that a Running VMI has its agent answering. A guest without an agent,
-/// or whose agent dies or stays silent, runs on without one (see the agent log). False if the
-/// simulation stops meanwhile.
+/// listening line. A guest without an agent, or whose agent dies or stays silent, runs on
+/// without one (see the agent log). False if the simulation stops meanwhile.
 async fn start_agent(
     sim: &Arc<Sim>,
     ns: &str,

@@ -19,7 +19,10 @@
 //!
 //! Where clients depend on timing, it keeps the real server's: an exec's process starts a
 //! while after the upgrade ([`SimConfig::exec_start`]), a quota's status lags its changes
-//! ([`SimConfig::quota_sync`]), changes leave the watch history ([`SimConfig::watch_history`]).
+//! ([`SimConfig::quota_sync`]), changes leave the watch history ([`SimConfig::watch_history`]),
+//! and a VMI is Running before its guest's agent listens ([`Timings::boot`]). Dry runs
+//! (`?dryRun=All`) of creates, updates and patches get the checks and refusals of the real
+//! call (except a dry-run create's in a namespace that does not exist) and store nothing.
 //!
 //! Identified users are authorized by RBAC, with the Roles and bindings given to
 //! [`KubeSim::apply_rbac`] (the shipped `deploy/` objects, say): a call no rule allows gets
@@ -145,9 +148,12 @@ pub struct Timings {
     pub pending: Duration,
     /// Scheduling → Scheduled.
     pub scheduling: Duration,
-    /// Scheduled → Running (guest boots: cloud-init applied, agent started).
+    /// Scheduled → the guest booted and its agent listening. The VMI is `Running` after the
+    /// first half (the domain started, as KubeVirt reports it while the guest still boots);
+    /// the agent listens after the second half, and refuses connections until then. A qemu
+    /// guest reports Running after all of it, and boots for real from there.
     pub boot: Duration,
-    /// Running → readiness (or failure) marker written.
+    /// Running → readiness (or failure) marker written (not before the agent listens).
     pub setup: Duration,
     /// Deleted VMI → gone (the guest's shutdown grace).
     pub stop: Duration,

@@ -402,7 +402,16 @@ impl Store {
     /// Creates an object (metadata.name already resolved, body validated). Returns the stored
     /// object.
     pub fn create(&mut self, t: TypeId, ns: &str, obj: Value) -> Result<Arc<Value>, ApiError> {
-        self.create_at(t, ns, obj, &now_rfc3339())
+        self.create_at(t, ns, obj, &now_rfc3339(), false)
+    }
+
+    /// The dry run of [`Store::create`] (`?dryRun=All`): the same refusals (a terminating
+    /// namespace, the quota, a taken name; not a missing namespace, see `create_at`), nothing
+    /// stored and no quota charged. Returns the object as given.
+    pub fn dry_run_create(&mut self, t: TypeId, ns: &str, obj: Value) -> Result<Value, ApiError> {
+        let checked = obj.clone();
+        self.create_at(t, ns, obj, &now_rfc3339(), true)?;
+        Ok(checked)
     }
 
     /// Creates an object as [`Store::create`] does, with `created` (RFC 3339, whole seconds,
@@ -415,7 +424,7 @@ impl Store {
         obj: Value,
         created: chrono::DateTime<chrono::Utc>,
     ) -> Result<Arc<Value>, ApiError> {
-        self.create_at(t, ns, obj, &rfc3339(created))
+        self.create_at(t, ns, obj, &rfc3339(created), false)
     }
 
     fn create_at(
@@ -424,11 +433,17 @@ impl Store {
         ns: &str,
         mut obj: Value,
         created: &str,
+        dry_run: bool,
     ) -> Result<Arc<Value>, ApiError> {
         let rt = &TYPES[t];
         let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
         if rt.namespaced {
             match self.namespace_state(ns) {
+                // Kinder than the real server, whose dry run of a create in a namespace that
+                // does not exist is `404` too: `kubectl apply --dry-run=server` of a manifest
+                // that creates its own namespaces is checked against kube-sim
+                // (`crates/deploy-tests/tests/kube_sim.rs`).
+                None if dry_run => {}
                 None => return Err(ApiError::not_found("", "namespaces", ns)),
                 Some(true) => {
                     return Err(ApiError::forbidden(
@@ -449,9 +464,14 @@ impl Store {
         // is charged to `status.used` before storage answers `409 AlreadyExists` — an
         // over-count the quota controller corrects only at its next recount.
         let charges = self.admit_quota(t, ns, &name, &obj, None)?;
-        self.charge_quotas(ns, charges);
+        if !dry_run {
+            self.charge_quotas(ns, charges);
+        }
         if self.tables[t].objects.contains_key(&key) {
             return Err(ApiError::already_exists(rt.group, rt.plural, &name));
+        }
+        if dry_run {
+            return Ok(Arc::new(Value::Null));
         }
         let rv = self.bump();
         {
@@ -512,6 +532,20 @@ impl Store {
         t: TypeId,
         ns: &str,
         name: &str,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.update_or_dry_run(t, ns, name, false, f)
+    }
+
+    /// [`Store::update_with`], or with `dry_run` its dry run (`?dryRun=All`): every check of a
+    /// real update (conflict, immutable fields, finalizers, quota), the same refusals, and
+    /// the object that would be stored returned without storing it or charging a quota.
+    pub fn update_or_dry_run(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
         f: impl FnOnce(&Value) -> Result<Value, ApiError>,
     ) -> Result<Arc<Value>, ApiError> {
         let rt = &TYPES[t];
@@ -589,7 +623,12 @@ impl Store {
             normalize_secret(&mut new);
         }
         if t == SECRETS || t == CONFIG_MAPS {
-            let causes = immutable_causes(t, &cur, &new);
+            let mut causes = if t == SECRETS {
+                secret_type_causes(&cur, &new)
+            } else {
+                Vec::new()
+            };
+            causes.extend(immutable_causes(t, &cur, &new));
             if !causes.is_empty() {
                 return Err(ApiError::invalid(
                     rt.group,
@@ -604,6 +643,11 @@ impl Store {
             return Ok(cur);
         }
         let charges = self.admit_quota(t, ns, name, &new, Some(&cur))?;
+        if dry_run {
+            // What would be stored; the real server's dry run keeps the current version.
+            new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
+            return Ok(Arc::new(new));
+        }
         self.charge_quotas(ns, charges);
         let rv = self.bump();
         new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
@@ -1198,9 +1242,33 @@ fn immutable_causes(t: TypeId, cur: &Value, new: &Value) -> Vec<(String, String,
         .collect()
 }
 
-/// Moves `stringData` into `data` (base64), as the API server does on every write.
+/// Why an update of the Secret `cur` into `new` is refused for its `type`, which never
+/// changes (`ValidateSecretUpdate`: `type: Invalid value: "<new>": field is immutable`, the
+/// first cause, before those of [`immutable_causes`]). Both are already defaulted
+/// ([`normalize_secret`]).
+fn secret_type_causes(cur: &Value, new: &Value) -> Vec<(String, String, String)> {
+    let type_of = |obj: &Value| obj["type"].as_str().unwrap_or_default().to_owned();
+    let (before, after) = (type_of(cur), type_of(new));
+    if before == after {
+        return Vec::new();
+    }
+    vec![(
+        "FieldValueInvalid".to_owned(),
+        format!(
+            "type: Invalid value: {}: field is immutable",
+            Value::from(after)
+        ),
+        "type".to_owned(),
+    )]
+}
+
+/// Moves `stringData` into `data` (base64), as the API server does on every write, and
+/// defaults an absent or empty `type` to `Opaque`, as its defaulting does.
 fn normalize_secret(obj: &mut Value) {
     use base64::Engine as _;
+    if obj["type"].as_str().is_none_or(str::is_empty) {
+        obj["type"] = Value::from("Opaque");
+    }
     let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
         return;
     };

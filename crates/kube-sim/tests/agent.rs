@@ -182,8 +182,9 @@ async fn the_real_agent_answers_at_the_vmi_address_and_stops_with_the_vm() {
         return;
     };
     let mut config = SimConfig::for_tests();
-    // Long enough that the first readiness question certainly comes before the marker.
-    config.timings.setup = Duration::from_secs(3);
+    // Running after 1 s, the agent a second later; the setup's marker 4 s after Running.
+    config.timings.boot = Duration::from_secs(2);
+    config.timings.setup = Duration::from_secs(4);
     let sim = KubeSim::start(config).await.unwrap();
     let h = Http::new(&sim);
     let (name, secret, token) =
@@ -193,15 +194,48 @@ async fn the_real_agent_answers_at_the_vmi_address_and_stops_with_the_vm() {
         sim.guest_ip("ttlab", &name).map(IpAddr::V4),
         Some(agent.addr().ip())
     );
-    // Running means the agent listens (the sim waits for its listening line); the setup is
-    // still going.
+    // Running comes first, as on KubeVirt: the guest still boots and its agent's port
+    // refuses connections.
+    let running_at = Instant::now();
+    assert!(
+        matches!(
+            agent.ready().await,
+            Err(ttlab_agent::Error::Unreachable { .. })
+        ),
+        "the agent answered as soon as the VMI was Running"
+    );
+    // Then the agent listens, while the setup is still going, and the VMI says it is there.
+    let answered = loop {
+        match agent.ready().await {
+            Ok(answer) => break answer,
+            Err(ttlab_agent::Error::Unreachable { .. }) => {
+                assert!(
+                    running_at.elapsed() < Duration::from_secs(20),
+                    "the agent never listened"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert!(
+        running_at.elapsed() >= Duration::from_millis(500),
+        "the agent listened {:?} after Running",
+        running_at.elapsed()
+    );
     assert_eq!(
-        agent.ready().await.expect("agent answers once Running"),
+        answered,
         ReadyResponse {
             ready: false,
             failed: None
         }
     );
+    wait_for(&h, VMIS, &name, |o| {
+        o["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "AgentConnected"))
+    })
+    .await;
     let ready = agent
         .wait_ready(Duration::from_secs(30))
         .await
@@ -372,16 +406,20 @@ async fn an_agent_disk_of_another_build_fails_first_boot_and_starts_no_agent() {
     let (name, _, token) =
         create_session_only(&sim, &payload, "4f5a6b7c-8d9e-4f0a-9b1c-2d3e4f5a6b7c", 6).await;
     let agent = running_agent(&h, &name, token).await;
+    // The first boot goes on after Running: the marker comes when it fails (files have no
+    // event to await, so check the file system, generously for a loaded machine).
+    let dir = sim.guest_dir("ttlab", &name).unwrap();
+    let marker = dir.join(ttlab_agent::protocol::FAILED_MARKER_PATH.trim_start_matches('/'));
+    let started = Instant::now();
+    while !marker.exists() && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let failed = std::fs::read_to_string(&marker).expect("the failure marker");
     assert!(sim.agent_pid("ttlab", &name).is_none(), "no agent started");
     assert!(matches!(
         agent.ready().await,
         Err(ttlab_agent::Error::Unreachable { .. })
     ));
-    let dir = sim.guest_dir("ttlab", &name).unwrap();
-    let failed = std::fs::read_to_string(
-        dir.join(ttlab_agent::protocol::FAILED_MARKER_PATH.trim_start_matches('/')),
-    )
-    .expect("the failure marker");
     assert!(failed.contains("is not the expected version"), "{failed}");
     assert!(
         !dir.join(ttlab_agent::protocol::READY_MARKER_PATH.trim_start_matches('/'))

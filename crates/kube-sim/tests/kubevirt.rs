@@ -182,7 +182,7 @@ async fn the_guest_applies_cloud_init_runs_the_agent_and_writes_markers() {
     let marker = tempfile::tempdir().unwrap();
     let args_file = marker.path().join("args");
     // A stand-in agent: records its arguments, says it listens (the guest waits for that
-    // line before it is Running), and stays up until killed.
+    // line before its setup's marker), and stays up until killed.
     let agent = format!(
         "#!/bin/sh\necho \"$@\" > {}\necho \"ttlab-agent listening on $4\"\nexec sleep 600\n",
         args_file.display()

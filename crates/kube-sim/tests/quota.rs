@@ -6,6 +6,9 @@
 //! charged (then refused `409`) or refused by a full quota (`403`), and what it charged stays
 //! counted until the controller recounts.
 
+/// Test bodies shared with the real control plane's suites.
+#[path = "../../envtest/tests/shared/parity.rs"]
+mod parity;
 mod support;
 
 use std::time::Duration;
@@ -227,4 +230,20 @@ async fn a_create_of_a_taken_name_is_judged_and_charged_by_the_quota_before_stor
     })
     .await;
     assert_eq!(create_vm(&h, "b").await.0, 201);
+}
+
+/// The body the real control plane runs in `crates/envtest/tests/quota.rs`: the same
+/// over-count after a refused repeat create, for as long, and the same recount after a
+/// deletion.
+#[tokio::test]
+async fn a_refused_repeat_create_stays_charged_until_the_controller_recounts_as_on_the_real_server()
+{
+    let sim = start().await;
+    let client = kube_client(&sim).await;
+    parity::a_refused_repeat_create_stays_charged_until_the_controller_recounts(
+        client,
+        "ttlab",
+        Duration::from_secs(3),
+    )
+    .await;
 }
