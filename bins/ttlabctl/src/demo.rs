@@ -70,7 +70,8 @@ pub struct DemoArgs {
     /// Static web pages (default: the checkout's `web/`).
     #[arg(long, env = "TTLAB_WEB_DIR", value_name = "PATH")]
     pub web_dir: Option<PathBuf>,
-    /// Simulated guest boot time (VMI Scheduled → Running).
+    /// Simulated guest boot time (VMI Scheduled → its agent listening; the VMI reports Running
+    /// halfway, as KubeVirt reports it while the guest still boots).
     #[arg(long, env = "TTLAB_SIM_BOOT", default_value = "3s", value_parser = parse_duration)]
     pub sim_boot: Duration,
     /// Simulated lab setup time inside the guest (Running → readiness marker).

@@ -31,7 +31,7 @@ pub struct SimArgs {
     /// Use short test delays instead of realistic ones.
     #[arg(long, env = "TTLAB_SIM_FAST")]
     pub fast: bool,
-    /// Guest boot time (Scheduled → Running), overriding the preset.
+    /// Guest boot time (Scheduled → the agent listening; Running halfway), overriding the preset.
     #[arg(long, env = "TTLAB_SIM_BOOT", value_parser = humantime_duration)]
     pub boot: Option<Duration>,
     /// Guest setup time (Running → readiness marker), overriding the preset.

@@ -334,3 +334,60 @@ async fn a_member_older_than_its_age_limit_is_replaced_and_never_reused() {
     );
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demand_driven_pool_is_ready_for_the_class_that_started_at_this_time_yesterday() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 40).await;
+    // Five students start the lab and finish it.
+    for i in 0..5 {
+        let (sid, t) = support::start_running(&s, &format!("yesterday{i}"), "pooled").await;
+        let (status, v) = s.delete(&format!("/api/sessions/{sid}"), &t).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    // As if they had started a day ago, a minute from now; the history goes back a week.
+    support::sql(
+        &w,
+        "UPDATE sessions SET created_at = created_at - interval '1 day' + interval '1 minute', \
+         claimed_at = claimed_at - interval '1 day' + interval '1 minute' \
+         WHERE user_id IS NOT NULL AND lesson = $1",
+        "pooled",
+    )
+    .await;
+    let sid = store_any_session(&w).await;
+    support::sql(
+        &w,
+        "UPDATE sessions SET created_at = now() - interval '8 days' WHERE id = $1::text::uuid",
+        &sid,
+    )
+    .await;
+    // The pool now follows demand: the five starts of yesterday's next minutes.
+    let (status, v) = s
+        .raw(
+            "PUT",
+            "/api/admin/pools/pooled",
+            Some(&admin()),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"demand": true, "min": 0, "max": 8})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let v = wait_ready(&s, "pooled", 5).await;
+    assert_eq!(v["target"], 5, "{v}");
+    assert!(
+        v["why"].as_str().unwrap_or_default().contains("day"),
+        "the reason names the window: {v}"
+    );
+    s.stop().await;
+}
+
+/// The id of some session of the test's database.
+async fn store_any_session(w: &World) -> String {
+    let store = w.db.store().await.unwrap();
+    let rows = store
+        .sessions()
+        .list_recent(&"dev".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    rows[0].id.to_string()
+}

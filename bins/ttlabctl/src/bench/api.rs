@@ -69,7 +69,8 @@ pub struct ApiBenchArgs {
     /// Lesson file or directory (default: the checkout's `lessons/`).
     #[arg(long, env = "TTLAB_LESSONS", value_name = "PATH")]
     pub lessons: Option<PathBuf>,
-    /// Simulated guest boot time (VMI Scheduled → Running).
+    /// Simulated guest boot time (VMI Scheduled → its agent listening; the VMI reports Running
+    /// halfway, as KubeVirt reports it while the guest still boots).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub sim_boot: Duration,
     /// Simulated lab setup time inside the guest (Running → readiness marker).

@@ -42,7 +42,8 @@ pub struct PoolBenchArgs {
     /// How long each student works before finishing the session.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub work: Duration,
-    /// Simulated guest boot time (VMI Scheduled → Running; a VM powers on in about 20 s).
+    /// Simulated guest boot time (VMI Scheduled → its agent listening, Running halfway; a VM
+    /// powers on in about 20 s).
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     pub sim_boot: Duration,
     /// Simulated lab setup inside the guest (Running → readiness marker).
