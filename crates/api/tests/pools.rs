@@ -391,3 +391,84 @@ async fn store_any_session(w: &World) -> String {
         .unwrap();
     rows[0].id.to_string()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_of_a_two_vm_lesson_hands_over_every_node() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 20).await;
+    // The duo lesson has no pool in its file: an operator gives it one.
+    let (status, v) = s
+        .raw(
+            "PUT",
+            "/api/admin/pools/duo",
+            Some(&admin()),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"size": 1})).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["nodes"], 2, "{v}");
+    wait_ready(&s, "duo", 1).await;
+    let store = w.db.store().await.unwrap();
+    let member = store
+        .pools()
+        .members(&"dev".parse().unwrap(), &"duo".parse().unwrap())
+        .await
+        .unwrap()
+        .remove(0);
+    let nodes: Vec<NodeName> = vec!["one".parse().unwrap(), "two".parse().unwrap()];
+    let mut boot = Vec::new();
+    for n in &nodes {
+        boot.push(
+            store
+                .agent_tokens()
+                .get(member.id, n)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "duo"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(v["id"], member.id.to_string(), "{v}");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2, "{v}");
+    for (n, old) in nodes.iter().zip(&boot) {
+        let now = store
+            .agent_tokens()
+            .get(member.id, n)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(&now, old, "node {n} kept its boot token");
+    }
+    // Each guest's agent takes its new token and refuses its boot token.
+    for (n, old) in nodes.iter().zip(&boot) {
+        let vm = ttlab_vm_manifest::vm_name(member.id, n);
+        let ip = w.sim.guest_ip(NS, &vm).expect("the guest's address");
+        let addr = std::net::SocketAddr::new(ip.into(), s.state.config().agent_port);
+        let now = store
+            .agent_tokens()
+            .get(member.id, n)
+            .await
+            .unwrap()
+            .unwrap();
+        let new = AgentClient::new(addr, AgentToken::parse(&now).unwrap());
+        assert_eq!(
+            new.exec("true", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .exit_code,
+            Some(0)
+        );
+        let stale = AgentClient::new(addr, AgentToken::parse(old).unwrap());
+        assert!(
+            stale.exec("true", Duration::from_secs(5)).await.is_err(),
+            "node {n}"
+        );
+    }
+    s.stop().await;
+}
