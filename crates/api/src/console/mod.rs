@@ -527,6 +527,7 @@ fn start(
                         vm: target.object.clone(),
                         node: target.node.clone(),
                         agent: None,
+                        resizing: None,
                     };
                     relay(to_browser, from_browser, vm, controls, config).await
                 }

@@ -27,6 +27,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long setting the console's size through the agent may take.
 const RESIZE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A size the agent could not take yet (the console opens when the VMI runs, while the guest
+/// still boots and its agent does not answer) is tried again this often, for this long.
+const RESIZE_RETRY_EVERY: Duration = Duration::from_secs(1);
+const RESIZE_RETRY_FOR: Duration = Duration::from_secs(600);
+
 /// The VMI's serial console.
 pub(super) struct VmConsole {
     pub(super) state: AppState,
@@ -37,33 +42,82 @@ pub(super) struct VmConsole {
     pub(super) node: String,
     /// The VM's agent, once found (its address and token do not change while the VM runs).
     pub(super) agent: Option<AgentClient>,
+    /// The last size, still being tried in the background because the agent did not take it.
+    pub(super) resizing: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for VmConsole {
+    fn drop(&mut self) {
+        if let Some(task) = self.resizing.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A client of the agent of `vm` (node `node` of `session`): its address now, the node's
+/// stored token.
+async fn agent_of(
+    state: &AppState,
+    cluster: &dyn Cluster,
+    session: SessionId,
+    vm: &str,
+    node: &str,
+) -> Result<AgentClient, String> {
+    let ip = cluster
+        .vmi_ip(vm)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{vm} has no address yet"))?;
+    let node: NodeName = node.parse().map_err(|_| format!("no node {node:?}"))?;
+    let token = saga::agent_token(state, session, &node)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(
+        AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
+            .with_timeouts(RESIZE_TIMEOUT, RESIZE_TIMEOUT)
+            .with_user_agent(state.config().user_agent.as_str()),
+    )
 }
 
 impl VmConsole {
     async fn agent(&mut self) -> Result<&AgentClient, String> {
         if self.agent.is_none() {
-            let ip = self
-                .cluster
-                .vmi_ip(&self.vm)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("{} has no address yet", self.vm))?;
-            let node: NodeName = self
-                .node
-                .parse()
-                .map_err(|_| format!("no node {:?}", self.node))?;
-            let token = saga::agent_token(&self.state, self.session, &node)
-                .await
-                .map_err(|e| e.to_string())?;
-            let client =
-                AgentClient::new(SocketAddr::new(ip, self.state.config().agent_port), token)
-                    .with_timeouts(RESIZE_TIMEOUT, RESIZE_TIMEOUT)
-                    .with_user_agent(self.state.config().user_agent.as_str());
+            let client = agent_of(
+                &self.state,
+                self.cluster.as_ref(),
+                self.session,
+                &self.vm,
+                &self.node,
+            )
+            .await?;
             self.agent = Some(client);
         }
         self.agent
             .as_ref()
             .ok_or_else(|| "no agent client".to_owned())
+    }
+
+    /// Keeps trying `wanted` in the background until the agent takes it (a guest still
+    /// booting, or restarted with another address), for [`RESIZE_RETRY_FOR`] at most; a newer
+    /// size replaces it.
+    fn retry_resize(&mut self, wanted: ConsoleSize) {
+        let (state, cluster, session) = (self.state.clone(), self.cluster.clone(), self.session);
+        let (vm, node) = (self.vm.clone(), self.node.clone());
+        self.resizing = Some(tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + RESIZE_RETRY_FOR;
+            while tokio::time::Instant::now() < until {
+                tokio::time::sleep(RESIZE_RETRY_EVERY).await;
+                let Ok(agent) = agent_of(&state, cluster.as_ref(), session, &vm, &node).await
+                else {
+                    continue;
+                };
+                if agent.set_console_size(wanted).await.is_ok() {
+                    tracing::debug!(%session, rows = wanted.rows, cols = wanted.cols, "console resized once the agent answered");
+                    return;
+                }
+            }
+            tracing::info!(%session, "the console's size never reached the guest");
+        }));
     }
 }
 
@@ -175,6 +229,9 @@ impl Upstream for VmConsole {
 
     fn resize(&mut self, size: TermSize) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async move {
+            if let Some(task) = self.resizing.take() {
+                task.abort();
+            }
             let session = self.session;
             let wanted = ConsoleSize {
                 rows: size.rows,
@@ -194,7 +251,8 @@ impl Upstream for VmConsole {
                 Err(e) => {
                     // A restarted VM may have another address: look it up again next time.
                     self.agent = None;
-                    tracing::info!(%session, error = %e, "the console's size could not be set in the guest");
+                    tracing::info!(%session, error = %e, "the console's size could not be set in the guest yet; trying again");
+                    self.retry_resize(wanted);
                 }
             }
         })
