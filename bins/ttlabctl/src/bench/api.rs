@@ -94,35 +94,9 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if args.get_rate == 0 || args.post_rate == 0 || args.users == 0 {
         anyhow::bail!("--get-rate, --post-rate and --users must be at least 1");
     }
-    let lessons_path = args
-        .lessons
-        .clone()
-        .unwrap_or_else(|| checkout_dir().join("lessons"));
-    let lessons = LessonSet::load(&lessons_path)
-        .with_context(|| format!("loading the lessons from {}", lessons_path.display()))?;
-    let lesson = match &args.lesson {
-        Some(l) => lessons
-            .iter()
-            .find(|x| x.id.as_str() == l)
-            .with_context(|| format!("no lesson {l:?} in {}", lessons_path.display()))?,
-        None => lessons
-            .iter()
-            .filter(|l| l.runtime == ttlab_model::Runtime::Vm && l.nodes.iter().count() == 1)
-            .min_by(|a, b| a.id.as_str().cmp(b.id.as_str()))
-            .context("no single-node VM lesson to open; name one with --lesson")?,
-    }
-    .id
-    .as_str()
-    .to_owned();
-    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
-    let server_bin = bins
-        .server
-        .clone()
-        .context("ttlab-server is not available next to ttlabctl; the benchmark needs it")?;
-    let agent_bin = bins
-        .agent
-        .clone()
-        .context("ttlab-agent is missing next to ttlabctl (the server embeds it in every VM)")?;
+    let (lessons, lessons_path, lesson) =
+        single_node_vm_lesson(args.lessons.as_deref(), args.lesson.as_deref())?;
+    let (server_bin, agent_bin) = server_and_agent().await?;
 
     let mut rig = Rig::default();
     let result = async {
@@ -138,6 +112,46 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     .await;
     rig.stop().await;
     result
+}
+
+/// The lessons (from `lessons`, default the checkout's `lessons/`), where they were read from,
+/// and the lesson a benchmark uses: `wanted`, or the first single-node VM lesson by id.
+pub(crate) fn single_node_vm_lesson(
+    lessons: Option<&std::path::Path>,
+    wanted: Option<&str>,
+) -> anyhow::Result<(LessonSet, PathBuf, String)> {
+    let lessons_path = lessons.map_or_else(|| checkout_dir().join("lessons"), PathBuf::from);
+    let lessons = LessonSet::load(&lessons_path)
+        .with_context(|| format!("loading the lessons from {}", lessons_path.display()))?;
+    let lesson = match wanted {
+        Some(l) => lessons
+            .iter()
+            .find(|x| x.id.as_str() == l)
+            .with_context(|| format!("no lesson {l:?} in {}", lessons_path.display()))?,
+        None => lessons
+            .iter()
+            .filter(|l| l.runtime == ttlab_model::Runtime::Vm && l.nodes.iter().count() == 1)
+            .min_by(|a, b| a.id.as_str().cmp(b.id.as_str()))
+            .context("no single-node VM lesson to use; name one with --lesson")?,
+    }
+    .id
+    .as_str()
+    .to_owned();
+    Ok((lessons, lessons_path, lesson))
+}
+
+/// `ttlab-server` and `ttlab-agent` next to `ttlabctl`, which a benchmark's rig runs.
+pub(crate) async fn server_and_agent() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
+    let server = bins
+        .server
+        .clone()
+        .context("ttlab-server is not available next to ttlabctl; the benchmark needs it")?;
+    let agent = bins
+        .agent
+        .clone()
+        .context("ttlab-agent is missing next to ttlabctl (the server embeds it in every VM)")?;
+    Ok((server, agent))
 }
 
 /// What a benchmark's rig is started with.

@@ -36,7 +36,7 @@ use ttlab_store::{NewSession, SessionTimes, SessionVm, Store, StoreOptions};
 
 use crate::demo::client::{self, HttpClient, Method};
 use crate::demo::stack::{self, Database};
-use crate::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wait_ready};
+use crate::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
 
 /// Target: what the relay may add to the keystroke round trip at p99.
 const ECHO_TARGET: Duration = Duration::from_millis(1);
@@ -74,15 +74,7 @@ pub async fn run(args: ConsoleBenchArgs) -> anyhow::Result<()> {
     if args.keystrokes == 0 || args.idle == 0 || args.bulk_duration.is_zero() {
         anyhow::bail!("--keystrokes, --idle and --bulk-duration must be positive");
     }
-    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
-    let server_bin = bins
-        .server
-        .clone()
-        .context("ttlab-server is not available next to ttlabctl; the benchmark needs it")?;
-    let agent_bin = bins
-        .agent
-        .clone()
-        .context("ttlab-agent is missing next to ttlabctl (the server needs it to start)")?;
+    let (server_bin, agent_bin) = super::api::server_and_agent().await?;
     let mut rig = Rig::default();
     let result = async {
         rig.start(&server_bin, &agent_bin).await?;

@@ -14,12 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use ttlab_api::auth::Role;
-use ttlab_lesson::LessonSet;
 use ttlab_model::UserId;
 
 use super::api::{Dist, Rig, RigSettings, ms, parse_duration, verdict};
 use crate::demo::client::{self, Method};
-use crate::demo::{checkout_dir, locate_binaries};
 use crate::soak::students::Rng;
 
 /// Target of click → running p50 for a hit.
@@ -78,35 +76,9 @@ pub async fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     if args.students == 0 || args.pool_size == 0 {
         anyhow::bail!("--students and --pool-size must be at least 1");
     }
-    let lessons_path = args
-        .lessons
-        .clone()
-        .unwrap_or_else(|| checkout_dir().join("lessons"));
-    let lessons = LessonSet::load(&lessons_path)
-        .with_context(|| format!("loading the lessons from {}", lessons_path.display()))?;
-    let lesson = match &args.lesson {
-        Some(l) => lessons
-            .iter()
-            .find(|x| x.id.as_str() == l)
-            .with_context(|| format!("no lesson {l:?} in {}", lessons_path.display()))?,
-        None => lessons
-            .iter()
-            .filter(|l| l.runtime == ttlab_model::Runtime::Vm && l.nodes.iter().count() == 1)
-            .min_by(|a, b| a.id.as_str().cmp(b.id.as_str()))
-            .context("no single-node VM lesson to pool; name one with --lesson")?,
-    }
-    .id
-    .as_str()
-    .to_owned();
-    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
-    let server_bin = bins
-        .server
-        .clone()
-        .context("ttlab-server is not available next to ttlabctl; the benchmark needs it")?;
-    let agent_bin = bins
-        .agent
-        .clone()
-        .context("ttlab-agent is missing next to ttlabctl (the server embeds it in every VM)")?;
+    let (lessons, lessons_path, lesson) =
+        super::api::single_node_vm_lesson(args.lessons.as_deref(), args.lesson.as_deref())?;
+    let (server_bin, agent_bin) = super::api::server_and_agent().await?;
     let mut rig = Rig::default();
     let result = async {
         let settings = RigSettings {
