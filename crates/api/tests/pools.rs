@@ -59,6 +59,18 @@ async fn pool(s: &Running, lesson: &str) -> Value {
     v
 }
 
+/// An operator's `PUT` of a pool's settings.
+async fn put_pool(s: &Running, path: &str, body: Value) -> (u16, Value) {
+    s.raw(
+        "PUT",
+        path,
+        Some(&admin()),
+        Some("application/json"),
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await
+}
+
 /// Waits (60 s at most) until `lesson`'s pool has `ready` members ready.
 async fn wait_ready(s: &Running, lesson: &str, ready: u64) -> Value {
     let until = Instant::now() + Duration::from_secs(60);
@@ -233,15 +245,7 @@ async fn the_pool_never_takes_the_places_a_cold_start_needs() {
     // Five places; the largest lesson (duo) needs two, so the pool may hold three at most,
     // however large it is asked to be.
     let s = pooled_server(&w, 5).await;
-    let (status, v) = s
-        .raw(
-            "PUT",
-            "/api/admin/pools/pooled",
-            Some(&admin()),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"size": 10})).unwrap(),
-        )
-        .await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"size": 10})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["source"], "admin", "{v}");
     let v = wait_ready(&s, "pooled", 3).await;
@@ -261,26 +265,10 @@ async fn the_pool_never_takes_the_places_a_cold_start_needs() {
         .await;
     assert_eq!(status, 202, "{v}");
     // Bad settings are the operator's mistake, said plainly.
-    let (status, v) = s
-        .raw(
-            "PUT",
-            "/api/admin/pools/pooled",
-            Some(&admin()),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"size": 5, "max": 2})).unwrap(),
-        )
-        .await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"size": 5, "max": 2})).await;
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"], "invalid_pool", "{v}");
-    let (status, v) = s
-        .raw(
-            "PUT",
-            "/api/admin/pools/shell",
-            Some(&admin()),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"size": 1})).unwrap(),
-        )
-        .await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/shell", json!({"size": 1})).await;
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"], "not_pooled", "{v}");
     s.stop().await;
@@ -362,15 +350,12 @@ async fn a_demand_driven_pool_is_ready_for_the_class_that_started_at_this_time_y
     )
     .await;
     // The pool now follows demand: the five starts of yesterday's next minutes.
-    let (status, v) = s
-        .raw(
-            "PUT",
-            "/api/admin/pools/pooled",
-            Some(&admin()),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"demand": true, "min": 0, "max": 8})).unwrap(),
-        )
-        .await;
+    let (status, v) = put_pool(
+        &s,
+        "/api/admin/pools/pooled",
+        json!({"demand": true, "min": 0, "max": 8}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     let v = wait_ready(&s, "pooled", 5).await;
     assert_eq!(v["target"], 5, "{v}");
@@ -397,15 +382,7 @@ async fn a_pool_of_a_two_vm_lesson_hands_over_every_node() {
     let w = World::new().await;
     let s = pooled_server(&w, 20).await;
     // The duo lesson has no pool in its file: an operator gives it one.
-    let (status, v) = s
-        .raw(
-            "PUT",
-            "/api/admin/pools/duo",
-            Some(&admin()),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"size": 1})).unwrap(),
-        )
-        .await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/duo", json!({"size": 1})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["nodes"], 2, "{v}");
     wait_ready(&s, "duo", 1).await;
