@@ -234,8 +234,9 @@ async fn a_claimed_member_refuses_its_boot_token_and_powers_off_at_the_sessions_
         got, want,
         "power-off at {got}, the session's deadline is {want}"
     );
-    assert!(session.claimed_at.is_some());
-    assert!(session.started_at >= session.created_at);
+    // The lifespan started at the claim, not when the member was prepared.
+    assert_eq!(Some(session.started_at), session.claimed_at);
+    assert!(session.started_at > session.created_at);
     s.stop().await;
 }
 
