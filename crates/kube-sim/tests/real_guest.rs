@@ -19,6 +19,7 @@
 //! test prints a `SKIPPED:` line, or fails under `CI=true`. About 5 to 9 minutes under TCG on
 //! two cores, depending on the load.
 
+#[path = "suite/support/mod.rs"]
 mod support;
 
 use std::net::{IpAddr, SocketAddr};

@@ -2,7 +2,7 @@
 //! kube-sim is held to what the real API server does. Each takes a client (the
 //! administrator's) and a namespace of its own; the tests that call them are
 //! `crates/envtest/tests/immutable.rs` and `quota.rs` (the real control plane) and
-//! `crates/kube-sim/tests/api.rs` and `quota.rs` (kube-sim), which include this file.
+//! `crates/kube-sim/tests/suite/api.rs` and `quota.rs` (kube-sim), which include this file.
 
 #![allow(dead_code)]
 

@@ -5,7 +5,7 @@
 //! admin views and in the metrics, and goes final — with the time its objects were confirmed
 //! gone — only once the VM is gone.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

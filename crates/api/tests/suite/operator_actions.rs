@@ -4,7 +4,7 @@
 //! the maximum lifetime and recorded; an operator ends a session and its objects are
 //! reclaimed; students get 403 from every operator route.
 
-mod support;
+use crate::support;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};

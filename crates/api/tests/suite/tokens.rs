@@ -2,7 +2,7 @@
 //! stored in the database, so another replica can grade; never shown by the API; forgotten
 //! once the session is final.
 
-mod support;
+use crate::support;
 
 use base64::Engine as _;
 use serde_json::{Value, json};

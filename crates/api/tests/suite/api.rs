@@ -1,6 +1,6 @@
 //! The server against real PostgreSQL, kube-sim over HTTP and the real agent binary.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

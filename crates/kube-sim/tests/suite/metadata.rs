@@ -1,7 +1,7 @@
 //! Metadata-only answers (`PartialObjectMetadata`, `PartialObjectMetadataList`) as kube-rs asks
 //! for them, and objects created with a backdated `creationTimestamp`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

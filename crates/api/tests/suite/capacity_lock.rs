@@ -2,7 +2,7 @@
 //! gets a clear, retryable 503 within the bound, not a hang; the next start goes through once
 //! the lock is free.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use support::{World, policy, token};

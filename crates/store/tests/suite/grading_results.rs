@@ -1,7 +1,7 @@
 //! The `grading_results` table against a real throwaway PostgreSQL: each grading of a
 //! session is kept, read back oldest first and bounded to the last few.
 
-mod common;
+use crate::common;
 
 use ttlab_store::StoreError;
 use ttlab_store::testing::TestDb;

@@ -2,7 +2,7 @@
 //! student, a forged or stale token, and a student on admin routes can reach (nothing), and
 //! that a console is only ever opened into one's own running, unexpired session.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{Running, World, policy, start_running, token};

@@ -10,7 +10,7 @@
 //! workspace test run builds it); without it these tests print a `SKIPPED:` line, or fail
 //! under `CI=true`.
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

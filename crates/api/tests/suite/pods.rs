@@ -2,7 +2,7 @@
 //! pod exec, failed and cleaned up when the Pod does not start in time; and the capacity
 //! view with the namespace's ResourceQuota.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

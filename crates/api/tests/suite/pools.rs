@@ -3,7 +3,7 @@
 //! deadline becomes the session's, the pool never takes a cold start's places, and a member
 //! past its age limit is replaced.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -2,9 +2,9 @@
 //! moves the expiry and is recorded in one conditional statement, never past the maximum
 //! lifetime and never on a stale read; ends are recorded; reasons are required.
 
+use crate::common;
 use chrono::Duration;
 use ttlab_model::UserId;
-mod common;
 
 use common::running;
 use ttlab_store::testing::TestDb;

@@ -4,9 +4,8 @@
 //! plane runs (`crates/envtest/tests/shared/parity.rs`).
 
 /// Test bodies shared with the real control plane's suites.
-#[path = "../../envtest/tests/shared/parity.rs"]
-mod parity;
-mod support;
+use crate::parity;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::*;

@@ -3,8 +3,8 @@
 //! late close of the replaced connection leaves the newer one open, and a close records when
 //! and why.
 
+use crate::common;
 use ttlab_model::{NodeName, UserId};
-mod common;
 
 use common::running;
 use ttlab_store::ConsoleClosedWhy;

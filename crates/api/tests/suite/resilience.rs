@@ -4,7 +4,7 @@
 //! and a student's error never carries the agent's address. A real server, real PostgreSQL,
 //! kube-sim over HTTP with its fault table.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

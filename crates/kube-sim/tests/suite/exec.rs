@@ -3,7 +3,7 @@
 //! a `SKIPPED:` line, or a failure under `CI=true`); the API server's refusals; faults and the
 //! call record.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,9 +7,8 @@
 //! counted until the controller recounts.
 
 /// Test bodies shared with the real control plane's suites.
-#[path = "../../envtest/tests/shared/parity.rs"]
-mod parity;
-mod support;
+use crate::parity;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! with verb, API group, resource, subresource and namespace; a token the sim did not issue
 //! is refused with `401 Unauthorized`, as a real cluster refuses it.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! event (after a compaction, or once the watch cache has moved on), and an object with
 //! finalizers lingers with a `deletionTimestamp` until the last one is removed.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

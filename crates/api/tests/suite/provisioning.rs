@@ -3,7 +3,7 @@
 //! faults (500s, lost replies, failing watches) ridden out by retries and creates that adopt
 //! this session's own objects — while a foreign object or a fault that persists fails clearly.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{NS, World, policy, token};

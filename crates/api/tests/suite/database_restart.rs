@@ -3,7 +3,7 @@
 //! serves again, sessions opened before are intact, and the session being provisioned across
 //! the outage ends cleanly without leaking anything.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,7 +54,7 @@ async fn postgres_stopped_and_restarted_under_load() {
     store.migrate().await.unwrap();
     let mut config = w.config(policy(3600, 7200, 3), 8).await;
     // The load below extends and grades as one student many times a second: what is tested
-    // is the outage, not the per-user rate limit (crates/api/tests/resilience.rs has that).
+    // is the outage, not the per-user rate limit (crates/api/tests/suite/resilience.rs has that).
     config.user_rate_limit = ttlab_api::limits::RateLimit::OFF;
     let s = w.serve_on(config, store.clone()).await;
 

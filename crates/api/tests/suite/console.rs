@@ -1,7 +1,7 @@
 //! The console end to end: a real server, real PostgreSQL, kube-sim's serial console over
 //! HTTP, and a WebSocket client standing in for the browser.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! keep a VMI Pending, run strategies on guest power-off, cloud-init applied to the guest
 //! directory with the agent started from it, readiness markers, and the serial console.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

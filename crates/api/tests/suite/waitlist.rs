@@ -2,7 +2,7 @@
 //! database, the order decided by the database, a freed place held for the first in line
 //! only, a lapsed hold passing on, and the one-session-per-person rule.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! new starts with a clear 503, keeps serving everything else, and lets go of the session it
 //! was preparing, which another replica adopts and finishes.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use support::{World, policy, token};

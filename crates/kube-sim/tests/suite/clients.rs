@@ -2,7 +2,7 @@
 //! (without it on `PATH`: a `SKIPPED:` line, or a failure under `CI=true`), plus the scale
 //! figure.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,20 @@
+//! The API crate's integration tests, one module per area, in one test binary (one link
+//! instead of one per file): each test starts its own PostgreSQL database and kube-sim, and
+//! serves the real router on a loopback port. Run one area with
+//! `cargo test -p ttlab-api --test suite pools::`.
+
+mod api;
+mod capacity_lock;
+mod console;
+mod database_restart;
+mod gone;
+mod handover;
+mod operator_actions;
+mod pods;
+mod pools;
+mod provisioning;
+mod resilience;
+mod security;
+mod support;
+mod tokens;
+mod waitlist;
