@@ -61,7 +61,13 @@ NET
 cat >"$root/etc/cloud/cloud.cfg.d/90-ttlab.cfg" <<'CFG'
 datasource_list: [NoCloud, None]
 network: {config: disabled}
+locale: C.UTF-8
 CFG
+# The system's locale is C.UTF-8, which glibc has built in: cloud-init's locale module finds it
+# already set and runs nothing. (Its default, en_US.UTF-8, is not generated on a debootstrap
+# root: update-locale refused it, cloud-config.service failed on every boot and systemd said
+# "degraded".)
+printf 'LANG=C.UTF-8\n' >"$root/etc/default/locale"
 
 # Initrd with the virtio drivers; the kernel finds the root filesystem by label.
 echo 'MODULES=most' >"$root/etc/initramfs-tools/conf.d/ttlab"
