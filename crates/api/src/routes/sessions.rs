@@ -11,6 +11,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use ttlab_agent::AgentClient;
+use ttlab_cluster::ClusterError;
 use ttlab_lifespan::Lifespan;
 use ttlab_model::{LessonId, Runtime, SessionStatus};
 use ttlab_store::Session;
@@ -308,13 +309,7 @@ async fn grade(
     state.admit(&user.user, Action::Grade)?;
     let s = owned(&state, &user, id).await?;
     if s.status != SessionStatus::Running {
-        return Err(ApiError::WrongState {
-            code: "not_running",
-            message: format!(
-                "the session is {}; only a running session can be graded",
-                s.status
-            ),
-        });
+        return Err(not_running(s.status));
     }
     let lesson = state
         .config()
@@ -324,10 +319,21 @@ async fn grade(
         .ok_or_else(|| ApiError::LessonNotFound(s.lesson.to_string()))?;
     let mut steps = Vec::with_capacity(lesson.grading.len());
     for step in &lesson.grading {
-        steps.push(match s.runtime {
-            Runtime::Vm => grade_in_vm(&state, &s, step).await?,
-            Runtime::Pod => grade_in_pod(&state, &s, step).await?,
-        });
+        let result = match s.runtime {
+            Runtime::Vm => grade_in_vm(&state, &s, step).await,
+            Runtime::Pod => grade_in_pod(&state, &s, step).await,
+        };
+        match result {
+            Ok(step) => steps.push(step),
+            // The session may have ended while it was graded (expired, finished, reclaimed:
+            // its VM is then gone): that is what the student is told, not the failed step.
+            Err(e) => {
+                return Err(match owned(&state, &user, id).await {
+                    Ok(now) if now.status != SessionStatus::Running => not_running(now.status),
+                    _ => e,
+                });
+            }
+        }
     }
     let passed = steps.iter().filter(|s| s.passed).count();
     tracing::info!(session = %s.id, passed, total = steps.len(), "graded");
@@ -359,6 +365,14 @@ async fn grade(
     })))
 }
 
+/// The answer to grading a session that is not running (or stopped running meanwhile).
+fn not_running(status: SessionStatus) -> ApiError {
+    ApiError::WrongState {
+        code: "not_running",
+        message: format!("the session is {status}; only a running session can be graded"),
+    }
+}
+
 /// Runs one grading step through the agent in the step's VM, with the VM's stored token.
 async fn grade_in_vm(
     state: &AppState,
@@ -370,11 +384,23 @@ async fn grade_in_vm(
         .iter()
         .find(|v| v.node == step.node)
         .ok_or_else(|| ApiError::Internal(format!("no VM recorded for node {}", step.node)))?;
-    let ip = state
-        .cluster()
-        .vmi_ip(&vm.name)
-        .await?
-        .ok_or_else(|| ApiError::AgentUnavailable(format!("{} has no address", vm.name)))?;
+    let ip = match state.cluster().vmi_ip(&vm.name).await {
+        Ok(Some(ip)) => ip,
+        Ok(None) => {
+            return Err(ApiError::AgentUnavailable(format!(
+                "{} has no address",
+                vm.name
+            )));
+        }
+        // No VMI: the VM is not running (powered off, or deleted behind the server's back).
+        Err(ClusterError::NotFound { .. }) => {
+            return Err(ApiError::AgentUnavailable(format!(
+                "{} has no running instance",
+                vm.name
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let token = saga::agent_token(state, s.id, &step.node).await?;
     let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
         .with_timeouts(Duration::from_secs(3), Duration::from_secs(5))

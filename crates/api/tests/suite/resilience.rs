@@ -444,6 +444,59 @@ async fn a_student_never_sees_the_agents_address() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grading_a_vm_that_is_gone_says_so_and_an_ended_session_is_not_running() {
+    let w = World::new().await;
+    let config = w.config(policy(3600, 7200, 3), 8).await;
+    let s = Served::start(&w, config).await;
+    let (sid, alice) = running(&s, "alice", "quick").await;
+    let view = call(
+        "GET",
+        &s.url(&format!("/api/sessions/{sid}")),
+        Some(&alice),
+        None,
+    )
+    .await;
+    let vm = view.body["nodes"][0]["vm"].as_str().unwrap().to_owned();
+
+    // The guest powers itself off: with RerunOnFailure its VMI is deleted and stays off.
+    w.sim.power_off(NS, &vm).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.sim.get("virtualmachineinstances", NS, &vm).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the powered-off VM's VMI never went"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let grade = s.url(&format!("/api/sessions/{sid}/grade"));
+    let a = call("POST", &grade, Some(&alice), None).await;
+    assert_eq!(
+        (a.status, a.body["error"].as_str()),
+        (502, Some("agent_unavailable")),
+        "a VM with no instance is a lab that does not answer, not a server error: {}",
+        a.body
+    );
+
+    // Once the student has finished, grading says the session is not running.
+    let f = call(
+        "DELETE",
+        &s.url(&format!("/api/sessions/{sid}")),
+        Some(&alice),
+        None,
+    )
+    .await;
+    assert_eq!(f.status, 200, "{}", f.body);
+    let a = call("POST", &grade, Some(&alice), None).await;
+    assert_eq!(
+        (a.status, a.body["error"].as_str()),
+        (409, Some("not_running")),
+        "{}",
+        a.body
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_user_header_is_believed_only_from_the_trusted_proxy() {
     let w = World::new().await;
     // Behind the shipped Ingress: the proxy is elsewhere, this client (127.0.0.1) is not it.
