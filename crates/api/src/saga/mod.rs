@@ -330,12 +330,18 @@ async fn provision(state: &AppState, session: &Session) {
     match result {
         Ok(()) => tracing::info!("session running"),
         Err(Stop::Superseded) => {
-            tracing::info!("session left starting during provisioning; removing what was made");
+            tracing::info!("session left starting during provisioning");
             // Whoever moved the row on may have left its completion to us (a student's finish
             // does, while we hold the provisioning lock): we are the last to create objects,
             // so a `finishing` row is completed here, after our own deletions.
             let row = with_db(|| async { state.store().sessions().get(session.id).await }).await;
             match row {
+                // Running already: the statement that marks it running went through on an
+                // attempt whose answer was lost (the retry then found it running), or another
+                // server finished it. Its objects are the running lab's: nothing to undo.
+                Ok(Some(row)) if row.status == SessionStatus::Running => {
+                    tracing::info!("the session is running already; its objects stay");
+                }
                 Ok(Some(row)) if row.status == SessionStatus::Finishing => {
                     if let Err(e) = complete(state, row).await {
                         tracing::warn!(error = %e, "could not end the session; the reaper will");
