@@ -399,20 +399,25 @@ async fn start_extend_and_grade_are_limited_per_user_with_429_and_retry_after() 
     s.stop().await;
 }
 
+/// The VM name of a session's first node, as its student's view shows it.
+async fn first_vm(s: &Served, sid: &str, token: &str) -> String {
+    let view = call(
+        "GET",
+        &s.url(&format!("/api/sessions/{sid}")),
+        Some(token),
+        None,
+    )
+    .await;
+    view.body["nodes"][0]["vm"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_student_never_sees_the_agents_address() {
     let w = World::new().await;
     let config = w.config(policy(3600, 7200, 3), 8).await;
     let s = Served::start(&w, config).await;
     let (sid, alice) = running(&s, "alice", "quick").await;
-    let view = call(
-        "GET",
-        &s.url(&format!("/api/sessions/{sid}")),
-        Some(&alice),
-        None,
-    )
-    .await;
-    let vm = view.body["nodes"][0]["vm"].as_str().unwrap().to_owned();
+    let vm = first_vm(&s, &sid, &alice).await;
     let ip = w.sim.guest_ip(NS, &vm).expect("the guest's address");
     let pid = w.sim.agent_pid(NS, &vm).expect("the guest agent runs");
 
@@ -449,14 +454,7 @@ async fn grading_a_vm_that_is_gone_says_so_and_an_ended_session_is_not_running()
     let config = w.config(policy(3600, 7200, 3), 8).await;
     let s = Served::start(&w, config).await;
     let (sid, alice) = running(&s, "alice", "quick").await;
-    let view = call(
-        "GET",
-        &s.url(&format!("/api/sessions/{sid}")),
-        Some(&alice),
-        None,
-    )
-    .await;
-    let vm = view.body["nodes"][0]["vm"].as_str().unwrap().to_owned();
+    let vm = first_vm(&s, &sid, &alice).await;
 
     // The guest powers itself off: with RerunOnFailure its VMI is deleted and stays off.
     w.sim.power_off(NS, &vm).unwrap();
