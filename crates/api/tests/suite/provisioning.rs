@@ -766,6 +766,105 @@ async fn a_create_whose_reply_was_lost_is_adopted_and_the_lab_starts() {
     s.stop().await;
 }
 
+/// The statement that marks a session running commits, but its answer never comes back: the
+/// server gives up on the connection (its call timeout) and retries, and the retry finds the
+/// row running already. The lab is the student's, and it must stay up: no object deleted, the
+/// session running (in the 10-minute soak this tore down two running labs, which became
+/// ghosts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lab_whose_mark_running_answer_was_lost_stays_running() {
+    use ttlab_kube_sim::Verb;
+    let w = World::new().await;
+    // The answer is lost the way a dropped connection loses it: the update holds its row in
+    // a trigger that sleeps past the client's call timeout, then commits (the server is not
+    // told the client left); the client has retried on another connection meanwhile.
+    let (db, connection) = tokio_postgres::connect(w.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    db.batch_execute(
+        "CREATE TABLE slow_updates (pid int NOT NULL); \
+         CREATE FUNCTION slow_mark_running() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN INSERT INTO slow_updates VALUES (pg_backend_pid()); \
+                    PERFORM pg_sleep(3); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_mark_running AFTER UPDATE OF status ON sessions FOR EACH ROW \
+           WHEN (OLD.status = 'starting' AND NEW.status = 'running') \
+           EXECUTE FUNCTION slow_mark_running();",
+    )
+    .await
+    .unwrap();
+    let mut options = ttlab_store::StoreOptions::default();
+    options.timeouts.call = std::time::Duration::from_secs(1);
+    let store = w.db.store_with(options).await.unwrap();
+    let config = w.config(policy(3600, 7200, 3), 8).await;
+    let s = w.serve_on(config, store).await;
+    let clicked = std::time::Instant::now();
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let v = s
+        .wait_session(&sid, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    eprintln!(
+        "running {:.1} s after the click",
+        clicked.elapsed().as_secs_f64()
+    );
+    // The first attempt's answer was lost: the server gave its connection up while the
+    // update slept, so the backend that ran it ended once it had committed.
+    let mut alive = 1;
+    for _ in 0..100 {
+        alive = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE pid IN (SELECT pid FROM slow_updates)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if alive == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let slow: i64 = db
+        .query_one("SELECT count(*) FROM slow_updates", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slow, 1, "the session was marked running once");
+    assert_eq!(
+        alive, 0,
+        "the connection of the slow update is still open: its answer was not lost"
+    );
+    // Give a wrong teardown time to happen, then check that nothing of the lab was deleted.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let deletes: Vec<_> = w
+        .sim
+        .calls()
+        .into_iter()
+        .filter(|c| c.verb == Verb::Delete)
+        .collect();
+    assert!(
+        deletes.is_empty(),
+        "the running lab was torn down: {deletes:?}"
+    );
+    assert_eq!(w.sim.stats().vms, 1, "{:?}", w.sim.stats());
+    let (status, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(
+        (status, v["status"].as_str()),
+        (200, Some("running")),
+        "{v}"
+    );
+    drop(db);
+    let _ = connection.await;
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn an_object_of_someone_else_under_the_name_fails_the_lab_clearly() {
     use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
