@@ -103,12 +103,13 @@ async fn kubectl_dry_runs_the_overlays_against_kube_sim() {
     let Some(binary) = kubectl_or_skip() else {
         return;
     };
-    let sim = start_sim().await;
-    let kubectl = Kubectl::new(binary, &sim);
     for env in ENVIRONMENTS {
         let Some(rendered) = render_overlay(env) else {
             return;
         };
+        // Each environment's dry runs on a kube-sim of their own: nothing is left of another.
+        let sim = start_sim().await;
+        let kubectl = Kubectl::new(binary.clone(), &sim);
         let (objects, skipped) = split(&rendered);
         eprintln!(
             "{env}: applying {} objects; kinds kube-sim does not serve, skipped: {skipped:?}",
@@ -127,16 +128,53 @@ async fn kubectl_dry_runs_the_overlays_against_kube_sim() {
             );
         }
         let file = kubectl.write_stream(&format!("{env}.yaml"), &objects);
-        for mode in ["--dry-run=client", "--dry-run=server"] {
-            let (ok, out, err) = kubectl.run(&["apply", mode, "-f", path_str(&file)]).await;
-            assert!(ok, "{env} {mode}: {out}{err}");
-            let created = out.lines().filter(|l| l.contains("created")).count();
-            assert_eq!(created, objects.len(), "{env} {mode}: {out}");
-        }
-        // A dry run leaves nothing behind.
+        let (ok, out, err) = kubectl
+            .run(&["apply", "--dry-run=client", "-f", path_str(&file)])
+            .await;
+        assert!(ok, "{env} client dry run: {out}{err}");
+        let created = out.lines().filter(|l| l.contains("created")).count();
+        assert_eq!(created, objects.len(), "{env} client dry run: {out}");
+        // A server-side dry run creates no namespace, so what the overlay puts in its own
+        // namespaces is refused, as the real server refuses it.
+        let (ok, out, err) = kubectl
+            .run(&["apply", "--dry-run=server", "-f", path_str(&file)])
+            .await;
+        assert!(
+            !ok && err.contains("namespaces \"ttlab-vms\" not found"),
+            "{env} server dry run without its namespaces: {out}{err}"
+        );
         let (ok, out, err) = kubectl.run(&["get", "namespace", "ttlab-vms"]).await;
-        assert!(!ok && err.contains("NotFound"), "{out}{err}");
+        assert!(
+            !ok && err.contains("NotFound"),
+            "a dry run leaves nothing: {out}{err}"
+        );
+        // With its namespaces created, every other object passes the server's checks.
+        let (namespaces, rest): (Vec<Value>, Vec<Value>) = objects
+            .iter()
+            .cloned()
+            .partition(|o| o["kind"] == "Namespace");
+        let ns_file = kubectl.write_stream(&format!("{env}-namespaces.yaml"), &namespaces);
+        let (ok, out, err) = kubectl.run(&["apply", "-f", path_str(&ns_file)]).await;
+        assert!(ok, "{env} namespaces: {out}{err}");
+        let rest_file = kubectl.write_stream(&format!("{env}-rest.yaml"), &rest);
+        let (ok, out, err) = kubectl
+            .run(&["apply", "--dry-run=server", "-f", path_str(&rest_file)])
+            .await;
+        assert!(ok, "{env} server dry run: {out}{err}");
+        let created = out.lines().filter(|l| l.contains("created")).count();
+        assert_eq!(created, rest.len(), "{env} server dry run: {out}");
+        let (ok, out, err) = kubectl
+            .run(&["get", "resourcequota", "-n", "ttlab-vms", "-o", "name"])
+            .await;
+        assert!(
+            ok && out.trim().is_empty(),
+            "a dry run leaves nothing: {out}{err}"
+        );
+        sim.shutdown().await;
     }
+
+    let sim = start_sim().await;
+    let kubectl = Kubectl::new(binary, &sim);
 
     // Applied for real, the two environments write the same shared objects: the second apply
     // creates its own backend namespace and leaves every shared object unchanged.

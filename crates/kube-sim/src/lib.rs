@@ -22,7 +22,8 @@
 //! ([`SimConfig::quota_sync`]), changes leave the watch history ([`SimConfig::watch_history`]),
 //! and a VMI is Running before its guest's agent listens ([`Timings::boot`]). Dry runs
 //! (`?dryRun=All`) of creates, updates and patches get the checks and refusals of the real
-//! call (except a dry-run create's in a namespace that does not exist) and store nothing.
+//! call (a create in a namespace that does not exist is `404`, even when the same dry run
+//! "created" it) and store nothing.
 //!
 //! Identified users are authorized by RBAC, with the Roles and bindings given to
 //! [`KubeSim::apply_rbac`] (the shipped `deploy/` objects, say): a call no rule allows gets

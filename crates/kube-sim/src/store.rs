@@ -405,8 +405,8 @@ impl Store {
         self.create_at(t, ns, obj, &now_rfc3339(), false)
     }
 
-    /// The dry run of [`Store::create`] (`?dryRun=All`): the same refusals (a terminating
-    /// namespace, the quota, a taken name; not a missing namespace, see `create_at`), nothing
+    /// The dry run of [`Store::create`] (`?dryRun=All`): the same refusals (a missing or
+    /// terminating namespace, the quota, a taken name), nothing
     /// stored and no quota charged. Returns the object as given.
     pub fn dry_run_create(&mut self, t: TypeId, ns: &str, obj: Value) -> Result<Value, ApiError> {
         let checked = obj.clone();
@@ -439,11 +439,8 @@ impl Store {
         let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
         if rt.namespaced {
             match self.namespace_state(ns) {
-                // Kinder than the real server, whose dry run of a create in a namespace that
-                // does not exist is `404` too: `kubectl apply --dry-run=server` of a manifest
-                // that creates its own namespaces is checked against kube-sim
-                // (`crates/deploy-tests/tests/kube_sim.rs`).
-                None if dry_run => {}
+                // A dry run too, as on the real server: a dry-run create of a namespace
+                // creates nothing for the objects after it.
                 None => return Err(ApiError::not_found("", "namespaces", ns)),
                 Some(true) => {
                     return Err(ApiError::forbidden(
