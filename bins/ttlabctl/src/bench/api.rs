@@ -585,6 +585,9 @@ struct Sample {
     latencies: Vec<Duration>,
     /// From the scheduled instant to the moment the client task started sending.
     lag: Vec<Duration>,
+    /// Each request's scheduled instant and latency, in sending order (where in the phase
+    /// the slow answers fell).
+    points: Vec<(Instant, Duration)>,
     first: Option<Instant>,
     last: Option<Instant>,
     ok: usize,
@@ -595,9 +598,36 @@ struct Sample {
 impl Sample {
     fn add(&mut self, at: Instant, sent: Instant, done: Instant) {
         self.latencies.push(done.saturating_duration_since(at));
+        self.points.push((at, done.saturating_duration_since(at)));
         self.lag.push(sent.saturating_duration_since(at));
         self.first = Some(self.first.map_or(at, |f| f.min(at)));
         self.last = Some(self.last.map_or(done, |l| l.max(done)));
+    }
+
+    /// How many answers took longer than `target`, counted by the second of the phase they
+    /// were scheduled in (none: every answer was within it).
+    fn over_by_second(&self, target: Duration) -> Option<String> {
+        let first = self.first?;
+        let mut by_second: std::collections::BTreeMap<u64, usize> = Default::default();
+        for (at, latency) in &self.points {
+            if *latency > target {
+                *by_second
+                    .entry(at.saturating_duration_since(first).as_secs())
+                    .or_default() += 1;
+            }
+        }
+        let over: usize = by_second.values().sum();
+        (over > 0).then(|| {
+            let seconds: Vec<String> = by_second
+                .iter()
+                .map(|(s, n)| format!("{s}s: {n}"))
+                .collect();
+            format!(
+                "answers over {}: {over}, by second of the phase: {}",
+                ms(target),
+                seconds.join(", ")
+            )
+        })
     }
 
     fn note_error(&mut self, e: String) {
@@ -627,6 +657,9 @@ impl Sample {
         let lag = Dist::of(&mut self.lag);
         println!("  latency {d}");
         println!("  client send lag p99 {}", ms(lag.p99));
+        if let Some(line) = self.over_by_second(target) {
+            println!("  {line}");
+        }
         println!("  {}", verdict("p99", d.p99, target, self.errors));
     }
 }

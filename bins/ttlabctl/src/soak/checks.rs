@@ -800,6 +800,16 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     }
     table.rows.push(crashes);
 
+    // A ghost is a running session whose VM vanished. The soak deletes no VM, crashes no guest
+    // and powers none off, so every ghost was made by ttlab itself (its history is in the notes).
+    let mut ghosts = Row::new("no running lab lost its VM (0 ghosts)");
+    for s in input.sessions.iter().filter(|s| s.ready_at.is_some()) {
+        ghosts.check(s.status != SessionStatus::Ghost, || {
+            format!("{} ({}, {}) became a ghost", s.id, s.env, s.lesson)
+        });
+    }
+    table.rows.push(ghosts);
+
     held_rows(input, &owner, &mut table);
     deploy_row(input, &disturbances, &mut table);
     running_rows(input, &disturbances, &server_faults, &mut table);
