@@ -132,10 +132,12 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
     let identity = sim.tokens.identify(req.headers());
     let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
-    // Kubernetes 1.30 and later authorize (and audit) an exec WebSocket upgrade, a GET, as
-    // the `create` it stands for (AuthorizePodWebsocketUpgradeCreatePermission).
+    // The request's own verb is authorized and audited: `get` for a WebSocket upgrade (a
+    // GET), `create` for a SPDY POST. Since Kubernetes 1.35 (AuthorizePodWebsocketUpgrade-
+    // CreatePermission, on by default) a GET must pass a second check as `create` too.
     let verb = match *req.method() {
-        Method::GET | Method::POST => Verb::Create,
+        Method::GET => Verb::Get,
+        Method::POST => Verb::Create,
         _ => return error_response(&ApiError::method_not_allowed()),
     };
     let key = CallKey {
@@ -149,7 +151,18 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         sim.faults.record_as(arrived, &key, None, e.code);
         return error_response(&e);
     }
-    if let Err(e) = sim.rbac.authorize(user, &key) {
+    let synthetic_create = CallKey {
+        verb: Verb::Create,
+        ..key
+    };
+    let authorized = sim.rbac.authorize(user, &key).and_then(|()| {
+        if verb == Verb::Get {
+            sim.rbac.authorize(user, &synthetic_create)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = authorized {
         sim.faults.record_as(arrived, &key, user, e.code);
         return error_response(&e);
     }

@@ -7,8 +7,8 @@
 //! `system:serviceaccounts:<ns>` and `system:authenticated`; every other identified user in
 //! `system:authenticated`. Calls without credentials are kube-sim's administrator's and are
 //! always served (the kubeconfigs [`crate::KubeSim::kubeconfig_yaml`] writes carry none).
-//! A `pods/exec` WebSocket upgrade comes here as `create` (`crate::exec`), as Kubernetes 1.30
-//! and later authorize it.
+//! A `pods/exec` WebSocket upgrade (a GET) comes here twice (`crate::exec`), as Kubernetes 1.35
+//! and later authorize it: as `get`, its own verb, then as `create`.
 
 use std::sync::{PoisonError, RwLock};
 
@@ -392,8 +392,14 @@ mod tests {
     }
 
     #[test]
-    fn an_exec_needs_create_on_the_subresource() {
+    fn an_exec_upgrade_needs_get_and_the_create_it_stands_for() {
         let rbac = policy();
+        let get = key(Verb::Get, "", "pods/exec", Some("vms"), Some("lab"));
+        let refused = rbac.authorize(Some(SA), &get).unwrap_err();
+        assert_eq!(
+            refused.message,
+            "pods \"lab\" is forbidden: User \"system:serviceaccount:ttlab-dev:ttlab-server\" cannot get resource \"pods/exec\" in API group \"\" in the namespace \"vms\""
+        );
         let e = key(Verb::Create, "", "pods/exec", Some("vms"), Some("lab"));
         assert!(rbac.authorize(Some(SA), &e).is_ok());
         let refused = rbac.authorize(Some("dave"), &e).unwrap_err();

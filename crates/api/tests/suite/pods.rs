@@ -76,7 +76,7 @@ async fn a_pod_lesson_runs_once_its_pod_is_ready_and_is_graded_by_exec() {
     // While the API server fails the exec, "Check my work" says the cluster is unavailable
     // (503, try again), not that the lab is unreachable.
     let fault = w.sim.faults().add(ttlab_kube_sim::FaultRule::fail(
-        Some(ttlab_kube_sim::Verb::Create),
+        Some(ttlab_kube_sim::Verb::Get),
         Some("pods/exec"),
         503,
     ));

@@ -298,7 +298,7 @@ async fn exec_is_refused_like_the_api_server_and_honours_faults() {
     // Injected faults answer before the upgrade, and every call is recorded. (500: kube-rs
     // retries a 503 by itself.)
     sim.faults()
-        .add(FaultRule::fail(Some(Verb::Create), Some("pods/exec"), 500).times(1));
+        .add(FaultRule::fail(Some(Verb::Get), Some("pods/exec"), 500).times(1));
     let (code, _) = api_code(pods.exec("lab-f", ["sh"], &tty).await);
     assert_eq!(code, 500);
     let mut p = pods

@@ -117,7 +117,7 @@ async fn calls_with_an_issued_token_are_recorded_as_its_user_in_rbac_terms() {
                 200
             ),
             (Verb::Patch, s(""), s("pods"), Some(s("status")), ns(), 200),
-            (Verb::Create, s(""), s("pods"), Some(s("exec")), ns(), 101),
+            (Verb::Get, s(""), s("pods"), Some(s("exec")), ns(), 101),
             (Verb::Delete, s(""), s("secrets"), None, ns(), 200),
         ]
     );
