@@ -52,6 +52,7 @@ async fn short_soak() {
         "drained: namespace empty, rows final",
         "no 5xx but 503 in a database outage",
         "no process exited by itself",
+        "no running lab lost its VM (0 ghosts)",
         "row final only after its held VM was gone",
         "sessions reach running >= 99% (faults all transient)",
     ] {

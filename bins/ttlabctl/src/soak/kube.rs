@@ -6,8 +6,9 @@
 //! kubelet simulated by `ttlab-kubevirt-sim` as a controller, and its console as an aggregated
 //! API server. There quota and garbage collection are asynchronous as on any cluster; the
 //! calls come from the API server's audit log, and the VMs at once from a poll of the VM list
-//! (every 100 ms: a peak shorter than that can be missed). No faults can be injected into a
-//! real API server: process kills and PostgreSQL outages are the chaos there.
+//! (every 100 ms: a peak shorter than that can be missed). No refusals can be injected into a
+//! real API server; the network faults of the fault proxies in front of it (blackholes, stalls,
+//! lost replies), process kills and PostgreSQL outages are the chaos there.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -219,6 +220,23 @@ impl Kube {
         }
     }
 
+    /// Where the API server listens (kube-sim's address, or kube-apiserver's), for the fault
+    /// proxies in front of it.
+    pub(crate) fn api_addr(&self) -> anyhow::Result<SocketAddr> {
+        match self {
+            Self::Sim(sim) => Ok(sim.addr()),
+            Self::Real(r) => {
+                let server = r.plane.server();
+                server
+                    .strip_prefix("https://")
+                    .and_then(|a| a.parse().ok())
+                    .with_context(|| {
+                        format!("the API server's URL {server} is not https://<ip>:<port>")
+                    })
+            }
+        }
+    }
+
     /// A kubeconfig for environment `e`'s server or reaper, written under `dir`; on kube-sim
     /// through the proxy at `via` when given.
     pub(crate) fn kubeconfig(
@@ -248,11 +266,27 @@ impl Kube {
             }
             Self::Real(r) => {
                 let env = r.installed.env(ENVS[e]);
-                Ok(if reaper {
-                    env.reaper_kubeconfig.clone()
+                let shipped = if reaper {
+                    &env.reaper_kubeconfig
                 } else {
-                    env.server_kubeconfig.clone()
-                })
+                    &env.server_kubeconfig
+                };
+                let Some(addr) = via else {
+                    return Ok(shipped.clone());
+                };
+                // The ServiceAccount's kubeconfig with the proxy as its server. The serving
+                // certificate names 127.0.0.1, which the proxy's address is too.
+                let text = std::fs::read_to_string(shipped)
+                    .with_context(|| format!("reading {}", shipped.display()))?;
+                let mut config: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", shipped.display()))?;
+                for cluster in config["clusters"].as_array_mut().into_iter().flatten() {
+                    cluster["cluster"]["server"] = json!(format!("https://{addr}"));
+                }
+                let path = dir.join(format!("kubeconfig-{}", kube_user(e, reaper)));
+                std::fs::write(&path, serde_json::to_string_pretty(&config)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                Ok(path)
             }
         }
     }

@@ -433,8 +433,9 @@ impl Rig {
             let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
             urls[e] = format!("http://{listen}");
             for reaper in [false, true] {
-                // Every process reaches PostgreSQL, and the Kubernetes API on kube-sim, through
-                // a fault proxy of its own slot.
+                // Every process reaches PostgreSQL and the Kubernetes API (kube-sim or the
+                // real kube-apiserver, whose TLS passes through) through fault proxies of its
+                // own slot.
                 let pg = FaultProxy::start(Upstream::Unix(pg_socket.clone()))
                     .context("starting a fault proxy to PostgreSQL")?;
                 let process_db_url = format!("postgres://postgres@{}/ttlab", pg.addr());
@@ -446,22 +447,19 @@ impl Rig {
                     },
                     proxy: pg,
                 });
-                let kube_proxy = match kube.sim_addr() {
-                    Some(addr) => {
-                        let p = FaultProxy::start(Upstream::Tcp(addr))
-                            .context("starting a fault proxy to kube-sim")?;
-                        let at = p.addr();
-                        links.push(Link {
-                            id: LinkId {
-                                env: e,
-                                reaper,
-                                target: Target::Kube,
-                            },
-                            proxy: p,
-                        });
-                        Some(at)
-                    }
-                    None => None,
+                let kube_proxy = {
+                    let p = FaultProxy::start(Upstream::Tcp(kube.api_addr()?))
+                        .context("starting a fault proxy to the Kubernetes API")?;
+                    let at = p.addr();
+                    links.push(Link {
+                        id: LinkId {
+                            env: e,
+                            reaper,
+                            target: Target::Kube,
+                        },
+                        proxy: p,
+                    });
+                    Some(at)
                 };
                 let kubeconfig = kube.kubeconfig(e, reaper, &data_dir, kube_proxy)?;
                 let mut vars: Vec<(&'static str, OsString)> = vec![
