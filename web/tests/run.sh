@@ -10,7 +10,7 @@
 #   web/tests/run.sh            # from anywhere in the checkout
 #
 # Installs what is missing (Chromium through apt when run as root, the npm packages with
-# `npm ci`), builds the binaries, starts the demo on a free loopback port, runs the tests and
+# `npm ci`), builds the binaries (unless TTLAB_PREBUILT=1), starts the demo on a free loopback port, runs the tests and
 # stops the demo. Screenshots go to artifacts/browser/ (override with TTLAB_ARTIFACTS).
 # When Chromium or npm cannot be had it prints a SKIPPED line and exits 0, except under
 # CI=true, where it exits 1 with the reason (CI installs every tool the tests need).
@@ -54,9 +54,14 @@ if [ ! -d "$web/node_modules/playwright-core" ] || [ ! -d "$web/node_modules/@xt
   (cd "$web" && npm ci --no-audit --no-fund >/dev/null)
 fi
 
-# Binaries
-say "building ttlabctl, ttlab-server, ttlab-reaper, ttlab-agent"
-(cd "$root" && cargo build -q -p ttlab-ttlabctl-bin -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin)
+# Binaries (TTLAB_PREBUILT=1: the caller built them, and may be holding cargo's lock with
+# another build or test run, as .ci/run does)
+if [ "${TTLAB_PREBUILT:-}" = 1 ]; then
+  say "using the binaries built in target/debug"
+else
+  say "building ttlabctl, ttlab-server, ttlab-reaper, ttlab-agent"
+  (cd "$root" && cargo build -q -p ttlab-ttlabctl-bin -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin)
+fi
 
 # The qemu demo (qemu.mjs): `ttlabctl demo --guest qemu --no-reaper` with a real guest of
 # TTLAB_GUEST_IMAGE (as the Rust real-guest tests get it; .ci/run exports it), on a port of its
