@@ -126,21 +126,9 @@ pub enum Error {
     Api(String),
 }
 
-/// What the simulated guest's setup does for a lesson (chosen by the `ttlab.io/lesson` label
-/// of the VM's template).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum SetupOutcome {
-    /// The readiness marker is written after [`Timings::setup`].
-    Ready,
-    /// Neither marker is ever written (a setup that hangs).
-    Never,
-    /// The failure marker is written after [`Timings::setup`], holding this reason.
-    Fail {
-        /// Content of the failure marker.
-        reason: String,
-    },
-}
+/// What the simulated guest's setup does for a lesson: the readiness marker (or the failure
+/// marker) is written [`Timings::setup`] after the guest's agent listens, or never.
+pub use ttlab_sim_guest::SetupOutcome;
 
 /// Delays of the simulation.
 #[derive(Debug, Clone, PartialEq, Eq)]

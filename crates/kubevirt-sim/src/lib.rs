@@ -79,7 +79,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use console::{ConsoleServer, ConsoleSettings};
 pub use guests::{GuestEnd, GuestInfo, GuestState};
-pub use ttlab_kube_sim::SetupOutcome;
+pub use ttlab_sim_guest::SetupOutcome;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -518,7 +518,7 @@ impl KubevirtSim {
     /// The guest agent's log (its standard error and output), in the guest directory.
     pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
         self.guest(namespace, name)
-            .map(|g| ttlab_kube_sim::guest::agent_log(&g.dir))
+            .map(|g| ttlab_sim_guest::agent_log(&g.dir))
     }
 
     /// The guest powers itself off: its VMI ends `Succeeded`, its launcher pod completes, and

@@ -398,7 +398,7 @@ impl Vmi<'_> {
         })?;
         let mut hostname = None;
         match self.user_data(vmi).await? {
-            Some(ud) => match ttlab_kube_sim::guest::apply_cloud_config(dir, &ud) {
+            Some(ud) => match ttlab_sim_guest::apply_cloud_config(dir, &ud) {
                 Ok(applied) => {
                     tracing::info!(
                         ns = self.ns,
@@ -421,14 +421,13 @@ impl Vmi<'_> {
         }
         // ttlab's first boot installs its agent from the agent disk (a `configMap` volume)
         // when the user-data pins one; another guest gets the configured binary, if any.
-        let pinned =
-            ttlab_kube_sim::guest::guest_path(dir, ttlab_kube_sim::guest::AGENT_DIGEST_PATH)
-                .is_ok_and(|p| p.exists());
+        let pinned = ttlab_sim_guest::guest_path(dir, ttlab_sim_guest::AGENT_DIGEST_PATH)
+            .is_ok_and(|p| p.exists());
         if pinned {
             let disks = self.config_disks(vmi).await?;
-            if let Err(reason) = ttlab_kube_sim::guest::install_agent(dir, &disks) {
+            if let Err(reason) = ttlab_sim_guest::install_agent(dir, &disks) {
                 tracing::warn!(ns = self.ns, vmi = self.name, %reason, "the guest's first boot failed");
-                ttlab_kube_sim::guest::write_marker(dir, Some(&reason)).map_err(Error::Guest)?;
+                ttlab_sim_guest::write_marker(dir, Some(&reason)).map_err(Error::Guest)?;
             }
         } else if let Some(bin) = &self.ctx.settings.agent_binary {
             install_agent(dir, bin)?;
@@ -439,17 +438,14 @@ impl Vmi<'_> {
     /// The disks KubeVirt builds from the VMI's `configMap` volumes: the ConfigMap's keys as
     /// files, its `volumeLabel` as the label (absent ConfigMaps are skipped: the launcher pod
     /// would not have started).
-    async fn config_disks(
-        &self,
-        vmi: &Value,
-    ) -> Result<Vec<ttlab_kube_sim::guest::ConfigDisk>, Error> {
+    async fn config_disks(&self, vmi: &Value) -> Result<Vec<ttlab_sim_guest::ConfigDisk>, Error> {
         let mut disks = Vec::new();
         for v in vmi["spec"]["volumes"].as_array().into_iter().flatten() {
             let Some(name) = v["configMap"]["name"].as_str() else {
                 continue;
             };
             if let Some(cm) = self.ctx.rest.get(Kind::ConfigMap, self.ns, name).await? {
-                disks.push(ttlab_kube_sim::guest::ConfigDisk::from_config_map(
+                disks.push(ttlab_sim_guest::ConfigDisk::from_config_map(
                     v["configMap"]["volumeLabel"].as_str().unwrap_or(""),
                     &cm,
                 ));
@@ -571,14 +567,14 @@ impl Vmi<'_> {
             .setup_outcomes
             .get(&lesson)
             .cloned()
-            .unwrap_or(ttlab_kube_sim::SetupOutcome::Ready);
+            .unwrap_or(ttlab_sim_guest::SetupOutcome::Ready);
         let guests = self.ctx.guests.clone();
         let vmi_uid = self.uid.clone();
         let (ns, name) = (self.ns.to_owned(), self.name.to_owned());
         let t = tasks.clone();
         let d = dir.clone();
         // A first boot that failed (its failure marker written) starts no agent and no setup.
-        if ttlab_kube_sim::guest::guest_path(&dir, ttlab_agent::protocol::FAILED_MARKER_PATH)
+        if ttlab_sim_guest::guest_path(&dir, ttlab_agent::protocol::FAILED_MARKER_PATH)
             .is_ok_and(|p| p.exists())
         {
             tracing::info!(ns, vmi = name, "first boot failed: no agent, no setup");
@@ -589,14 +585,14 @@ impl Vmi<'_> {
                 () = tokio::time::sleep(agent_delay) => {}
                 () = t.cancelled() => return,
             }
-            let Some(started) = ttlab_kube_sim::guest::start_agent(&d, ip, port) else {
+            let Some(started) = ttlab_sim_guest::start_agent(&d, ip, port) else {
                 tracing::info!(ns, vmi = name, "no agent in this guest");
                 return;
             };
-            let log = ttlab_kube_sim::guest::agent_log(&d);
+            let log = ttlab_sim_guest::agent_log(&d);
             guests.set_agent(&vmi_uid, started.child);
             tokio::select! {
-                r = tokio::time::timeout(ttlab_kube_sim::guest::AGENT_START_TIMEOUT, started.listening) => match r {
+                r = tokio::time::timeout(ttlab_sim_guest::AGENT_START_TIMEOUT, started.listening) => match r {
                     Ok(Ok(addr)) => tracing::info!(ns, vmi = name, %addr, "guest agent listening"),
                     Ok(Err(_)) => tracing::warn!(ns, vmi = name, log = %log.display(), "guest agent exited before listening"),
                     Err(_) => tracing::warn!(ns, vmi = name, log = %log.display(), "guest agent not listening yet"),
@@ -604,7 +600,7 @@ impl Vmi<'_> {
                 () = t.cancelled() => {}
             }
         });
-        if matches!(outcome, ttlab_kube_sim::SetupOutcome::Never) {
+        if matches!(outcome, ttlab_sim_guest::SetupOutcome::Never) {
             return;
         }
         tokio::spawn(async move {
@@ -613,10 +609,10 @@ impl Vmi<'_> {
                 () = tasks.cancelled() => return,
             }
             let failed = match &outcome {
-                ttlab_kube_sim::SetupOutcome::Fail { reason } => Some(reason.as_str()),
+                ttlab_sim_guest::SetupOutcome::Fail { reason } => Some(reason.as_str()),
                 _ => None,
             };
-            if let Err(e) = ttlab_kube_sim::guest::write_marker(&dir, failed) {
+            if let Err(e) = ttlab_sim_guest::write_marker(&dir, failed) {
                 tracing::warn!(dir = %dir.display(), error = %e, "setup marker not written");
             }
         });
@@ -756,7 +752,7 @@ fn volume_status(spec: &Value) -> Value {
 
 /// Copies `bin` to the guest's agent path when the guest has no agent there.
 fn install_agent(dir: &std::path::Path, bin: &std::path::Path) -> Result<(), Error> {
-    let target = ttlab_kube_sim::guest::guest_path(dir, ttlab_agent::protocol::BINARY_PATH)
+    let target = ttlab_sim_guest::guest_path(dir, ttlab_agent::protocol::BINARY_PATH)
         .map_err(Error::Guest)?;
     if target.exists() {
         return Ok(());
