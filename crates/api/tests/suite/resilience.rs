@@ -568,11 +568,12 @@ async fn past_the_request_timeout_or_the_concurrency_limit_the_answer_is_503_at_
         let a = call("POST", &url, Some(&t), Some(json!({"lesson": "quick"}))).await;
         (a.status, a.retry_after, a.body, at.elapsed())
     });
-    // While it holds the one place, anything else is refused at once, not queued.
+    // While it holds the one place, anything else is refused at once, not queued. (Polled for
+    // as long as the start is outstanding: on a loaded machine its request may arrive late.)
     let t = token("bob", Role::Student);
-    let until = Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + Duration::from_secs(20);
     let mut refused = None;
-    while Instant::now() < until {
+    while Instant::now() < until && !slow.is_finished() {
         let at = Instant::now();
         let a = call("GET", &s.url("/api/lessons"), Some(&t), None).await;
         if a.status == 503 {
