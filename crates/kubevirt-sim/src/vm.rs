@@ -123,11 +123,21 @@ pub(crate) async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<
         }
     } else {
         if !has_finalizer(&vm, VM_FINALIZER) {
-            rest.update(Kind::Vm, &ns, &vm_name, Part::Main, |cur| {
-                (uid(cur) == vm_uid && !deleting(cur) && !has_finalizer(cur, VM_FINALIZER))
-                    .then(|| with_finalizer(cur, VM_FINALIZER, true))
-            })
-            .await?;
+            let now = rest
+                .update(Kind::Vm, &ns, &vm_name, Part::Main, |cur| {
+                    (uid(cur) == vm_uid && !deleting(cur) && !has_finalizer(cur, VM_FINALIZER))
+                        .then(|| with_finalizer(cur, VM_FINALIZER, true))
+                })
+                .await?;
+            // A VM whose deletion began before its finalizer went on gets no VMI: nothing
+            // would hold the VM until that VMI is gone, and the VMI would keep the VM's
+            // finalizer with no VM left to release it (seen in the soak on the real control
+            // plane: VMIs held for minutes after their VMs were gone).
+            if !now.is_some_and(|cur| {
+                uid(&cur) == vm_uid && !deleting(&cur) && has_finalizer(&cur, VM_FINALIZER)
+            }) {
+                return Ok(Action::await_change());
+            }
         }
         match run_strategy(&ctx, &ns, &vm, vmi.as_ref()).await {
             Ok(true) => {
