@@ -561,6 +561,9 @@ async fn past_the_request_timeout_or_the_concurrency_limit_the_answer_is_503_at_
         action: FaultAction::Delay { millis: 10_000 },
         ..FaultRule::fail(Some(Verb::List), Some("virtualmachines"), 500)
     });
+    // A listing taken before the rule (the server's own, at start) serves starts for up to
+    // 1 s: past that, the start must list, and waits.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let url = s.url("/api/sessions");
     let slow = tokio::spawn(async move {
         let t = token("alice", Role::Student);
