@@ -57,6 +57,14 @@ impl Kubectl {
         )
     }
 
+    /// `kubectl apply <mode> -f file` succeeds and says "created" for each of its `objects`.
+    async fn dry_run_creates(&self, mode: &str, file: &Path, objects: usize) {
+        let (ok, out, err) = self.run(&["apply", mode, "-f", path_str(file)]).await;
+        assert!(ok, "{} {mode}: {out}{err}", file.display());
+        let created = out.lines().filter(|l| l.contains("created")).count();
+        assert_eq!(created, objects, "{} {mode}: {out}", file.display());
+    }
+
     /// Writes `objects` as one YAML stream (each document in JSON, which is YAML) and
     /// returns its path.
     fn write_stream(&self, name: &str, objects: &[Value]) -> PathBuf {
@@ -128,12 +136,9 @@ async fn kubectl_dry_runs_the_overlays_against_kube_sim() {
             );
         }
         let file = kubectl.write_stream(&format!("{env}.yaml"), &objects);
-        let (ok, out, err) = kubectl
-            .run(&["apply", "--dry-run=client", "-f", path_str(&file)])
+        kubectl
+            .dry_run_creates("--dry-run=client", &file, objects.len())
             .await;
-        assert!(ok, "{env} client dry run: {out}{err}");
-        let created = out.lines().filter(|l| l.contains("created")).count();
-        assert_eq!(created, objects.len(), "{env} client dry run: {out}");
         // A server-side dry run creates no namespace, so what the overlay puts in its own
         // namespaces is refused, as the real server refuses it.
         let (ok, out, err) = kubectl
@@ -157,12 +162,9 @@ async fn kubectl_dry_runs_the_overlays_against_kube_sim() {
         let (ok, out, err) = kubectl.run(&["apply", "-f", path_str(&ns_file)]).await;
         assert!(ok, "{env} namespaces: {out}{err}");
         let rest_file = kubectl.write_stream(&format!("{env}-rest.yaml"), &rest);
-        let (ok, out, err) = kubectl
-            .run(&["apply", "--dry-run=server", "-f", path_str(&rest_file)])
+        kubectl
+            .dry_run_creates("--dry-run=server", &rest_file, rest.len())
             .await;
-        assert!(ok, "{env} server dry run: {out}{err}");
-        let created = out.lines().filter(|l| l.contains("created")).count();
-        assert_eq!(created, rest.len(), "{env} server dry run: {out}");
         let (ok, out, err) = kubectl
             .run(&["get", "resourcequota", "-n", "ttlab-vms", "-o", "name"])
             .await;

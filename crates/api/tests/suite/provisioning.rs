@@ -799,16 +799,7 @@ async fn a_lab_whose_mark_running_answer_was_lost_stays_running() {
     let config = w.config(policy(3600, 7200, 3), 8).await;
     let s = w.serve_on(config, store).await;
     let clicked = std::time::Instant::now();
-    let alice = token("alice", Role::Student);
-    let (status, v) = s
-        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
-        .await;
-    assert_eq!(status, 202, "{v}");
-    let sid = id(&v);
-    let v = s
-        .wait_session(&sid, &alice, |v| v["status"] != "starting")
-        .await;
-    assert_eq!(v["status"], "running", "{v}");
+    let (sid, alice) = support::start_running(&s, "alice", "quick").await;
     eprintln!(
         "running {:.1} s after the click",
         clicked.elapsed().as_secs_f64()
