@@ -213,6 +213,73 @@ async fn start_and_wait_running(addr: SocketAddr, user: &str, lesson: &str) -> V
     }
 }
 
+/// An operator gives `systemd-basics` a pool of one; once its member is ready the pool is
+/// paused (so nothing refills it), a student's start is answered with the member, already
+/// running, and the pool is handed back to the lesson file (which has none).
+async fn warm_pool_serves_a_start(addr: SocketAddr, admin: &str) {
+    const LESSON: &str = "systemd-basics";
+    let path = format!("/api/admin/pools/{LESSON}");
+    let (status, pool) = http(addr, "PUT", &path, Some(admin), Some(json!({"size": 1}))).await;
+    assert_eq!(status, 200, "{pool}");
+    let until = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, pool) = http(addr, "GET", &path, Some(admin), None).await;
+        assert_eq!(status, 200, "{pool}");
+        if pool["ready"] == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no pool member ready after 2 minutes: {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (status, pool) = http(
+        addr,
+        "PUT",
+        &path,
+        Some(admin),
+        Some(json!({"paused": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{pool}");
+
+    let t = token("student-pooled", ttlab_api::auth::Role::Student);
+    let (status, session) = http(
+        addr,
+        "POST",
+        "/api/sessions",
+        Some(&t),
+        Some(json!({"lesson": LESSON})),
+    )
+    .await;
+    assert_eq!(status, 202, "{session}");
+    assert_eq!(
+        session["status"], "running",
+        "the member is handed over: {session}"
+    );
+    let (status, pool) = http(addr, "GET", &path, Some(admin), None).await;
+    assert_eq!(status, 200, "{pool}");
+    assert_eq!(
+        (pool["claims_24h"].as_u64(), pool["ready"].as_u64()),
+        (Some(1), Some(0)),
+        "{pool}"
+    );
+    let id = session["id"].as_str().unwrap();
+    let (status, finished) = http(
+        addr,
+        "DELETE",
+        &format!("/api/sessions/{id}"),
+        Some(&t),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{finished}");
+    let (status, pool) = http(addr, "DELETE", &path, Some(admin), None).await;
+    assert_eq!(status, 200, "{pool}");
+    assert_eq!(pool["pooled"], false, "{pool}");
+}
+
 /// What `role` grants, as (group, resource, verb).
 fn grants(objects: &[Value], role: &str) -> BTreeSet<(String, String, String)> {
     let object = objects
@@ -683,6 +750,10 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         assert_eq!(status, 200, "{finished}");
         assert_eq!(finished["status"], "finished", "{finished}");
     }
+
+    // A warm pool of one: its member is prepared through the server's identity, and a
+    // student's start is handed it, running at once.
+    warm_pool_serves_a_start(server_addr, &admin_token).await;
 
     // Two more sessions whose time runs out, two ghosts (their VM or pod deleted behind the
     // backend's back) and orphans.
