@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::Sim;
 use crate::faults::{CallKey, FaultAction, Verb};
 use crate::metadata::{self, Shape};
-use crate::resources::{self, TYPES, TypeId};
+use crate::resources::{self, PODS, TYPES, TypeId};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{self, ApiError};
 use crate::store::{self, Deleted, EventKind, ListQuery, Propagation};
@@ -167,6 +167,7 @@ fn parse_target(path: &str) -> Option<Result<Target, ApiError>> {
     };
     if let Some(sub) = &target.sub
         && sub != "status"
+        && !(sub == "binding" && target.t == PODS)
     {
         return Some(Err(ApiError::unknown_path()));
     }
@@ -206,6 +207,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         (Method::GET, true) => Verb::Get,
         (Method::GET, false) => Verb::List,
         (Method::POST, false) => Verb::Create,
+        (Method::POST, true) if target.sub.as_deref() == Some("binding") => Verb::Create,
         (Method::PUT, true) => Verb::Update,
         (Method::PATCH, true) => Verb::Patch,
         (Method::DELETE, true) => Verb::Delete,
@@ -228,11 +230,19 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         sim.faults.record_as(arrived, &key, None, e.code);
         return error_response(&e);
     }
-    if let Err(e) = sim.rbac.authorize(user, &key) {
+    // The cluster's own controllers (`crate::CONTROLLER_USER`) act as the control plane's
+    // do: authorized as `system:masters`, beside the faults and latency injected for the
+    // clients under test, and outside the call record that tells those clients' calls.
+    let controller = user == Some(crate::CONTROLLER_USER);
+    if !controller && let Err(e) = sim.rbac.authorize(user, &key) {
         sim.faults.record_as(arrived, &key, user, e.code);
         return error_response(&e);
     }
-    let decision = sim.faults.decide(&key);
+    let decision = if controller {
+        crate::faults::Decision::default()
+    } else {
+        sim.faults.decide(&key)
+    };
     if !decision.delay.is_zero() {
         tokio::select! {
             () = tokio::time::sleep(decision.delay) => {}
@@ -329,6 +339,7 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         Verb::Get => call.get(),
         Verb::List => call.list(),
         Verb::Watch => call.watch(),
+        Verb::Create if target.sub.is_some() => call.bind(),
         Verb::Create => call.create(),
         Verb::Update => call.update(),
         Verb::Patch => call.patch(),
@@ -339,8 +350,10 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => error_response(&e),
     };
-    sim.faults
-        .record_as(arrived, &key, user, response.status().as_u16());
+    if !controller {
+        sim.faults
+            .record_as(arrived, &key, user, response.status().as_u16());
+    }
     if lose_reply {
         return lost_reply(response);
     }
@@ -691,6 +704,86 @@ impl Call<'_> {
         Ok(r)
     }
 
+    /// `POST pods/{name}/binding`, the scheduler's decision: the pod's `spec.nodeName` is
+    /// set, once (a bound pod is `409`), and its `PodScheduled` condition is `True`, as the
+    /// real API server's binding storage does.
+    fn bind(&self) -> Result<Response, ApiError> {
+        let binding: Value = serde_json::from_slice(self.body)
+            .map_err(|e| ApiError::bad_request(format!("invalid Binding: {e}")))?;
+        let node = binding["target"]["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "Binding.core \"{}\" is invalid: target.name: Required value",
+                        self.name()
+                    ),
+                )
+            })?
+            .to_owned();
+        if binding["target"]["kind"]
+            .as_str()
+            .is_some_and(|k| k != "Node")
+        {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "Binding.core \"{}\" is invalid: target.kind: Unsupported value",
+                    self.name()
+                ),
+            ));
+        }
+        let name = self.name().to_owned();
+        self.sim
+            .store()
+            .update_with(PODS, self.ns(), self.name(), |cur| {
+                if let Some(on) = cur["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+                    return Err(ApiError::conflict(
+                        "",
+                        "pods/binding",
+                        &name,
+                        &format!("pod {name} is already assigned to node \"{on}\""),
+                    ));
+                }
+                if store::is_deleting(cur) {
+                    return Err(ApiError::conflict(
+                        "",
+                        "pods/binding",
+                        &name,
+                        &format!("pod {name} is being deleted, cannot be assigned to a host"),
+                    ));
+                }
+                let mut next = cur.clone();
+                next["spec"]["nodeName"] = Value::from(node.as_str());
+                next["metadata"]["resourceVersion"] = Value::from("");
+                let scheduled = json!({
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastProbeTime": null,
+                    "lastTransitionTime": store::now_rfc3339(),
+                });
+                if !next["status"].is_object() {
+                    next["status"] = json!({});
+                }
+                match next["status"]["conditions"].as_array_mut() {
+                    Some(list) => {
+                        list.retain(|c| c["type"] != "PodScheduled");
+                        list.push(scheduled);
+                    }
+                    None => next["status"]["conditions"] = json!([scheduled]),
+                }
+                Ok(next)
+            })?;
+        Ok(json_response(
+            201,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        ))
+    }
+
     fn create(&self) -> Result<Response, ApiError> {
         let rt = self.rt();
         let obj = self.decode_body()?;
@@ -856,7 +949,7 @@ impl Call<'_> {
         Ok(with_warnings(json_response(200, &stored), &warnings))
     }
 
-    fn delete_options(&self) -> Result<(Propagation, Option<String>, Option<String>), ApiError> {
+    fn delete_options(&self) -> Result<DeleteOptions, ApiError> {
         let opts: Value = if self.body.is_empty() {
             Value::Null
         } else {
@@ -886,12 +979,28 @@ impl Call<'_> {
         let rv = opts["preconditions"]["resourceVersion"]
             .as_str()
             .map(str::to_owned);
-        Ok((propagation, uid, rv))
+        let grace = match self.query.get("gracePeriodSeconds") {
+            Some(g) => Some(g.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("gracePeriodSeconds: invalid value {g:?}"))
+            })?),
+            None => opts["gracePeriodSeconds"].as_i64(),
+        };
+        Ok(DeleteOptions {
+            propagation,
+            uid,
+            rv,
+            grace,
+        })
     }
 
     fn delete(&self) -> Result<Response, ApiError> {
         let rt = self.rt();
-        let (propagation, uid, rv) = self.delete_options()?;
+        let DeleteOptions {
+            propagation,
+            uid,
+            rv,
+            grace,
+        } = self.delete_options()?;
         if self.dry_run() {
             let obj = self
                 .sim
@@ -900,13 +1009,13 @@ impl Call<'_> {
                 .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, self.name()))?;
             return Ok(json_response(200, &obj));
         }
-        let out = self.sim.store().delete(
+        let out = self.sim.store().delete_with_grace(
             self.target.t,
             self.ns(),
             self.name(),
             propagation,
-            uid.as_deref(),
-            rv.as_deref(),
+            (uid.as_deref(), rv.as_deref()),
+            grace,
         )?;
         Ok(match out {
             Deleted::Gone(obj) => {
@@ -930,7 +1039,9 @@ impl Call<'_> {
 
     fn delete_collection(&self) -> Result<Response, ApiError> {
         let rt = self.rt();
-        let (propagation, _, _) = self.delete_options()?;
+        let DeleteOptions {
+            propagation, grace, ..
+        } = self.delete_options()?;
         let mut q = self.list_query()?;
         q.limit = 0;
         q.continue_token = None;
@@ -944,7 +1055,14 @@ impl Call<'_> {
             let name = store::meta_str(&item, "name")
                 .unwrap_or_default()
                 .to_owned();
-            match store.delete(self.target.t, &ns, &name, propagation, None, None) {
+            match store.delete_with_grace(
+                self.target.t,
+                &ns,
+                &name,
+                propagation,
+                (None, None),
+                grace,
+            ) {
                 Ok(Deleted::Gone(o) | Deleted::Pending(o)) => out.push((*o).clone()),
                 Err(_) => {}
             }
@@ -954,6 +1072,17 @@ impl Call<'_> {
             &json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": out}),
         ))
     }
+}
+
+/// What a delete asks besides its target.
+struct DeleteOptions {
+    propagation: Propagation,
+    /// `preconditions.uid`.
+    uid: Option<String>,
+    /// `preconditions.resourceVersion`.
+    rv: Option<String>,
+    /// `gracePeriodSeconds` (query or body).
+    grace: Option<i64>,
 }
 
 fn filter_event(e: &store::Event, q: &ListQuery) -> Option<(EventKind, Arc<Value>)> {

@@ -82,7 +82,10 @@ fn on_event(sim: &Arc<Sim>, ev: &Event) {
                     collect_if_orphaned(sim, t, &ns, &name, &uid)
                 });
             }
-            if ev.type_id == PODS && obj["metadata"]["labels"]["kubevirt.io"] != "virt-launcher" {
+            if ev.type_id == PODS
+                && sim.config.controllers == crate::Controllers::Embedded
+                && obj["metadata"]["labels"]["kubevirt.io"] != "virt-launcher"
+            {
                 spawn_kubelet(
                     sim.clone(),
                     ns,

@@ -29,6 +29,12 @@
 //! [`KubeSim::apply_rbac`] (the shipped `deploy/` objects, say): a call no rule allows gets
 //! the real server's `403 Forbidden`. Calls without credentials are the administrator's.
 //!
+//! Its KubeVirt, scheduler and kubelet can be left to a controller outside
+//! ([`Controllers::External`]: `ttlab-kubevirt-sim`, which plays them on a real kube-apiserver
+//! too): kube-sim then serves Nodes, `pods/binding` and the graceful deletion of bound pods as
+//! a real API server does, and the controller's identity ([`CONTROLLER_USER`]) stays beside
+//! RBAC, injected faults and the call record.
+//!
 //! It refuses to own anything production runs: no TLS, no persistence, no real scheduling or
 //! networking; nothing outside tests and `ttlabctl` depends on it.
 //!
@@ -231,6 +237,30 @@ pub struct SimConfig {
     /// What a VMI's guest is: simulated (the default, a moment to boot) or a real qemu guest
     /// ([`guest::GuestBackend::Qemu`], a minute or more under TCG).
     pub guest: guest::GuestBackend,
+    /// Who plays KubeVirt, the scheduler and the kubelet: kube-sim itself (the default), or a
+    /// controller outside that talks to kube-sim through the API, as on a real API server.
+    pub controllers: Controllers,
+}
+
+/// The identity of the controllers that play KubeVirt, the scheduler and the kubelet from
+/// outside ([`Controllers::External`], through [`KubeSim::controller_kubeconfig_yaml`]): like
+/// the control plane's own, their calls are always authorized, no fault or latency injected
+/// for the clients under test touches them, and they are not in [`KubeSim::calls`].
+pub const CONTROLLER_USER: &str = "system:kube-sim:controllers";
+
+/// Who plays KubeVirt, the scheduler and the kubelet of a simulated cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Controllers {
+    /// kube-sim does: VMs get their VMIs and launcher pods, and pods run, without any client
+    /// of its own.
+    #[default]
+    Embedded,
+    /// A controller outside does, through the API only (`ttlab-kubevirt-sim`, the way it does
+    /// on a real kube-apiserver): kube-sim runs no KubeVirt, no scheduler and no kubelet; it
+    /// serves Nodes and the `pods/binding` subresource, and, as a real API server does,
+    /// deletes a pod bound to a node gracefully (marked, with its grace period) until its
+    /// kubelet confirms with a delete of grace period 0.
+    External,
 }
 
 impl SimConfig {
@@ -252,6 +282,7 @@ impl SimConfig {
             quota_resync: Duration::from_secs(5 * 60),
             watch_history: store::HISTORY_WINDOW,
             guest: guest::GuestBackend::Simulated,
+            controllers: Controllers::Embedded,
         }
     }
 
@@ -371,6 +402,7 @@ impl KubeSim {
         };
         let mut store = store::Store::new();
         store.set_history_window(config.watch_history);
+        store.set_graceful_pods(config.controllers == Controllers::External);
         for ns in &config.namespaces {
             store
                 .create(
@@ -397,7 +429,9 @@ impl KubeSim {
         });
         controllers::spawn(sim.clone());
         quota::spawn(sim.clone());
-        kubevirt::spawn(sim.clone());
+        if sim.config.controllers == Controllers::Embedded {
+            kubevirt::spawn(sim.clone());
+        }
         let app = api::router(sim.clone());
         let token = sim.shutdown.clone();
         let server = tokio::spawn(async move {
@@ -428,6 +462,12 @@ impl KubeSim {
     /// A kubeconfig (plain HTTP, no credentials) whose context defaults to `namespace`.
     pub fn kubeconfig_yaml(&self, namespace: &str) -> String {
         kubeconfig_yaml(&self.url, namespace)
+    }
+
+    /// A kubeconfig for the cluster's controllers played from outside, acting as
+    /// [`CONTROLLER_USER`].
+    pub fn controller_kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml_as(&self.url, "default", Some(CONTROLLER_USER))
     }
 
     /// Writes [`KubeSim::kubeconfig_yaml`] to `path`.

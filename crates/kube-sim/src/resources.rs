@@ -265,6 +265,19 @@ pub static TYPES: &[ResourceType] = &[
         name_rule: NameRule::Subdomain,
         schema: SchemaSource::Builtin,
     },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        singular: "node",
+        kind: "Node",
+        namespaced: false,
+        short_names: &["no"],
+        categories: &[],
+        status_subresource: true,
+        name_rule: NameRule::Subdomain,
+        schema: SchemaSource::Builtin,
+    },
 ];
 
 /// [`TypeId`] of namespaces.
@@ -291,6 +304,8 @@ pub const DATA_VOLUMES: TypeId = 9;
 pub const DATA_SOURCES: TypeId = 10;
 /// [`TypeId`] of config maps.
 pub const CONFIG_MAPS: TypeId = 11;
+/// [`TypeId`] of nodes (registered by an external kubelet, [`crate::Controllers::External`]).
+pub const NODES: TypeId = 12;
 
 /// The served group versions, in discovery order: (group, version).
 pub const GROUP_VERSIONS: &[(&str, &str)] = &[
@@ -344,6 +359,8 @@ mod tests {
             (VMIS, "virtualmachineinstances"),
             (DATA_VOLUMES, "datavolumes"),
             (DATA_SOURCES, "datasources"),
+            (CONFIG_MAPS, "configmaps"),
+            (NODES, "nodes"),
         ] {
             assert_eq!(TYPES[id].plural, plural);
         }

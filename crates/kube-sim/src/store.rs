@@ -159,6 +159,9 @@ pub struct Store {
     next_snapshot: u64,
     peak_vms: usize,
     peak_vmis: usize,
+    /// Pods bound to a node are deleted gracefully, as a real API server deletes them for
+    /// their kubelet (set with [`crate::Controllers::External`]).
+    graceful_pods: bool,
 }
 
 /// Current time as the API server writes it.
@@ -236,6 +239,7 @@ impl Store {
             history: TYPES.iter().map(|_| VecDeque::new()).collect(),
             history_gone_through: vec![0; TYPES.len()],
             history_window: HISTORY_WINDOW,
+            graceful_pods: false,
             tx,
             snapshots: BTreeMap::new(),
             next_snapshot: 1,
@@ -309,6 +313,13 @@ impl Store {
     /// Sets how long changes stay in the watch history (see [`HISTORY_WINDOW`]).
     pub fn set_history_window(&mut self, window: std::time::Duration) {
         self.history_window = window;
+    }
+
+    /// Whether a pod bound to a node is deleted gracefully: marked (`deletionTimestamp` its
+    /// grace period ahead, `deletionGracePeriodSeconds`) and removed only by a delete of grace
+    /// period 0, its kubelet's confirmation that the containers have stopped.
+    pub fn set_graceful_pods(&mut self, graceful: bool) {
+        self.graceful_pods = graceful;
     }
 
     /// Forgets the whole watch history, as when etcd has compacted and the API server's watch
@@ -686,6 +697,28 @@ impl Store {
         precondition_uid: Option<&str>,
         precondition_rv: Option<&str>,
     ) -> Result<Deleted, ApiError> {
+        self.delete_with_grace(
+            t,
+            ns,
+            name,
+            propagation,
+            (precondition_uid, precondition_rv),
+            None,
+        )
+    }
+
+    /// [`Store::delete`] with the request's `gracePeriodSeconds`, which decides how a pod
+    /// bound to a node goes (see [`Store::set_graceful_pods`]): its own
+    /// `terminationGracePeriodSeconds` (else 30) when `None`.
+    pub fn delete_with_grace(
+        &mut self,
+        t: TypeId,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+        (precondition_uid, precondition_rv): (Option<&str>, Option<&str>),
+        grace: Option<i64>,
+    ) -> Result<Deleted, ApiError> {
         let rt = &TYPES[t];
         let key = (ns.to_owned(), name.to_owned());
         let Some(cur) = self.tables[t].objects.get(&key).cloned() else {
@@ -737,7 +770,33 @@ impl Store {
         if t == NAMESPACES && !self.namespace_is_empty(name) {
             fins.push("kubernetes".into());
         }
-        if is_deleting(&cur) {
+        // A pod on a node ends when its kubelet says so: a grace period above 0 marks it (its
+        // containers are told to stop), 0 removes it.
+        let bound = self.graceful_pods
+            && t == PODS
+            && cur["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
+        let grace = grace
+            .or_else(|| cur["spec"]["terminationGracePeriodSeconds"].as_i64())
+            .unwrap_or(30)
+            .max(0);
+        if bound && grace > 0 && !is_deleting(&cur) {
+            let rv = self.bump();
+            let mut marked = (*cur).clone();
+            let at = chrono::Utc::now() + chrono::TimeDelta::seconds(grace);
+            marked["metadata"]["deletionTimestamp"] = Value::from(rfc3339(at));
+            marked["metadata"]["deletionGracePeriodSeconds"] = Value::from(grace);
+            marked["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+            let marked = Arc::new(marked);
+            self.index_remove(t, &key, &cur);
+            self.index_insert(t, &key, &marked);
+            self.tables[t].objects.insert(key, marked.clone());
+            self.emit(t, EventKind::Modified, marked.clone(), Some(cur));
+            return Ok(Deleted::Pending(marked));
+        }
+        let confirmed = bound && grace == 0 && fins.is_empty();
+        if is_deleting(&cur) && !confirmed {
             return Ok(Deleted::Pending(cur));
         }
         if fins.is_empty() {

@@ -556,6 +556,7 @@ fn builtin_roundtrip(
         "Service" => rt::<core::Service>(object)?,
         "PersistentVolumeClaim" => rt::<core::PersistentVolumeClaim>(object)?,
         "ResourceQuota" => rt::<core::ResourceQuota>(object)?,
+        "Node" => rt::<core::Node>(object)?,
         "NetworkPolicy" => rt::<net::NetworkPolicy>(object)?,
         other => return Err(format!("no decoder for {other}")),
     };

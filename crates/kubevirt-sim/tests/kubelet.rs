@@ -2,6 +2,7 @@
 //! started once their volumes exist, Running and Ready with a loopback address, failed at
 //! their deadline, and deleted gracefully.
 
+#[macro_use]
 mod support;
 
 use std::net::Ipv4Addr;
@@ -39,14 +40,14 @@ fn condition(p: &Value, type_: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_start_once_their_volumes_exist_run_ready_and_are_deleted_gracefully() {
-    let Some((plane, client)) = shared_plane().await else {
+on_both!(pods_start_once_their_volumes_exist_run_ready_and_are_deleted_gracefully);
+async fn pods_start_once_their_volumes_exist_run_ready_and_are_deleted_gracefully(on: On) {
+    let Some((plane, client)) = plane(on).await else {
         return;
     };
-    let ns = namespace(plane, &client, "pods").await;
+    let ns = plane.namespace(&client, "pods").await;
     let guests = tempfile::tempdir().unwrap();
-    let sim = start_sim(&client, &ns, guests.path()).await;
+    let sim = start_sim(&plane.controller_client(&client).await, &ns, guests.path()).await;
     let node_name = sim.settings().node_name.clone();
 
     // The node registered itself, Ready.

@@ -1,6 +1,7 @@
 //! Run strategies against a real kube-apiserver with the simulator as its KubeVirt: what runs,
 //! what restarts after the guest powers off or crashes, and what stays off.
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -38,14 +39,14 @@ fn uid(v: &Value) -> String {
     v["metadata"]["uid"].as_str().unwrap_or("").to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_strategies_decide_what_runs_and_what_stays_off() {
-    let Some((plane, client)) = shared_plane().await else {
+on_both!(run_strategies_decide_what_runs_and_what_stays_off);
+async fn run_strategies_decide_what_runs_and_what_stays_off(on: On) {
+    let Some((plane, client)) = plane(on).await else {
         return;
     };
-    let ns = namespace(plane, &client, "lab").await;
+    let ns = plane.namespace(&client, "lab").await;
     let guests = tempfile::tempdir().unwrap();
-    let sim = start_sim(&client, &ns, guests.path()).await;
+    let sim = start_sim(&plane.controller_client(&client).await, &ns, guests.path()).await;
     let vms = vm_api(&client, &ns);
     let vmis = vmi_api(&client, &ns);
 

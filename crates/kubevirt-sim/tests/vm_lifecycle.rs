@@ -7,6 +7,7 @@
 //!
 //! The agent binary is `target/<profile>/ttlab-agent` (`cargo build -p ttlab-agent-bin`).
 
+#[macro_use]
 mod support;
 
 use std::net::{IpAddr, SocketAddr};
@@ -123,18 +124,18 @@ async fn create_session_only(
     (name, secret.name().to_owned(), token, at)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vm_runs_answers_through_its_agent_and_is_reclaimed_with_what_it_owns() {
+on_both!(a_vm_runs_answers_through_its_agent_and_is_reclaimed_with_what_it_owns);
+async fn a_vm_runs_answers_through_its_agent_and_is_reclaimed_with_what_it_owns(on: On) {
     init_logs();
     let Some(payload) = agent_payload() else {
         return;
     };
-    let Some((plane, client)) = shared_plane().await else {
+    let Some((plane, client)) = plane(on).await else {
         return;
     };
-    let ns = namespace(plane, &client, "ttlab").await;
+    let ns = plane.namespace(&client, "ttlab").await;
     let guests = tempfile::tempdir().unwrap();
-    let sim = start_sim(&client, &ns, guests.path()).await;
+    let sim = start_sim(&plane.controller_client(&client).await, &ns, guests.path()).await;
 
     let (name, secret, token, t0) = create_session(&client, &ns, &payload).await;
     let vmis = vmi_api(&client, &ns);
@@ -305,23 +306,25 @@ async fn a_vm_runs_answers_through_its_agent_and_is_reclaimed_with_what_it_owns(
     sim.stop().await;
 }
 
+on_both!(the_vmi_is_running_before_the_agent_answers);
+
 /// The VMI's `Running` is reported before the guest's agent answers, as on a real cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_vmi_is_running_before_the_agent_answers() {
+async fn the_vmi_is_running_before_the_agent_answers(on: On) {
     init_logs();
     let Some(payload) = agent_payload() else {
         return;
     };
-    let Some((plane, client)) = shared_plane().await else {
+    let Some((plane, client)) = plane(on).await else {
         return;
     };
-    let ns = namespace(plane, &client, "ttlab").await;
+    let ns = plane.namespace(&client, "ttlab").await;
     let guests = tempfile::tempdir().unwrap();
     let mut settings = sim_settings(&ns, guests.path());
     settings.agent_start = Duration::from_secs(2);
-    let sim = ttlab_kubevirt_sim::KubevirtSim::start(client.clone(), settings)
-        .await
-        .unwrap();
+    let sim =
+        ttlab_kubevirt_sim::KubevirtSim::start(plane.controller_client(&client).await, settings)
+            .await
+            .unwrap();
     let (name, _, token, _) = create_session(&client, &ns, &payload).await;
     let vmis = vmi_api(&client, &ns);
     let vmi: Value = eventually("VMI Running", 60, || async {
@@ -346,20 +349,21 @@ async fn the_vmi_is_running_before_the_agent_answers() {
     sim.stop().await;
 }
 
+on_both!(a_vm_waits_for_its_agent_config_map);
+
 /// A VM whose agent ConfigMap is missing does not run (its launcher pod cannot mount it) until
 /// the ConfigMap appears; then its guest installs the agent from it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vm_waits_for_its_agent_config_map() {
+async fn a_vm_waits_for_its_agent_config_map(on: On) {
     init_logs();
     let Some(payload) = agent_payload() else {
         return;
     };
-    let Some((plane, client)) = shared_plane().await else {
+    let Some((plane, client)) = plane(on).await else {
         return;
     };
-    let ns = namespace(plane, &client, "ttlab").await;
+    let ns = plane.namespace(&client, "ttlab").await;
     let guests = tempfile::tempdir().unwrap();
-    let sim = start_sim(&client, &ns, guests.path()).await;
+    let sim = start_sim(&plane.controller_client(&client).await, &ns, guests.path()).await;
     let (name, _, token, _) = create_session_only(&client, &ns, &payload).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod = eventually("the launcher pod waiting for the ConfigMap", 60, || async {

@@ -1,14 +1,14 @@
 //! Test bodies that run unchanged on kube-sim and on the real control plane, so that
 //! kube-sim is held to what the real API server does. Each takes a client (the
 //! administrator's) and a namespace of its own; the tests that call them are
-//! `crates/envtest/tests/immutable.rs` and `quota.rs` (the real control plane) and
+//! `crates/envtest/tests/immutable.rs`, `quota.rs` and `pods.rs` (the real control plane) and
 //! `crates/kube-sim/tests/suite/api.rs` and `quota.rs` (kube-sim), which include this file.
 
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -454,4 +454,84 @@ pub async fn a_refused_repeat_create_stays_charged_until_the_controller_recounts
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// How the API server binds pods and deletes them for their kubelet (what a kubelet played
+/// outside the API server, as `ttlab-kubevirt-sim` plays it, relies on; kube-sim with
+/// `Controllers::External`): a binding sets `spec.nodeName` and `PodScheduled` once, a second
+/// is `409`; a bound pod's delete marks it with its grace period and a delete of grace period
+/// 0 removes it; a pod bound to no node goes at once.
+pub async fn pods_are_bound_once_and_deleted_for_their_kubelet(client: kube::Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pp = PostParams::default();
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "docker.io/library/debian:12"}]},
+        }))
+        .unwrap()
+    };
+    pods.create(&pp, &pod("bound")).await.unwrap();
+    pods.create(&pp, &pod("unbound")).await.unwrap();
+
+    let bind = |node: &'static str| {
+        let client = client.clone();
+        let path = format!("/api/v1/namespaces/{ns}/pods/bound/binding");
+        async move {
+            let body = json!({
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": "bound"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            });
+            let req = http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap())
+                .unwrap();
+            client.request::<serde_json::Value>(req).await
+        }
+    };
+    let bound = bind("parity-node").await.unwrap();
+    assert_eq!(bound["status"], "Success", "{bound}");
+    let p = serde_json::to_value(pods.get("bound").await.unwrap()).unwrap();
+    assert_eq!(p["spec"]["nodeName"], "parity-node");
+    let scheduled = p["status"]["conditions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["type"] == "PodScheduled"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(scheduled["status"], "True", "{p}");
+    match bind("other-node").await {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 409, "{e:?}");
+            assert_eq!(
+                e.message,
+                "Operation cannot be fulfilled on pods/binding \"bound\": pod bound is already assigned to node \"parity-node\""
+            );
+        }
+        other => panic!("a second binding is a conflict, got {other:?}"),
+    }
+
+    // Bound: marked, with the pod's grace period (30 s by default), until a delete of 0.
+    pods.delete("bound", &DeleteParams::default())
+        .await
+        .unwrap();
+    let marked = serde_json::to_value(pods.get("bound").await.unwrap()).unwrap();
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+    assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 30);
+    let confirm = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    pods.delete("bound", &confirm).await.unwrap();
+    assert!(pods.get_opt("bound").await.unwrap().is_none());
+
+    // Bound to no node: nothing runs it, so it goes at once.
+    pods.delete("unbound", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(pods.get_opt("unbound").await.unwrap().is_none());
 }

@@ -435,6 +435,16 @@ async fn two_environments_share_a_namespace() {
 }
 
 #[tokio::test]
+async fn with_its_controllers_outside_pods_are_bound_once_and_deleted_for_their_kubelet() {
+    let mut config = ttlab_kube_sim::SimConfig::for_tests();
+    config.controllers = ttlab_kube_sim::Controllers::External;
+    let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
+    let client = kube_client(&sim).await;
+    // The same body runs on the real control plane in `crates/envtest/tests/pods.rs`.
+    parity::pods_are_bound_once_and_deleted_for_their_kubelet(client, "ttlab").await;
+}
+
+#[tokio::test]
 async fn immutable_config_maps_and_secrets_refuse_payload_changes_as_the_api_server_does() {
     let sim = start().await;
     let client = kube_client(&sim).await;

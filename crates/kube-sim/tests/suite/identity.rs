@@ -129,6 +129,63 @@ async fn calls_with_an_issued_token_are_recorded_as_its_user_in_rbac_terms() {
     );
 }
 
+/// The controllers played from outside (`Controllers::External`) act as the control plane's
+/// own: authorized whatever the RBAC objects say, untouched by the faults and latency
+/// injected for the clients under test, and absent from the call record.
+#[tokio::test]
+async fn the_controllers_identity_is_beside_rbac_faults_and_the_call_record() {
+    let sim = start().await;
+    grant_everything(&sim, &[SERVER]);
+    sim.faults().add(ttlab_kube_sim::FaultRule::fail(
+        Some(Verb::Create),
+        Some("secrets"),
+        500,
+    ));
+    sim.faults().add(ttlab_kube_sim::FaultRule {
+        action: ttlab_kube_sim::FaultAction::Delay { millis: 5_000 },
+        ..ttlab_kube_sim::FaultRule::fail(Some(Verb::List), Some("secrets"), 500)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("server");
+    sim.write_kubeconfig_for(&path, "ttlab", SERVER).unwrap();
+    let server: Api<Secret> = Api::default_namespaced(client_from(&path).await);
+    let path = dir.path().join("controllers");
+    std::fs::write(&path, sim.controller_kubeconfig_yaml()).unwrap();
+    let controllers: Api<Secret> = Api::namespaced(client_from(&path).await, "ttlab");
+    let path = dir.path().join("stranger");
+    sim.write_kubeconfig_for(&path, "ttlab", "stranger")
+        .unwrap();
+    let stranger: Api<Secret> = Api::default_namespaced(client_from(&path).await);
+
+    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "made"}})).unwrap();
+    match server.create(&PostParams::default(), &s).await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 500, "{e:?}"),
+        other => panic!("the injected fault answers the server: {other:?}"),
+    }
+    match stranger.get_opt("made").await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("RBAC is enforced: {other:?}"),
+    }
+    controllers
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("the controllers' create is not failed");
+    let at = std::time::Instant::now();
+    let listed = controllers.list(&ListParams::default()).await.unwrap();
+    assert!(
+        at.elapsed() < Duration::from_secs(2),
+        "the controllers' list is not delayed: {:?}",
+        at.elapsed()
+    );
+    assert_eq!(listed.items.len(), 1);
+    let users: Vec<Option<String>> = sim.calls().into_iter().map(|c| c.user).collect();
+    assert_eq!(
+        users,
+        [Some(SERVER.to_owned()), Some("stranger".to_owned())],
+        "only the clients under test are recorded"
+    );
+}
+
 #[tokio::test]
 async fn a_token_the_sim_did_not_issue_is_refused_with_401() {
     let sim = start().await;

@@ -1,7 +1,9 @@
-//! The real control plane of `ttlab-envtest` shared by every test of this test process (etcd,
-//! kube-apiserver with the front-proxy flags, kube-controller-manager, the KubeVirt and CDI
-//! CRDs), a namespace of each test's own there, the simulator started for it as a node of its
-//! own, and helpers to wait on objects.
+//! Where the tests run — the real control plane of `ttlab-envtest` shared by every test of
+//! this test process (etcd, kube-apiserver with the front-proxy flags,
+//! kube-controller-manager, the KubeVirt and CDI CRDs), or a kube-sim of the test's own with
+//! its KubeVirt, scheduler and kubelet turned off ([`Controllers::External`]), so that the same
+//! simulator plays them on both — a namespace of each test's own there, the simulator started
+//! for it as a node of its own, and helpers to wait on objects.
 
 #![allow(dead_code)]
 
@@ -9,11 +11,101 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 use ttlab_envtest::ControlPlane;
+use ttlab_kube_sim::{Controllers, KubeSim, SimConfig};
 use ttlab_kubevirt_sim::{KubevirtSim, SimSettings};
+
+/// Which API server a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// The shared real control plane.
+    RealControlPlane,
+    /// A kube-sim of the test's own, serving the API only.
+    KubeSim,
+}
+
+/// The API server of a test.
+pub enum Plane {
+    /// The shared real control plane.
+    Real(&'static ControlPlane),
+    /// A kube-sim of the test's own (stopped when dropped).
+    Sim(KubeSim),
+}
+
+impl Plane {
+    /// Creates a namespace `<prefix>-<random>` of the test's own and, on the real control
+    /// plane, waits for its default ServiceAccount (pods need it there); returns its name.
+    pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> String {
+        match self {
+            Plane::Real(plane) => namespace(plane, client, prefix).await,
+            Plane::Sim(_) => {
+                let name = format!("{prefix}-{}", &uuid_like()[..8]);
+                let namespaces: Api<Namespace> = Api::all(client.clone());
+                let ns: Namespace =
+                    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+                namespaces
+                    .create(&PostParams::default(), &ns)
+                    .await
+                    .expect("namespace");
+                name
+            }
+        }
+    }
+
+    /// A client for the simulator: on kube-sim as its controllers' identity (no fault, no
+    /// authorization, not in the call record), on the real control plane the administrator.
+    pub async fn controller_client(&self, admin: &kube::Client) -> kube::Client {
+        match self {
+            Plane::Real(_) => admin.clone(),
+            Plane::Sim(sim) => client_of(&sim.controller_kubeconfig_yaml()).await,
+        }
+    }
+
+    /// The real control plane, for what only it has (the aggregated API's proxy).
+    pub fn real(&self) -> Option<&'static ControlPlane> {
+        match self {
+            Plane::Real(plane) => Some(plane),
+            Plane::Sim(_) => None,
+        }
+    }
+}
+
+/// A random lower-case hex string (32 characters).
+fn uuid_like() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The API server `on` and a client of its administrator, or `None` after `skip_or_fail` (a
+/// failure under `CI=true`) when the real control plane's binaries are missing.
+pub async fn plane(on: On) -> Option<(Plane, kube::Client)> {
+    init_logs();
+    match on {
+        On::RealControlPlane => {
+            let plane = ttlab_envtest::shared_or_skip()?;
+            let client = plane.admin_client().await.expect("administrator client");
+            Some((Plane::Real(plane), client))
+        }
+        On::KubeSim => {
+            let mut config = SimConfig::for_tests();
+            config.controllers = Controllers::External;
+            let sim = KubeSim::start(config).await.expect("kube-sim starts");
+            let client = client_of(&sim.kubeconfig_yaml("default")).await;
+            Some((Plane::Sim(sim), client))
+        }
+    }
+}
+
+/// A client of the kubeconfig `yaml`.
+async fn client_of(yaml: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
 
 /// The shared control plane and a client of its administrator, or `None` after
 /// `skip_or_fail` (a failure under `CI=true`) when its binaries are missing.
@@ -22,6 +114,25 @@ pub async fn shared_plane() -> Option<(&'static ControlPlane, kube::Client)> {
     let plane = ttlab_envtest::shared_or_skip()?;
     let client = plane.admin_client().await.expect("administrator client");
     Some((plane, client))
+}
+
+/// Runs the test body `$body` (an `async fn(On)`) as two tests,
+/// `$body::on_the_real_control_plane` and `$body::on_kube_sim` (`#[macro_use] mod support;`).
+#[allow(unused_macros)]
+macro_rules! on_both {
+    ($body:ident) => {
+        mod $body {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_the_real_control_plane() {
+                super::$body($crate::support::On::RealControlPlane).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_kube_sim() {
+                super::$body($crate::support::On::KubeSim).await;
+            }
+        }
+    };
 }
 
 /// Logs of the simulator (and the test) on the test's output; `RUST_LOG` overrides.
