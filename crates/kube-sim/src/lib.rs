@@ -261,6 +261,34 @@ pub enum Controllers {
     /// deletes a pod bound to a node gracefully (marked, with its grace period) until its
     /// kubelet confirms with a delete of grace period 0.
     External,
+    /// As [`Controllers::External`], with `ttlab-kubevirt-sim` started by [`KubeSim::start`]
+    /// on the namespaces of [`SimConfig::namespaces`], its delays from [`SimConfig::timings`],
+    /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`] and the guest
+    /// accessors go to it; [`KubeSim::pause_kubevirt`] and [`KubeSim::set_lesson_setup`] it
+    /// does not have yet (they do nothing), nor qemu guests.
+    KubevirtSim,
+}
+
+impl Controllers {
+    /// The environment variable that runs a kube-sim configured with the default
+    /// ([`Controllers::Embedded`]) with other controllers: `embedded`, `kubevirt-sim`.
+    pub const ENV: &'static str = "TTLAB_KUBE_SIM_CONTROLLERS";
+
+    /// What [`Controllers::ENV`] asks for, if set.
+    pub fn from_env() -> Result<Option<Self>, Error> {
+        match std::env::var(Self::ENV) {
+            Err(_) => Ok(None),
+            Ok(v) => match v.as_str() {
+                "" => Ok(None),
+                "embedded" => Ok(Some(Self::Embedded)),
+                "kubevirt-sim" => Ok(Some(Self::KubevirtSim)),
+                other => Err(Error::Api(format!(
+                    "{}={other:?}: expected \"embedded\" or \"kubevirt-sim\"",
+                    Self::ENV
+                ))),
+            },
+        }
+    }
 }
 
 impl SimConfig {
@@ -361,12 +389,19 @@ pub struct KubeSim {
     addr: SocketAddr,
     url: String,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// The simulator playing KubeVirt and the kubelet ([`Controllers::KubevirtSim`]).
+    kubevirt_sim: Option<ttlab_kubevirt_sim::KubevirtSim>,
     _guest_tmp: Option<tempfile::TempDir>,
 }
 
 impl KubeSim {
     /// Binds `config.listen`, starts serving and simulating.
-    pub async fn start(config: SimConfig) -> Result<Self, Error> {
+    pub async fn start(mut config: SimConfig) -> Result<Self, Error> {
+        if config.controllers == Controllers::Embedded
+            && let Some(c) = Controllers::from_env()?
+        {
+            config.controllers = c;
+        }
         if !config.listen.ip().is_loopback() {
             return Err(Error::NotLoopback(config.listen));
         }
@@ -402,7 +437,7 @@ impl KubeSim {
         };
         let mut store = store::Store::new();
         store.set_history_window(config.watch_history);
-        store.set_graceful_pods(config.controllers == Controllers::External);
+        store.set_graceful_pods(config.controllers != Controllers::Embedded);
         for ns in &config.namespaces {
             store
                 .create(
@@ -440,11 +475,17 @@ impl KubeSim {
                 tracing::warn!(error = %e, "kube-sim server stopped");
             }
         });
+        let url = format!("http://{addr}");
+        let kubevirt_sim = match sim.config.controllers {
+            Controllers::KubevirtSim => Some(start_kubevirt_sim(&sim, &url).await?),
+            Controllers::Embedded | Controllers::External => None,
+        };
         Ok(Self {
-            url: format!("http://{addr}"),
+            url,
             addr,
             sim,
             server: Some(server),
+            kubevirt_sim,
             _guest_tmp: guest_tmp,
         })
     }
@@ -578,39 +619,62 @@ impl KubeSim {
 
     /// The guest powers itself off: the VMI ends `Succeeded` and the run strategy decides.
     pub fn power_off(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::PowerOff)
+        match &self.kubevirt_sim {
+            Some(k) => k
+                .power_off(namespace, name)
+                .map_err(|e| kubevirt_sim_error(namespace, name, &e)),
+            None => kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::PowerOff),
+        }
     }
 
     /// The guest crashes: the VMI ends `Failed` and the run strategy decides.
     pub fn crash(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::Crash)
+        match &self.kubevirt_sim {
+            Some(k) => k
+                .crash(namespace, name)
+                .map_err(|e| kubevirt_sim_error(namespace, name, &e)),
+            None => kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::Crash),
+        }
+    }
+
+    /// What the tests see of a guest, whichever simulator runs it.
+    fn guest_info(&self, namespace: &str, name: &str) -> Option<kubevirt::GuestInfo> {
+        match &self.kubevirt_sim {
+            Some(k) => k.guest(namespace, name).map(|g| kubevirt::GuestInfo {
+                dir: g.dir,
+                ip: g.ip,
+                agent_pid: g.agent_pid,
+            }),
+            None => self.sim.kubevirt.guest(namespace, name),
+        }
     }
 
     /// The directory holding the guest's files (cloud-init `write_files`, markers).
     pub fn guest_dir(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        self.sim.kubevirt.guest(namespace, name).map(|g| g.dir)
+        self.guest_info(namespace, name).map(|g| g.dir)
     }
 
     /// The guest's loopback address.
     pub fn guest_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
-        self.sim.kubevirt.guest(namespace, name).map(|g| g.ip)
+        self.guest_info(namespace, name).map(|g| g.ip)
     }
 
     /// The process id of the guest's agent (the real `ttlab-agent` started from its
     /// cloud-init), if one was started. The process is killed (and reaped) when the VMI ends,
     /// and at [`KubeSim::shutdown`] or drop.
     pub fn agent_pid(&self, namespace: &str, name: &str) -> Option<u32> {
-        self.sim
-            .kubevirt
-            .guest(namespace, name)
-            .and_then(|g| g.agent_pid)
+        self.guest_info(namespace, name).and_then(|g| g.agent_pid)
     }
 
     /// The guest agent's log: its standard error and output (`/var/log/ttlab-agent.log` in the
     /// guest directory). Look here when an agent does not answer.
     pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        self.guest_dir(namespace, name)
-            .map(|d| guest::agent_log(&d))
+        match &self.kubevirt_sim {
+            Some(k) => k.agent_log(namespace, name),
+            None => self
+                .guest_dir(namespace, name)
+                .map(|d| guest::agent_log(&d)),
+        }
     }
 
     /// Sets what the guest setup does for a lesson (for VMIs started from now on).
@@ -680,6 +744,9 @@ impl KubeSim {
     /// Stops the server and the simulation, kills every guest agent and waits for each to
     /// exit, and waits for the server to finish.
     pub async fn shutdown(mut self) {
+        if let Some(k) = self.kubevirt_sim.take() {
+            k.stop().await;
+        }
         self.sim.shutdown.cancel();
         self.sim.kubevirt.stop_all();
         self.sim.kubevirt.kill_all_agents().await;
@@ -694,6 +761,51 @@ impl Drop for KubeSim {
         self.sim.shutdown.cancel();
         self.sim.kubevirt.stop_all();
         self.sim.kubevirt.kill_all_agents_now();
+    }
+}
+
+/// Starts `ttlab-kubevirt-sim` on the sim at `url` as [`CONTROLLER_USER`], with the sim's
+/// namespaces, delays, guest addresses, agent port and setup outcomes.
+async fn start_kubevirt_sim(
+    sim: &Arc<Sim>,
+    url: &str,
+) -> Result<ttlab_kubevirt_sim::KubevirtSim, Error> {
+    let config = &sim.config;
+    let yaml = kubeconfig_yaml_as(url, "default", Some(CONTROLLER_USER));
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&yaml).map_err(|e| Error::Api(e.to_string()))?;
+    let client_config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| Error::Api(e.to_string()))?;
+    let client = kube::Client::try_from(client_config).map_err(|e| Error::Api(e.to_string()))?;
+    let mut settings =
+        ttlab_kubevirt_sim::SimSettings::new(config.namespaces.clone(), &sim.guest_root);
+    let t = &config.timings;
+    settings.node_name = "kube-sim-node-1".to_owned();
+    settings.pod_start = t.pod_start;
+    settings.boot = t.pending + t.scheduling + t.boot / 2;
+    settings.agent_start = t.boot / 2;
+    settings.setup = t.setup;
+    settings.shutdown_grace = t.stop;
+    settings.agent_port = config.agent_port;
+    settings.ip_second_octet = config.guest_ip_second_octet;
+    settings.setup_outcomes = config.lesson_setup.clone();
+    ttlab_kubevirt_sim::KubevirtSim::start(client, settings)
+        .await
+        .map_err(|e| Error::Api(format!("kubevirt-sim: {e}")))
+}
+
+/// A kubevirt-sim refusal of a guest action in kube-sim's terms.
+fn kubevirt_sim_error(namespace: &str, name: &str, e: &ttlab_kubevirt_sim::Error) -> Error {
+    match e.code() {
+        Some(404) => Error::NoSuchVmi {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        _ => Error::NotRunning {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
     }
 }
 

@@ -169,6 +169,51 @@ async fn a_guest_power_off_under_rerun_on_failure_stays_off_and_a_crash_restarts
     assert!(h.get(&format!("{VMIS}/lab-off")).await.0 == 404);
 }
 
+/// With `Controllers::KubevirtSim`, ttlab-kubevirt-sim plays KubeVirt through the API and the
+/// in-process guest controls go to it: the same run-strategy outcomes.
+#[tokio::test]
+async fn with_kubevirt_sim_as_its_controllers_the_guest_controls_reach_it() {
+    let mut config = ttlab_kube_sim::SimConfig::for_tests();
+    config.controllers = ttlab_kube_sim::Controllers::KubevirtSim;
+    let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
+    let h = Http::new(&sim);
+    h.post(
+        VMS,
+        &vm("lab-off", json!({}), "RerunOnFailure", container_disk()),
+    )
+    .await;
+    let first = wait_for(&h, VMIS, "lab-off", |o| o["status"]["phase"] == "Running").await;
+    assert_eq!(
+        first["status"]["interfaces"][0]["ipAddress"].as_str(),
+        sim.guest_ip("ttlab", "lab-off")
+            .map(|ip| ip.to_string())
+            .as_deref()
+    );
+    assert!(
+        sim.guest_dir("ttlab", "lab-off")
+            .is_some_and(|d| d.is_dir())
+    );
+    // A crash: Failed, and a new VMI (new uid) comes up.
+    sim.crash("ttlab", "lab-off").unwrap();
+    let uid = first["metadata"]["uid"].clone();
+    wait_for(&h, VMIS, "lab-off", |o| {
+        o["metadata"]["uid"] != uid && o["status"]["phase"] == "Running"
+    })
+    .await;
+    // A power-off: the VMI goes and the VM stays Stopped.
+    sim.power_off("ttlab", "lab-off").unwrap();
+    wait_gone(&h, VMIS, "lab-off").await;
+    wait_for(&h, VMS, "lab-off", |o| {
+        o["status"]["printableStatus"] == "Stopped"
+    })
+    .await;
+    assert!(matches!(
+        sim.power_off("ttlab", "lab-off"),
+        Err(ttlab_kube_sim::Error::NoSuchVmi { .. } | ttlab_kube_sim::Error::NotRunning { .. })
+    ));
+    sim.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_guest_applies_cloud_init_runs_the_agent_and_writes_markers() {
     let sim = start().await;
