@@ -263,9 +263,9 @@ pub enum Controllers {
     External,
     /// As [`Controllers::External`], with `ttlab-kubevirt-sim` started by [`KubeSim::start`]
     /// on the namespaces of [`SimConfig::namespaces`], its delays from [`SimConfig::timings`],
-    /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`] and the guest
-    /// accessors go to it; [`KubeSim::pause_kubevirt`] and [`KubeSim::set_lesson_setup`] it
-    /// does not have yet (they do nothing), nor qemu guests.
+    /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`],
+    /// [`KubeSim::pause_kubevirt`], [`KubeSim::set_lesson_setup`] and the guest accessors go
+    /// to it. It has no qemu guests, and the serial console is not served (yet).
     KubevirtSim,
 }
 
@@ -614,6 +614,9 @@ impl KubeSim {
     /// Pauses (true) or resumes (false) the KubeVirt simulation: no VMI is created, advanced
     /// or stopped while paused.
     pub fn pause_kubevirt(&self, paused: bool) {
+        if let Some(k) = &self.kubevirt_sim {
+            k.pause(paused);
+        }
         self.sim.paused.send_replace(paused);
     }
 
@@ -679,6 +682,9 @@ impl KubeSim {
 
     /// Sets what the guest setup does for a lesson (for VMIs started from now on).
     pub fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
+        if let Some(k) = &self.kubevirt_sim {
+            k.set_setup_outcome(lesson, outcome.clone());
+        }
         self.sim
             .lesson_setup
             .lock()

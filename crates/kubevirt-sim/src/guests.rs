@@ -78,6 +78,8 @@ struct Guest {
     /// Cancels the guest's own tasks (agent start, setup marker).
     tasks: CancellationToken,
     tasks_started: bool,
+    /// Its agent said it listens (KubeVirt learns the guest's OS from its guest agent then).
+    agent_connected: bool,
 }
 
 impl Guest {
@@ -159,6 +161,7 @@ impl Guests {
             agent: None,
             tasks: CancellationToken::new(),
             tasks_started: false,
+            agent_connected: false,
         });
         match g.phase {
             Phase::Booting { since, .. } => Some(since),
@@ -231,6 +234,22 @@ impl Guests {
                 reap(child);
             }
         }
+    }
+
+    /// The guest's agent listens (while the guest runs).
+    pub(crate) fn set_agent_connected(&self, uid: &str) {
+        if let Some(g) = self.map().get_mut(uid)
+            && matches!(g.phase, Phase::Running)
+        {
+            g.agent_connected = true;
+        }
+    }
+
+    /// Whether the running guest's agent listens.
+    pub(crate) fn agent_connected(&self, uid: &str) -> bool {
+        self.map()
+            .get(uid)
+            .is_some_and(|g| g.agent_connected && matches!(g.phase, Phase::Running))
     }
 
     pub(crate) fn state(&self, uid: &str) -> Option<GuestState> {

@@ -313,12 +313,37 @@ pub(crate) struct Ctx {
     pub(crate) settings: SimSettings,
     pub(crate) guests: Arc<guests::Guests>,
     pub(crate) kubelet: kubelet::Kubelet,
-    triggers: Triggers,
+    triggers: Arc<Triggers>,
     /// Writes the API server refused (see [`KubevirtSim::refused`]).
     refused: Mutex<Vec<String>>,
     /// Failed reconciles in a row, by object.
     retries: Mutex<std::collections::HashMap<String, u32>>,
+    /// Setup outcomes by lesson, from [`SimSettings::setup_outcomes`] and
+    /// [`KubevirtSim::set_setup_outcome`].
+    setup_outcomes: Mutex<BTreeMap<String, SetupOutcome>>,
+    /// While set, the VirtualMachine and VirtualMachineInstance controllers do nothing
+    /// ([`KubevirtSim::pause`]).
+    paused: std::sync::atomic::AtomicBool,
 }
+
+impl Ctx {
+    /// What the setup of a guest of `lesson` does.
+    pub(crate) fn setup_outcome(&self, lesson: &str) -> SetupOutcome {
+        self.setup_outcomes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(lesson)
+            .cloned()
+            .unwrap_or(SetupOutcome::Ready)
+    }
+
+    fn paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// How often a paused controller looks again.
+const PAUSED_RECHECK: Duration = Duration::from_millis(100);
 
 /// A running simulator. It stops (and kills every guest agent) on drop or [`KubevirtSim::stop`];
 /// the objects it wrote stay in the API server.
@@ -366,11 +391,17 @@ fn settled(ctx: &Ctx, obj: &DynamicObject, r: Result<Action, Error>) -> Result<A
 }
 
 async fn reconcile_vm(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if ctx.paused() {
+        return Ok(Action::requeue(PAUSED_RECHECK));
+    }
     let r = vm::reconcile(obj.clone(), ctx.clone()).await;
     settled(&ctx, &obj, r)
 }
 
 async fn reconcile_vmi(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if ctx.paused() {
+        return Ok(Action::requeue(PAUSED_RECHECK));
+    }
     let r = vmi::reconcile(obj.clone(), ctx.clone()).await;
     settled(&ctx, &obj, r)
 }
@@ -445,10 +476,12 @@ impl KubevirtSim {
             rest: rest::Rest::new(client.clone()),
             kubelet: kubelet::Kubelet::new(settings.ip_second_octet),
             guests: Arc::new(guests::Guests::default()),
-            settings,
-            triggers: Triggers::default(),
+            triggers: Arc::default(),
             refused: Mutex::new(Vec::new()),
             retries: Mutex::new(std::collections::HashMap::new()),
+            setup_outcomes: Mutex::new(settings.setup_outcomes.clone()),
+            paused: std::sync::atomic::AtomicBool::new(false),
+            settings,
         });
         if ctx.settings.register_node {
             kubelet::register_node(&ctx).await?;
@@ -508,6 +541,27 @@ impl KubevirtSim {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Pauses (true) or resumes (false) KubeVirt: while paused no VMI is created, advanced,
+    /// stopped or released (a deleted VM keeps its finalizer, as while its guest shuts down
+    /// or on a dead node); the kubelet goes on. Guests already booting go on booting.
+    pub fn pause(&self, paused: bool) {
+        self.ctx
+            .paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
+        if !paused {
+            self.ctx.triggers.fire();
+        }
+    }
+
+    /// Sets what the setup of guests of `lesson` does, for guests that boot from now on.
+    pub fn set_setup_outcome(&self, lesson: &str, outcome: SetupOutcome) {
+        self.ctx
+            .setup_outcomes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(lesson.to_owned(), outcome);
     }
 
     /// The guest of VMI `namespace/name`, once it began booting (the newest incarnation).

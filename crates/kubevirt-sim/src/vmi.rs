@@ -563,12 +563,9 @@ impl Vmi<'_> {
             .as_str()
             .unwrap_or("")
             .to_owned();
-        let outcome = settings
-            .setup_outcomes
-            .get(&lesson)
-            .cloned()
-            .unwrap_or(ttlab_sim_guest::SetupOutcome::Ready);
+        let outcome = self.ctx.setup_outcome(&lesson);
         let guests = self.ctx.guests.clone();
+        let triggers = self.ctx.triggers.clone();
         let vmi_uid = self.uid.clone();
         let (ns, name) = (self.ns.to_owned(), self.name.to_owned());
         let t = tasks.clone();
@@ -593,7 +590,11 @@ impl Vmi<'_> {
             guests.set_agent(&vmi_uid, started.child);
             tokio::select! {
                 r = tokio::time::timeout(ttlab_sim_guest::AGENT_START_TIMEOUT, started.listening) => match r {
-                    Ok(Ok(addr)) => tracing::info!(ns, vmi = name, %addr, "guest agent listening"),
+                    Ok(Ok(addr)) => {
+                        tracing::info!(ns, vmi = name, %addr, "guest agent listening");
+                        guests.set_agent_connected(&vmi_uid);
+                        triggers.fire();
+                    }
                     Ok(Err(_)) => tracing::warn!(ns, vmi = name, log = %log.display(), "guest agent exited before listening"),
                     Err(_) => tracing::warn!(ns, vmi = name, log = %log.display(), "guest agent not listening yet"),
                 },
@@ -648,8 +649,14 @@ impl Vmi<'_> {
                 self.fail(Some(p), "launcher pod ended").await
             }
             Some(p) => {
-                self.write_status(|s| sync_ready_condition(s, Some(p)))
-                    .await?;
+                let connected = self.ctx.guests.agent_connected(&self.uid);
+                self.write_status(|s| {
+                    sync_ready_condition(s, Some(p));
+                    if connected {
+                        agent_connected(s);
+                    }
+                })
+                .await?;
                 Ok(Action::await_change())
             }
         }
@@ -875,6 +882,28 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
         pod["spec"]["subdomain"] = Value::from(s);
     }
     pod
+}
+
+/// What KubeVirt reports once the guest agent is connected: the guest's OS, the interfaces
+/// as seen by the domain and the agent, and the `AgentConnected` condition.
+fn agent_connected(status: &mut Value) {
+    status["guestOSInfo"] = json!({
+        "id": "debian",
+        "name": "Debian GNU/Linux",
+        "prettyName": "Debian GNU/Linux 12 (bookworm) (kubevirt-sim)",
+        "version": "12",
+    });
+    if let Some(interfaces) = status["interfaces"].as_array_mut() {
+        for i in interfaces {
+            i["infoSource"] = Value::from("domain, guest-agent");
+        }
+    }
+    set_condition(
+        status,
+        "conditions",
+        Cond::new("AgentConnected", true),
+        true,
+    );
 }
 
 #[cfg(test)]

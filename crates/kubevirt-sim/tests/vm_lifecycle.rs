@@ -345,6 +345,17 @@ async fn the_vmi_is_running_before_the_agent_answers(on: On) {
     );
     let ready = agent.wait_ready(Duration::from_secs(30)).await.unwrap();
     assert!(ready.ready);
+    // Then KubeVirt reports what it learns from the guest agent.
+    let vmi = eventually("AgentConnected", 30, || async {
+        get_json(&vmis, &name).await.filter(|v| {
+            v["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "AgentConnected" && c["status"] == "True")
+            })
+        })
+    })
+    .await;
+    assert!(vmi["status"]["guestOSInfo"]["id"].is_string(), "{vmi:#}");
     assert_nothing_refused(&sim);
     sim.stop().await;
 }
