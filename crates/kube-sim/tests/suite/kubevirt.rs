@@ -138,23 +138,34 @@ async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
     wait_for(&h, VMIS, "lab-sec", |o| o["status"]["phase"] == "Running").await;
 }
 
-#[tokio::test]
-async fn a_guest_power_off_under_rerun_on_failure_stays_off_and_a_crash_restarts() {
-    let sim = start().await;
-    let h = Http::new(&sim);
+/// Runs VM `lab-off` under RerunOnFailure until its VMI runs, hands that VMI to `check`, then
+/// crashes the guest and waits for the new VMI (new uid) to run.
+async fn crash_restarts_a_rerun_on_failure_vm(
+    sim: &ttlab_kube_sim::KubeSim,
+    h: &Http,
+    check: impl Fn(&Value),
+) {
     h.post(
         VMS,
         &vm("lab-off", json!({}), "RerunOnFailure", container_disk()),
     )
     .await;
-    let first = wait_for(&h, VMIS, "lab-off", |o| o["status"]["phase"] == "Running").await;
+    let first = wait_for(h, VMIS, "lab-off", |o| o["status"]["phase"] == "Running").await;
+    check(&first);
     // A crash: Failed, and a new VMI (new uid) comes up.
     sim.crash("ttlab", "lab-off").unwrap();
     let uid = first["metadata"]["uid"].clone();
-    wait_for(&h, VMIS, "lab-off", |o| {
+    wait_for(h, VMIS, "lab-off", |o| {
         o["metadata"]["uid"] != uid && o["status"]["phase"] == "Running"
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_guest_power_off_under_rerun_on_failure_stays_off_and_a_crash_restarts() {
+    let sim = start().await;
+    let h = Http::new(&sim);
+    crash_restarts_a_rerun_on_failure_vm(&sim, &h, |_| {}).await;
     // Power-off over HTTP: Succeeded, deleted, and the VM stays Stopped.
     let (code, _) = h.post("/sim/vmis/ttlab/lab-off/poweroff", &json!({})).await;
     assert_eq!(code, 200);
@@ -177,27 +188,17 @@ async fn with_kubevirt_sim_as_its_controllers_the_guest_controls_reach_it() {
     config.controllers = ttlab_kube_sim::Controllers::KubevirtSim;
     let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
     let h = Http::new(&sim);
-    h.post(
-        VMS,
-        &vm("lab-off", json!({}), "RerunOnFailure", container_disk()),
-    )
-    .await;
-    let first = wait_for(&h, VMIS, "lab-off", |o| o["status"]["phase"] == "Running").await;
-    assert_eq!(
-        first["status"]["interfaces"][0]["ipAddress"].as_str(),
-        sim.guest_ip("ttlab", "lab-off")
-            .map(|ip| ip.to_string())
-            .as_deref()
-    );
-    assert!(
-        sim.guest_dir("ttlab", "lab-off")
-            .is_some_and(|d| d.is_dir())
-    );
-    // A crash: Failed, and a new VMI (new uid) comes up.
-    sim.crash("ttlab", "lab-off").unwrap();
-    let uid = first["metadata"]["uid"].clone();
-    wait_for(&h, VMIS, "lab-off", |o| {
-        o["metadata"]["uid"] != uid && o["status"]["phase"] == "Running"
+    crash_restarts_a_rerun_on_failure_vm(&sim, &h, |first| {
+        assert_eq!(
+            first["status"]["interfaces"][0]["ipAddress"].as_str(),
+            sim.guest_ip("ttlab", "lab-off")
+                .map(|ip| ip.to_string())
+                .as_deref()
+        );
+        assert!(
+            sim.guest_dir("ttlab", "lab-off")
+                .is_some_and(|d| d.is_dir())
+        );
     })
     .await;
     // A power-off: the VMI goes and the VM stays Stopped.
