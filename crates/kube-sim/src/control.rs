@@ -27,7 +27,7 @@ use http::{Method, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::faults::FaultRule;
-use crate::kubevirt::{GuestEnd, end_guest};
+use crate::kubevirt::GuestEnd;
 use crate::{Error, SetupOutcome, Sim};
 
 fn reply(code: StatusCode, v: &Value) -> Response {
@@ -120,11 +120,11 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
             Err(e) => err(StatusCode::BAD_REQUEST, format!("latency: {e}")),
         },
         (Method::POST, ["sim", "kubevirt", "pause"]) => {
-            sim.paused.send_replace(true);
+            sim.pause_kubevirt(true);
             reply(StatusCode::OK, &json!({"paused": true}))
         }
         (Method::POST, ["sim", "kubevirt", "resume"]) => {
-            sim.paused.send_replace(false);
+            sim.pause_kubevirt(false);
             reply(StatusCode::OK, &json!({"paused": false}))
         }
         (Method::POST, ["sim", "vmis", ns, name, action @ ("poweroff" | "crash")]) => {
@@ -133,13 +133,13 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
             } else {
                 GuestEnd::Crash
             };
-            match end_guest(&sim, ns, name, how) {
+            match sim.end_guest(ns, name, how) {
                 Ok(()) => reply(StatusCode::OK, &json!({})),
                 Err(e @ Error::NoSuchVmi { .. }) => err(StatusCode::NOT_FOUND, e.to_string()),
                 Err(e) => err(StatusCode::CONFLICT, e.to_string()),
             }
         }
-        (Method::GET, ["sim", "vmis", ns, name, "guest"]) => match sim.kubevirt.guest(ns, name) {
+        (Method::GET, ["sim", "vmis", ns, name, "guest"]) => match sim.guest_info(ns, name) {
             Some(g) => reply(
                 StatusCode::OK,
                 &json!({"dir": g.dir, "ip": g.ip.to_string()}),
@@ -154,10 +154,7 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request) -> Response {
                 Ok(o) => o,
                 Err(e) => return err(StatusCode::BAD_REQUEST, format!("not a setup outcome: {e}")),
             };
-            sim.lesson_setup
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert((*lesson).to_owned(), outcome);
+            sim.set_lesson_setup(lesson, outcome);
             reply(StatusCode::OK, &json!({}))
         }
         (Method::POST, ["sim", "objects"]) => create_object(&sim, &body),

@@ -353,6 +353,9 @@ pub(crate) struct Sim {
     pub(crate) lesson_setup: Mutex<BTreeMap<String, SetupOutcome>>,
     pub(crate) paused: watch::Sender<bool>,
     pub(crate) kubevirt: kubevirt::Runtime,
+    /// The controls of ttlab-kubevirt-sim, when it is the controllers
+    /// ([`Controllers::KubevirtSim`]): the guest controls go there instead.
+    pub(crate) kubevirt_sim: std::sync::OnceLock<ttlab_kubevirt_sim::Controls>,
     pub(crate) consoles: console::Consoles,
     pub(crate) quota: quota::Controller,
     pub(crate) tokens: auth::Tokens,
@@ -362,6 +365,68 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
+    /// Pauses or resumes KubeVirt, whichever simulator plays it.
+    pub(crate) fn pause_kubevirt(&self, paused: bool) {
+        if let Some(k) = self.kubevirt_sim.get() {
+            k.pause(paused);
+        }
+        self.paused.send_replace(paused);
+    }
+
+    /// The guest of VMI `namespace/name` powers off or crashes, whichever simulator runs it.
+    pub(crate) fn end_guest(
+        &self,
+        namespace: &str,
+        name: &str,
+        how: kubevirt::GuestEnd,
+    ) -> Result<(), Error> {
+        let Some(k) = self.kubevirt_sim.get() else {
+            return kubevirt::end_guest(self, namespace, name, how);
+        };
+        match how {
+            kubevirt::GuestEnd::PowerOff => k.power_off(namespace, name),
+            kubevirt::GuestEnd::Crash => k.crash(namespace, name),
+        }
+        .map_err(|e| {
+            // As with the embedded simulation: 404 when the VMI is gone, 409 otherwise.
+            tracing::debug!(namespace, name, error = %e, "kubevirt-sim refused a guest end");
+            if self.store().get(resources::VMIS, namespace, name).is_none() {
+                Error::NoSuchVmi {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                }
+            } else {
+                Error::NotRunning {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                }
+            }
+        })
+    }
+
+    /// What the tests see of a guest, whichever simulator runs it.
+    pub(crate) fn guest_info(&self, namespace: &str, name: &str) -> Option<kubevirt::GuestInfo> {
+        match self.kubevirt_sim.get() {
+            Some(k) => k.guest(namespace, name).map(|g| kubevirt::GuestInfo {
+                dir: g.dir,
+                ip: g.ip,
+                agent_pid: g.agent_pid,
+            }),
+            None => self.kubevirt.guest(namespace, name),
+        }
+    }
+
+    /// Sets what the guest setup does for a lesson, whichever simulator runs the guests.
+    pub(crate) fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
+        if let Some(k) = self.kubevirt_sim.get() {
+            k.set_setup_outcome(lesson, outcome.clone());
+        }
+        self.lesson_setup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(lesson.to_owned(), outcome);
+    }
+
     pub(crate) fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
         self.store
             .lock()
@@ -459,6 +524,7 @@ impl KubeSim {
             rbac: rbac::Rbac::default(),
             config,
             paused,
+            kubevirt_sim: std::sync::OnceLock::new(),
             guest_root,
             shutdown: CancellationToken::new(),
         });
@@ -477,7 +543,11 @@ impl KubeSim {
         });
         let url = format!("http://{addr}");
         let kubevirt_sim = match sim.config.controllers {
-            Controllers::KubevirtSim => Some(start_kubevirt_sim(&sim, &url).await?),
+            Controllers::KubevirtSim => {
+                let k = start_kubevirt_sim(&sim, &url).await?;
+                let _ = sim.kubevirt_sim.set(k.controls());
+                Some(k)
+            }
             Controllers::Embedded | Controllers::External => None,
         };
         Ok(Self {
@@ -614,42 +684,23 @@ impl KubeSim {
     /// Pauses (true) or resumes (false) the KubeVirt simulation: no VMI is created, advanced
     /// or stopped while paused.
     pub fn pause_kubevirt(&self, paused: bool) {
-        if let Some(k) = &self.kubevirt_sim {
-            k.pause(paused);
-        }
-        self.sim.paused.send_replace(paused);
+        self.sim.pause_kubevirt(paused);
     }
 
     /// The guest powers itself off: the VMI ends `Succeeded` and the run strategy decides.
     pub fn power_off(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        match &self.kubevirt_sim {
-            Some(k) => k
-                .power_off(namespace, name)
-                .map_err(|e| kubevirt_sim_error(namespace, name, &e)),
-            None => kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::PowerOff),
-        }
+        self.sim
+            .end_guest(namespace, name, kubevirt::GuestEnd::PowerOff)
     }
 
     /// The guest crashes: the VMI ends `Failed` and the run strategy decides.
     pub fn crash(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        match &self.kubevirt_sim {
-            Some(k) => k
-                .crash(namespace, name)
-                .map_err(|e| kubevirt_sim_error(namespace, name, &e)),
-            None => kubevirt::end_guest(&self.sim, namespace, name, kubevirt::GuestEnd::Crash),
-        }
+        self.sim
+            .end_guest(namespace, name, kubevirt::GuestEnd::Crash)
     }
 
-    /// What the tests see of a guest, whichever simulator runs it.
     fn guest_info(&self, namespace: &str, name: &str) -> Option<kubevirt::GuestInfo> {
-        match &self.kubevirt_sim {
-            Some(k) => k.guest(namespace, name).map(|g| kubevirt::GuestInfo {
-                dir: g.dir,
-                ip: g.ip,
-                agent_pid: g.agent_pid,
-            }),
-            None => self.sim.kubevirt.guest(namespace, name),
-        }
+        self.sim.guest_info(namespace, name)
     }
 
     /// The directory holding the guest's files (cloud-init `write_files`, markers).
@@ -672,7 +723,7 @@ impl KubeSim {
     /// The guest agent's log: its standard error and output (`/var/log/ttlab-agent.log` in the
     /// guest directory). Look here when an agent does not answer.
     pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        match &self.kubevirt_sim {
+        match self.sim.kubevirt_sim.get() {
             Some(k) => k.agent_log(namespace, name),
             None => self
                 .guest_dir(namespace, name)
@@ -682,14 +733,7 @@ impl KubeSim {
 
     /// Sets what the guest setup does for a lesson (for VMIs started from now on).
     pub fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
-        if let Some(k) = &self.kubevirt_sim {
-            k.set_setup_outcome(lesson, outcome.clone());
-        }
-        self.sim
-            .lesson_setup
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(lesson.to_owned(), outcome);
+        self.sim.set_lesson_setup(lesson, outcome);
     }
 
     /// Creates an object directly (as an administrator would with kubectl): `apiVersion`,
@@ -799,20 +843,6 @@ async fn start_kubevirt_sim(
     ttlab_kubevirt_sim::KubevirtSim::start(client, settings)
         .await
         .map_err(|e| Error::Api(format!("kubevirt-sim: {e}")))
-}
-
-/// A kubevirt-sim refusal of a guest action in kube-sim's terms.
-fn kubevirt_sim_error(namespace: &str, name: &str, e: &ttlab_kubevirt_sim::Error) -> Error {
-    match e.code() {
-        Some(404) => Error::NoSuchVmi {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        },
-        _ => Error::NotRunning {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        },
-    }
 }
 
 /// A kubeconfig for a kube-sim at `url` (plain HTTP, no credentials), context namespace

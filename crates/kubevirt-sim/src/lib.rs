@@ -347,10 +347,29 @@ const PAUSED_RECHECK: Duration = Duration::from_millis(100);
 
 /// A running simulator. It stops (and kills every guest agent) on drop or [`KubevirtSim::stop`];
 /// the objects it wrote stay in the API server.
+///
+/// It dereferences to its [`Controls`], the guest and controller controls, which
+/// [`KubevirtSim::controls`] also hands out as a cloneable handle.
 pub struct KubevirtSim {
-    ctx: Arc<Ctx>,
+    controls: Controls,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The controls of a running [`KubevirtSim`]: pause, setup outcomes, the guests and their
+/// ends. A cloneable handle (for a server's control endpoints, say); once the simulator has
+/// stopped, its guests are gone and these find none.
+#[derive(Clone)]
+pub struct Controls {
+    ctx: Arc<Ctx>,
+}
+
+impl std::ops::Deref for KubevirtSim {
+    type Target = Controls;
+
+    fn deref(&self) -> &Controls {
+        &self.controls
+    }
 }
 
 fn vm_resource() -> ApiResource {
@@ -524,9 +543,41 @@ impl KubevirtSim {
             tasks.push(tokio::spawn(drain(pod_ctl, "Pod", ns.clone())));
         }
         tracing::info!(namespaces = ?ctx.settings.namespaces, node = ctx.settings.node_name, "kubevirt-sim started");
-        Ok(Self { ctx, stop, tasks })
+        Ok(Self {
+            controls: Controls { ctx },
+            stop,
+            tasks,
+        })
     }
 
+    /// A cloneable handle on its controls.
+    pub fn controls(&self) -> Controls {
+        self.controls.clone()
+    }
+
+    /// Serves the guests' serial consoles as KubeVirt's `subresources.kubevirt.io/v1`
+    /// aggregated API (see [`ConsoleServer::register`] to make kube-apiserver proxy to it).
+    pub async fn serve_console(&self, settings: ConsoleSettings) -> Result<ConsoleServer, Error> {
+        ConsoleServer::start(self.ctx.clone(), settings).await
+    }
+
+    /// Stops the controllers, kills every guest agent and waits for them.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        for t in std::mem::take(&mut self.tasks) {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        self.ctx.guests.kill_all().await;
+    }
+}
+
+impl Controls {
     /// The settings it runs with.
     pub fn settings(&self) -> &SimSettings {
         &self.ctx.settings
@@ -597,27 +648,6 @@ impl KubevirtSim {
         );
         self.ctx.triggers.fire();
         Ok(())
-    }
-
-    /// Serves the guests' serial consoles as KubeVirt's `subresources.kubevirt.io/v1`
-    /// aggregated API (see [`ConsoleServer::register`] to make kube-apiserver proxy to it).
-    pub async fn serve_console(&self, settings: ConsoleSettings) -> Result<ConsoleServer, Error> {
-        ConsoleServer::start(self.ctx.clone(), settings).await
-    }
-
-    /// Stops the controllers, kills every guest agent and waits for them.
-    pub async fn stop(mut self) {
-        self.stop.cancel();
-        for t in std::mem::take(&mut self.tasks) {
-            let abort = t.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(5), t)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
-        }
-        self.ctx.guests.kill_all().await;
     }
 }
 
