@@ -176,6 +176,9 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
 }
 
 async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response {
+    if let Some(addr) = sim.kubevirt_console.get() {
+        return relay(sim, req, *addr, ns, name).await;
+    }
     let vmi = sim.store().get(VMIS, ns, name);
     let Some(vmi) = vmi else {
         return error_response(&ApiError::not_found(
@@ -251,6 +254,117 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
             .protocols([PROTOCOL])
             .on_upgrade(move |socket| serve_serial(socket, console, shown, token, shutdown)),
     }
+}
+
+/// With kubevirt-sim as the controllers the console is its own, served behind this server as
+/// kube-apiserver's proxy serves an aggregated API: the upgrade goes on to kubevirt-sim's
+/// console server, its refusals come back as they are, and frames flow both ways.
+async fn relay(
+    sim: &Arc<Sim>,
+    req: Request,
+    addr: std::net::SocketAddr,
+    ns: &str,
+    name: &str,
+) -> Response {
+    use tokio_tungstenite::tungstenite;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let (mut parts, _body) = req.into_parts();
+    let Ok(ws) = WebSocketUpgrade::from_request_parts(&mut parts, &()).await else {
+        // Refused before it would reach kubevirt-sim, in the order it refuses.
+        if sim.store().get(VMIS, ns, name).is_none() {
+            return error_response(&ApiError::not_found(
+                "kubevirt.io",
+                "virtualmachineinstances",
+                name,
+            ));
+        }
+        return error_response(&ApiError::bad_request(
+            "the console subresource needs a WebSocket upgrade (Sec-WebSocket-Protocol: plain.kubevirt.io)",
+        ));
+    };
+    let url = format!(
+        "ws://{addr}/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/console"
+    );
+    let mut upstream_req = match url.into_client_request() {
+        Ok(r) => r,
+        Err(e) => return error_response(&ApiError::bad_request(format!("console: {e}"))),
+    };
+    let offered = ws
+        .requested_protocols()
+        .filter_map(|p| p.to_str().ok().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Ok(v) = http::HeaderValue::from_str(&offered) {
+        upstream_req
+            .headers_mut()
+            .insert(http::header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
+    let upstream = match tokio_tungstenite::connect_async(upstream_req).await {
+        Ok((u, _)) => u,
+        Err(tungstenite::Error::Http(refused)) => {
+            let (head, body) = refused.into_parts();
+            let mut r = Response::new(axum::body::Body::from(body.unwrap_or_default()));
+            *r.status_mut() = head.status;
+            if let Some(t) = head.headers.get(http::header::CONTENT_TYPE) {
+                r.headers_mut()
+                    .insert(http::header::CONTENT_TYPE, t.clone());
+            }
+            return r;
+        }
+        Err(e) => {
+            return error_response(&ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!("the console server of kubevirt-sim did not answer: {e}"),
+            ));
+        }
+    };
+    let shutdown = sim.shutdown.clone();
+    ws.protocols([PROTOCOL])
+        .on_upgrade(move |socket| bridge(socket, upstream, shutdown))
+}
+
+/// Frames both ways between a client and kubevirt-sim's console, until either side closes.
+async fn bridge<S>(
+    socket: WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<S>,
+    shutdown: CancellationToken,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::Message as Up;
+    let (mut client_tx, mut client_rx) = socket.split();
+    let (mut up_tx, mut up_rx) = upstream.split();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            m = client_rx.next() => {
+                let m = match m {
+                    Some(Ok(Message::Binary(b))) => Up::Binary(b),
+                    Some(Ok(Message::Text(t))) => Up::text(t.as_str()),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+                };
+                if up_tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+            m = up_rx.next() => {
+                let m = match m {
+                    Some(Ok(Up::Binary(b))) => Message::Binary(b),
+                    Some(Ok(Up::Text(t))) => Message::Text(t.as_str().into()),
+                    Some(Ok(Up::Ping(_) | Up::Pong(_) | Up::Frame(_))) => continue,
+                    Some(Ok(Up::Close(_)) | Err(_)) | None => break,
+                };
+                if client_tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = client_tx.send(Message::Close(None)).await;
+    let _ = client_tx.close().await;
+    let _ = up_tx.close().await;
 }
 
 /// Relays a qemu guest's serial port: its output as binary frames (what it printed before,

@@ -356,6 +356,8 @@ pub(crate) struct Sim {
     /// The controls of ttlab-kubevirt-sim, when it is the controllers
     /// ([`Controllers::KubevirtSim`]): the guest controls go there instead.
     pub(crate) kubevirt_sim: std::sync::OnceLock<ttlab_kubevirt_sim::Controls>,
+    /// Where kubevirt-sim serves its consoles then (plain, behind this server).
+    pub(crate) kubevirt_console: std::sync::OnceLock<SocketAddr>,
     pub(crate) consoles: console::Consoles,
     pub(crate) quota: quota::Controller,
     pub(crate) tokens: auth::Tokens,
@@ -455,7 +457,10 @@ pub struct KubeSim {
     url: String,
     server: Option<tokio::task::JoinHandle<()>>,
     /// The simulator playing KubeVirt and the kubelet ([`Controllers::KubevirtSim`]).
-    kubevirt_sim: Option<ttlab_kubevirt_sim::KubevirtSim>,
+    kubevirt_sim: Option<(
+        ttlab_kubevirt_sim::KubevirtSim,
+        ttlab_kubevirt_sim::ConsoleServer,
+    )>,
     _guest_tmp: Option<tempfile::TempDir>,
 }
 
@@ -525,6 +530,7 @@ impl KubeSim {
             config,
             paused,
             kubevirt_sim: std::sync::OnceLock::new(),
+            kubevirt_console: std::sync::OnceLock::new(),
             guest_root,
             shutdown: CancellationToken::new(),
         });
@@ -545,8 +551,13 @@ impl KubeSim {
         let kubevirt_sim = match sim.config.controllers {
             Controllers::KubevirtSim => {
                 let k = start_kubevirt_sim(&sim, &url).await?;
+                let console = k
+                    .serve_console(ttlab_kubevirt_sim::ConsoleSettings::behind_a_local_front())
+                    .await
+                    .map_err(|e| Error::Api(format!("kubevirt-sim console: {e}")))?;
                 let _ = sim.kubevirt_sim.set(k.controls());
-                Some(k)
+                let _ = sim.kubevirt_console.set(console.addr());
+                Some((k, console))
             }
             Controllers::Embedded | Controllers::External => None,
         };
@@ -794,7 +805,8 @@ impl KubeSim {
     /// Stops the server and the simulation, kills every guest agent and waits for each to
     /// exit, and waits for the server to finish.
     pub async fn shutdown(mut self) {
-        if let Some(k) = self.kubevirt_sim.take() {
+        if let Some((k, console)) = self.kubevirt_sim.take() {
+            console.stop().await;
             k.stop().await;
         }
         self.sim.shutdown.cancel();

@@ -12,9 +12,14 @@
 //! ignored, one connection per VMI (a new one closes the old); a VMI that is not running
 //! answers 400, a failed one 409.
 //!
+//! [`ConsoleSettings::behind_a_local_front`] serves the same console as plain HTTP on a
+//! loopback address for a front on this machine that has already authenticated and
+//! authorized the caller (kube-sim relays its console subresource there): no TLS, no
+//! review.
+//!
 //! Behind it is the guest's serial line: root's autologin shell, simulated — input is echoed,
-//! a line runs with `/bin/sh -c` in the guest's directory, its output comes back with a
-//! prompt.
+//! a line runs with `/bin/sh -c` in the guest's directory (`hostname` alone prints the guest's
+//! name), its output comes back with a prompt.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,11 +57,24 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an open console checks that its guest still runs.
 const GUEST_CHECK: Duration = Duration::from_millis(250);
 
+/// Whom the console server trusts for authentication and authorization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// kube-apiserver's aggregator: TLS with its front-proxy client certificate, the user
+    /// from its headers, and a SubjectAccessReview per console.
+    Aggregator,
+    /// A front on this machine that has already authenticated and authorized the caller:
+    /// plain HTTP, on a loopback address only.
+    Local,
+}
+
 /// Settings of the console server.
 #[derive(Debug, Clone)]
 pub struct ConsoleSettings {
     /// Where to listen (port 0 picks a free one).
     pub listen: SocketAddr,
+    /// Whom it trusts (the certificate paths matter for [`Front::Aggregator`] only).
+    pub front: Front,
     /// PEM serving certificate (chain); valid for `<service>.<namespace>.svc`, the name the
     /// aggregator checks.
     pub serving_cert: PathBuf,
@@ -86,6 +104,7 @@ impl ConsoleSettings {
     ) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            front: Front::Aggregator,
             serving_cert: serving_cert.into(),
             serving_key: serving_key.into(),
             client_ca: client_ca.into(),
@@ -95,13 +114,24 @@ impl ConsoleSettings {
             extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
         }
     }
+
+    /// Plain HTTP on 127.0.0.1 (a free port) for a local front that has authorized the
+    /// caller already ([`Front::Local`]).
+    pub fn behind_a_local_front() -> Self {
+        Self {
+            front: Front::Local,
+            ..Self::new("", "", "")
+        }
+    }
 }
 
-/// The open consoles, one per VMI, each with its number.
+/// The open consoles, one per VMI, each with its number; and the VMIs (by uid) whose boot
+/// lines a console has shown.
 #[derive(Default)]
 struct Consoles {
     open: Mutex<HashMap<(String, String), (u64, CancellationToken)>>,
     next: std::sync::atomic::AtomicU64,
+    booted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Consoles {
@@ -124,6 +154,15 @@ impl Consoles {
             old.cancel();
         }
         (id, token)
+    }
+
+    /// Whether this is the first console of VMI `vmi_uid` (which shows what the guest
+    /// printed while it booted, as a serial port's first reader does).
+    fn first_of(&self, vmi_uid: &str) -> bool {
+        self.booted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(vmi_uid.to_owned())
     }
 
     /// Console `id` of `ns/name` ended (a newer one stays registered).
@@ -151,7 +190,18 @@ struct Server {
 
 impl ConsoleServer {
     pub(crate) async fn start(ctx: Arc<Ctx>, settings: ConsoleSettings) -> Result<Self, Error> {
-        let tls = tls_config(&settings)?;
+        let acceptor = match settings.front {
+            Front::Aggregator => Some(tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(
+                &settings,
+            )?))),
+            Front::Local if settings.listen.ip().is_loopback() => None,
+            Front::Local => {
+                return Err(Error::Settings(format!(
+                    "a console behind a local front listens on a loopback address, not {}",
+                    settings.listen
+                )));
+            }
+        };
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .map_err(|source| Error::Io {
@@ -162,7 +212,6 @@ impl ConsoleServer {
             path: PathBuf::from(settings.listen.to_string()),
             source,
         })?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let stop = CancellationToken::new();
         let server = Arc::new(Server {
             ctx,
@@ -187,6 +236,10 @@ impl ConsoleServer {
                 let server = server.clone();
                 let token = token.clone();
                 tokio::spawn(async move {
+                    let Some(acceptor) = acceptor else {
+                        server.serve(tcp, peer, token).await;
+                        return;
+                    };
                     let tls = match tokio::time::timeout(
                         Duration::from_secs(10),
                         acceptor.accept(tcp),
@@ -211,17 +264,7 @@ impl ConsoleServer {
                         tracing::warn!(%peer, ?cn, "console server: client certificate name not allowed");
                         return;
                     }
-                    let svc = hyper::service::service_fn(move |req| {
-                        let server = server.clone();
-                        let token = token.clone();
-                        async move { Ok::<_, std::convert::Infallible>(server.handle(req, token).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .with_upgrades();
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "console server: connection ended");
-                    }
+                    server.serve(tls, peer, token).await;
                 });
             }
         });
@@ -423,6 +466,24 @@ struct User {
 }
 
 impl Server {
+    /// Serves HTTP/1.1 (with upgrades) on one accepted connection.
+    async fn serve<IO>(self: Arc<Self>, io: IO, peer: SocketAddr, token: CancellationToken)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = hyper::service::service_fn(move |req| {
+            let server = self.clone();
+            let token = token.clone();
+            async move { Ok::<_, std::convert::Infallible>(server.handle(req, token).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), svc)
+            .with_upgrades();
+        if let Err(e) = conn.await {
+            tracing::debug!(%peer, error = %e, "console server: connection ended");
+        }
+    }
+
     fn user(&self, req: &Request<Incoming>) -> Option<User> {
         let h = req.headers();
         let name = self
@@ -559,14 +620,27 @@ impl Server {
         vmi_name: &str,
         stop: CancellationToken,
     ) -> Response<Body> {
-        let Some(user) = self.user(&req) else {
-            return status(
-                StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                "no user in the front proxy's headers",
-            );
+        let user = match (self.user(&req), self.settings.front) {
+            (Some(user), _) => user,
+            // A local front authorized the caller; it may not name them.
+            (None, Front::Local) => User {
+                name: "(local front)".into(),
+                groups: Vec::new(),
+                extra: serde_json::Map::new(),
+            },
+            (None, Front::Aggregator) => {
+                return status(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    "no user in the front proxy's headers",
+                );
+            }
         };
-        match self.authorized(&user, ns, vmi_name).await {
+        let review = match self.settings.front {
+            Front::Aggregator => self.authorized(&user, ns, vmi_name).await,
+            Front::Local => Ok(true),
+        };
+        match review {
             Ok(true) => {}
             Ok(false) => {
                 return status(
@@ -604,20 +678,20 @@ impl Server {
                 );
             }
         };
-        match vmi["status"]["phase"].as_str() {
+        match vmi["status"]["phase"].as_str().filter(|p| !p.is_empty()) {
             Some("Running") => {}
             Some("Failed") => {
                 return status(
                     StatusCode::CONFLICT,
                     "Conflict",
-                    &format!("VirtualMachineInstance {vmi_name} is in Failed phase"),
+                    &not_running_message("Failed"),
                 );
             }
-            _ => {
+            phase => {
                 return status(
                     StatusCode::BAD_REQUEST,
                     "BadRequest",
-                    &format!("VirtualMachineInstance {vmi_name} is not running"),
+                    &not_running_message(phase.unwrap_or("Pending")),
                 );
             }
         }
@@ -631,7 +705,9 @@ impl Server {
             return status(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
-                &format!("VirtualMachineInstance {vmi_name} is not running"),
+                &format!(
+                    "VirtualMachineInstance {vmi_name} is not running yet: its guest is still booting"
+                ),
             );
         };
         // The WebSocket upgrade, with the console's subprotocol.
@@ -680,6 +756,7 @@ impl Server {
             let (id, token) = server.consoles.open(&ns, &vmi_name);
             tracing::info!(ns, vmi = vmi_name, user = who, "console opened");
             let mut terminal = Terminal::new(guest.hostname.clone(), guest.dir.clone());
+            terminal.boot = server.consoles.first_of(&vmi_uid);
             session(&server.ctx, ws, &mut terminal, &vmi_uid, &token, &stop).await;
             server.consoles.close(&ns, &vmi_name, id);
             tracing::info!(ns, vmi = vmi_name, "console closed");
@@ -704,6 +781,13 @@ impl Server {
         );
         r
     }
+}
+
+/// KubeVirt's refusal of a console to a VMI in `phase`.
+fn not_running_message(phase: &str) -> String {
+    format!(
+        "Internal error occurred: dialing virt-handler: Unable to connect to VirtualMachineInstance because phase is {phase} instead of Running"
+    )
 }
 
 fn group() -> Value {
@@ -765,6 +849,8 @@ struct Terminal {
     hostname: String,
     dir: PathBuf,
     line: Vec<u8>,
+    /// Whether the greeting shows the boot lines (the guest's first console).
+    boot: bool,
 }
 
 impl Terminal {
@@ -773,6 +859,7 @@ impl Terminal {
             hostname,
             dir,
             line: Vec::new(),
+            boot: false,
         }
     }
 
@@ -780,8 +867,22 @@ impl Terminal {
         format!("root@{}:~# ", self.hostname).into_bytes()
     }
 
+    /// The first bytes a console shows: for the guest's first console the kernel's,
+    /// cloud-init's and getty's autologin lines, then the prompt.
     fn greeting(&self) -> Vec<u8> {
-        let mut out = b"\r\n".to_vec();
+        let h = &self.hostname;
+        let mut out = if self.boot {
+            format!(
+                "[    0.000000] Linux version 6.1.0-kubevirt-sim (simulated serial console)\r\n\
+                 [    1.234567] cloud-init[512]: Cloud-init v. 22.4.2 running 'modules:final'\r\n\
+                 \r\nDebian GNU/Linux 12 {h} ttyS0\r\n\r\n\
+                 {h} login: root (automatic login)\r\n"
+            )
+            .into_bytes()
+        } else {
+            Vec::new()
+        };
+        out.extend_from_slice(b"\r\n");
         out.extend(self.prompt());
         out
     }
@@ -826,6 +927,10 @@ impl Terminal {
     }
 
     async fn run(&self, line: &str) -> Vec<u8> {
+        // The guest's name is its own, not this machine's.
+        if line.split_whitespace().collect::<Vec<_>>() == ["hostname"] {
+            return format!("{}\r\n", self.hostname).into_bytes();
+        }
         let mut cmd = tokio::process::Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(line)
@@ -922,6 +1027,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut t = Terminal::new("lab".into(), dir.path().to_path_buf());
         assert_eq!(t.greeting(), b"\r\nroot@lab:~# ");
+        t.boot = true;
+        let first = String::from_utf8(t.greeting()).unwrap();
+        assert!(
+            first.contains("\r\nlab login: root (automatic login)\r\n"),
+            "{first:?}"
+        );
+        assert!(first.ends_with("\r\n\r\nroot@lab:~# "), "{first:?}");
         let outs = t.input(b"echo hix\x7f\r").await;
         let all: Vec<u8> = outs.concat();
         let text = String::from_utf8_lossy(&all);

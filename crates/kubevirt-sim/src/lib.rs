@@ -77,7 +77,7 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use console::{ConsoleServer, ConsoleSettings};
+pub use console::{ConsoleServer, ConsoleSettings, Front};
 pub use guests::{GuestEnd, GuestInfo, GuestState};
 pub use ttlab_sim_guest::SetupOutcome;
 

@@ -210,8 +210,114 @@ async fn with_kubevirt_sim_as_its_controllers_the_guest_controls_reach_it() {
     .await;
     assert!(matches!(
         sim.power_off("ttlab", "lab-off"),
-        Err(ttlab_kube_sim::Error::NoSuchVmi { .. } | ttlab_kube_sim::Error::NotRunning { .. })
+        Err(ttlab_kube_sim::Error::NoSuchVmi { .. })
     ));
+    sim.shutdown().await;
+}
+
+/// With `Controllers::KubevirtSim` the console is kubevirt-sim's, relayed by kube-sim as
+/// kube-apiserver relays to KubeVirt's aggregated API: its refusals in KubeVirt's words, its
+/// shell, one client per VMI, and the end with the guest.
+#[tokio::test]
+async fn with_kubevirt_sim_as_its_controllers_its_console_is_relayed() {
+    let mut config = ttlab_kube_sim::SimConfig::for_tests();
+    config.controllers = ttlab_kube_sim::Controllers::KubevirtSim;
+    let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
+    let h = Http::new(&sim);
+    let url = |name: &str| {
+        format!(
+            "{}/apis/subresources.kubevirt.io/v1/namespaces/ttlab/virtualmachineinstances/{name}/console",
+            sim.url().replace("http://", "ws://")
+        )
+    };
+    let open = |name: &str| {
+        let mut req = url(name).into_client_request().unwrap();
+        req.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "plain.kubevirt.io".parse().unwrap(),
+        );
+        tokio_tungstenite::connect_async(req)
+    };
+    let refusal = |e: tokio_tungstenite::tungstenite::Error| match e {
+        tokio_tungstenite::tungstenite::Error::Http(r) => {
+            let body = r.body().clone().unwrap_or_default();
+            (
+                r.status().as_u16(),
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        }
+        other => panic!("not an HTTP refusal: {other}"),
+    };
+    // No VMI: 404. A VMI kubevirt-sim has not started (it is paused): 400 in KubeVirt's words.
+    let (code, _) = refusal(open("lab-r").await.unwrap_err());
+    assert_eq!(code, 404);
+    sim.pause_kubevirt(true);
+    sim.create(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "lab-waiting", "namespace": "ttlab"},
+        "spec": {"domain": {"devices": {}}},
+    }))
+    .unwrap();
+    let (code, body) = refusal(open("lab-waiting").await.unwrap_err());
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("because phase is Pending instead of Running"),
+        "{body}"
+    );
+    sim.pause_kubevirt(false);
+    h.post(VMS, &vm("lab-r", json!({}), "Always", container_disk()))
+        .await;
+    wait_for(&h, VMIS, "lab-r", |o| o["status"]["phase"] == "Running").await;
+    // Until its guest has booted the console is refused with 400 too; then it opens.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut first = loop {
+        match open("lab-r").await {
+            Ok((ws, resp)) => {
+                assert_eq!(
+                    resp.headers()["sec-websocket-protocol"],
+                    "plain.kubevirt.io"
+                );
+                break ws;
+            }
+            Err(e) => {
+                let (code, body) = refusal(e);
+                assert_eq!(code, 400, "{body}");
+                assert!(tokio::time::Instant::now() < deadline, "{body}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    read_until(&mut first, "root@lab-r:~# ").await;
+    first
+        .send(Message::Binary(b"echo relayed\r".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut first, "relayed\r\nroot@lab-r:~# ").await;
+    // A second client closes the first.
+    let (mut second, _) = open("lab-r").await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match first.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the first console was not closed");
+    read_until(&mut second, "root@lab-r:~# ").await;
+    // The console ends with the guest.
+    sim.power_off("ttlab", "lab-r").unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match second.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the console outlived its guest");
     sim.shutdown().await;
 }
 
