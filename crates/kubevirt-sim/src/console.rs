@@ -796,7 +796,8 @@ fn group() -> Value {
 }
 
 /// One console connection: bytes in, the terminal's bytes out, until the client closes, a
-/// newer console replaces this one, the guest stops, or the server stops.
+/// newer console replaces this one, the guest stops, or the server stops. A command's output
+/// streams as it comes; Ctrl-C interrupts it.
 async fn session<S>(
     ctx: &Ctx,
     mut ws: WebSocketStream<S>,
@@ -811,11 +812,25 @@ async fn session<S>(
     if ws.send(Message::binary(terminal.greeting())).await.is_err() {
         return;
     }
+    let mut running: Option<Running> = None;
     loop {
         tokio::select! {
             m = ws.next() => match m {
                 Some(Ok(Message::Binary(data))) => {
-                    for out in terminal.input(&data).await {
+                    let outs = match &mut running {
+                        Some(r) => r.input(&data, terminal).await,
+                        None => {
+                            let (outs, line) = terminal.input(&data);
+                            if let Some(line) = line {
+                                running = Some(terminal.start(&line));
+                            }
+                            outs
+                        }
+                    };
+                    if running.as_ref().is_some_and(Running::interrupted) {
+                        running = None;
+                    }
+                    for out in outs {
                         if ws.send(Message::binary(out)).await.is_err() {
                             return;
                         }
@@ -825,6 +840,24 @@ async fn session<S>(
                 Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
             },
+            out = async {
+                match &mut running {
+                    Some(r) => r.output.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let bytes = match out {
+                    Some(chunk) => crlf(&chunk),
+                    // The command ended: the prompt again.
+                    None => {
+                        running = None;
+                        terminal.prompt()
+                    }
+                };
+                if ws.send(Message::binary(bytes)).await.is_err() {
+                    return;
+                }
+            }
             _ = tick.tick() => {
                 if ctx.guests.state(vmi_uid) != Some(GuestState::Running) {
                     let _ = ws.close(None).await;
@@ -843,14 +876,52 @@ async fn session<S>(
     }
 }
 
-/// The guest's serial line with root logged in: echo, line editing, and each line run by
-/// `/bin/sh -c` in the guest's directory.
+/// `\n` as a terminal shows it: `\r\n`.
+fn crlf(out: &[u8]) -> Vec<u8> {
+    let mut crlf = Vec::with_capacity(out.len());
+    for &b in out {
+        if b == b'\n' {
+            crlf.push(b'\r');
+        }
+        crlf.push(b);
+    }
+    crlf
+}
+
+/// A simulated serial line: echo and line editing, a line run by `/bin/sh -c` in the guest's
+/// directory.
 struct Terminal {
     hostname: String,
     dir: PathBuf,
     line: Vec<u8>,
     /// Whether the greeting shows the boot lines (the guest's first console).
     boot: bool,
+}
+
+/// A command running on the console: its output, in chunks, until it ends.
+struct Running {
+    output: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    /// Input while it runs: Ctrl-C interrupts it; anything else is dropped (its standard
+    /// input is closed).
+    async fn input(&mut self, data: &[u8], terminal: &Terminal) -> Vec<Vec<u8>> {
+        if !data.contains(&0x03) {
+            return Vec::new();
+        }
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        let mut out = b"^C\r\n".to_vec();
+        out.extend(terminal.prompt());
+        vec![out]
+    }
+
+    fn interrupted(&self) -> bool {
+        self.kill.is_none()
+    }
 }
 
 impl Terminal {
@@ -887,21 +958,22 @@ impl Terminal {
         out
     }
 
-    /// What the line sends back for `data`.
-    async fn input(&mut self, data: &[u8]) -> Vec<Vec<u8>> {
+    /// What the line echoes for `data`, and the line to run if one was entered (what
+    /// follows it in `data` is dropped, as typed ahead while it runs).
+    fn input(&mut self, data: &[u8]) -> (Vec<Vec<u8>>, Option<String>) {
         let mut outs = Vec::new();
         let mut echo = Vec::new();
         for &b in data {
             match b {
                 b'\r' | b'\n' => {
                     echo.extend_from_slice(b"\r\n");
-                    outs.push(std::mem::take(&mut echo));
                     let line =
                         String::from_utf8_lossy(&std::mem::take(&mut self.line)).into_owned();
                     if !line.trim().is_empty() {
-                        outs.push(self.run(&line).await);
+                        outs.push(echo);
+                        return (outs, Some(line));
                     }
-                    outs.push(self.prompt());
+                    echo.extend(self.prompt());
                 }
                 0x7f | 0x08 if !self.line.is_empty() => {
                     self.line.pop();
@@ -923,13 +995,24 @@ impl Terminal {
         if !echo.is_empty() {
             outs.push(echo);
         }
-        outs
+        (outs, None)
     }
 
-    async fn run(&self, line: &str) -> Vec<u8> {
-        // The guest's name is its own, not this machine's.
+    /// Starts `line`: `hostname` alone prints the guest's name (not this machine's); anything
+    /// else runs with `/bin/sh -c` in the guest's directory, for at most
+    /// [`COMMAND_TIMEOUT`], its standard output and error streamed as they come.
+    fn start(&self, line: &str) -> Running {
+        let (tx, output) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
         if line.split_whitespace().collect::<Vec<_>>() == ["hostname"] {
-            return format!("{}\r\n", self.hostname).into_bytes();
+            let name = format!("{}\n", self.hostname).into_bytes();
+            tokio::spawn(async move {
+                let _ = tx.send(name).await;
+            });
+            return Running {
+                output,
+                kill: Some(kill),
+            };
         }
         let mut cmd = tokio::process::Command::new("/bin/sh");
         cmd.arg("-c")
@@ -938,25 +1021,73 @@ impl Terminal {
             .env("HOME", self.dir.join("root"))
             .env("HOSTNAME", &self.hostname)
             .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true);
-        let out = match tokio::time::timeout(COMMAND_TIMEOUT, cmd.output()).await {
-            Ok(Ok(o)) => {
-                let mut b = o.stdout;
-                b.extend(o.stderr);
-                b
+        tokio::spawn(async move {
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(format!("sh: {e}\n").into_bytes()).await;
+                    return;
+                }
+            };
+            let out = child.stdout.take().map(|o| forward(o, tx.clone()));
+            let err = child.stderr.take().map(|e| forward(e, tx.clone()));
+            // The shell and whatever it started: its own process group.
+            let group = child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .and_then(rustix::process::Pid::from_raw);
+            let kill_group = || {
+                if let Some(g) = group {
+                    let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+                }
+            };
+            tokio::select! {
+                _ = child.wait() => {}
+                _ = killed => {
+                    kill_group();
+                    let _ = child.wait().await;
+                    return;
+                }
+                () = tokio::time::sleep(COMMAND_TIMEOUT) => {
+                    kill_group();
+                    let _ = child.wait().await;
+                    let _ = tx.send(b"\n[timed out]\n".to_vec()).await;
+                }
             }
-            Ok(Err(e)) => format!("sh: {e}\n").into_bytes(),
-            Err(_) => b"\n[timed out]\n".to_vec(),
-        };
-        let mut crlf = Vec::with_capacity(out.len());
-        for b in out {
-            if b == b'\n' {
-                crlf.push(b'\r');
+            for t in [out, err].into_iter().flatten() {
+                let _ = t.await;
             }
-            crlf.push(b);
+        });
+        Running {
+            output,
+            kill: Some(kill),
         }
-        crlf
     }
+}
+
+/// Sends what `from` yields, in chunks, until it ends or nobody listens.
+fn forward(
+    mut from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    to: tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncReadExt as _;
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.send(buf[..n].to_vec()).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
 }
 
 /// The common name of a DER certificate's subject, if it has one.
@@ -1022,6 +1153,15 @@ fn der_item(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 mod tests {
     use super::*;
 
+    /// Everything a started line prints, until it ends.
+    async fn output_of(mut r: Running) -> String {
+        let mut all = Vec::new();
+        while let Some(chunk) = r.output.recv().await {
+            all.extend(chunk);
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    }
+
     #[tokio::test]
     async fn the_terminal_echoes_edits_and_runs_lines() {
         let dir = tempfile::tempdir().unwrap();
@@ -1034,15 +1174,38 @@ mod tests {
             "{first:?}"
         );
         assert!(first.ends_with("\r\n\r\nroot@lab:~# "), "{first:?}");
-        let outs = t.input(b"echo hix\x7f\r").await;
-        let all: Vec<u8> = outs.concat();
-        let text = String::from_utf8_lossy(&all);
+        let (outs, line) = t.input(b"echo hix\x7f\r");
+        let text = String::from_utf8_lossy(&outs.concat()).into_owned();
         assert!(text.contains("\x08 \x08"), "{text:?}");
-        assert!(text.contains("hi\r\n"), "{text:?}");
-        assert!(text.ends_with("root@lab:~# "), "{text:?}");
-        let outs = t.input(b"abc\x03").await;
+        assert_eq!(line.as_deref(), Some("echo hi"));
+        assert_eq!(output_of(t.start("echo hi")).await, "hi\n");
+        assert_eq!(output_of(t.start("hostname")).await, "lab\n");
+        let (outs, line) = t.input(b"abc\x03");
         assert!(String::from_utf8_lossy(&outs.concat()).contains("^C"));
-        assert!(t.line.is_empty());
+        assert!(line.is_none() && t.line.is_empty());
+        let (outs, line) = t.input(b"\r");
+        assert_eq!(outs.concat(), b"\r\nroot@lab:~# ");
+        assert!(line.is_none());
+    }
+
+    #[tokio::test]
+    async fn ctrl_c_interrupts_a_command_that_does_not_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Terminal::new("lab".into(), dir.path().to_path_buf());
+        let mut r = t.start("yes");
+        let mut got = 0usize;
+        while got < 1 << 20 {
+            got += r.output.recv().await.expect("output while it runs").len();
+        }
+        let outs = r.input(b"\x03", &t).await;
+        assert_eq!(outs.concat(), b"^C\r\nroot@lab:~# ");
+        assert!(r.interrupted());
+        // The output ends once the command is killed.
+        let drained = tokio::time::timeout(Duration::from_secs(10), async {
+            while r.output.recv().await.is_some() {}
+        })
+        .await;
+        assert!(drained.is_ok(), "yes went on after Ctrl-C");
     }
 
     #[test]
