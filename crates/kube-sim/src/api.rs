@@ -1156,6 +1156,17 @@ fn truncate(s: &str, n: usize) -> String {
 
 const GENERATE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
+/// The part of a `generateName` that a generated name keeps: as apiserver's
+/// `SimpleNameGenerator`, at most 58 characters, so that with its 5 random ones the name is
+/// at most 63 (a launcher pod of a long VMI name gets a name that is a valid label).
+fn generated_name_base(prefix: &str) -> &str {
+    const MAX_BASE: usize = 63 - 5;
+    match prefix.char_indices().nth(MAX_BASE) {
+        Some((cut, _)) => &prefix[..cut],
+        None => prefix,
+    }
+}
+
 /// Resolves the name (generateName), validates, and returns the object to store.
 fn admit_new(
     sim: &Sim,
@@ -1187,7 +1198,7 @@ fn admit_new(
                 .iter()
                 .map(|b| GENERATE_ALPHABET[usize::from(*b) % GENERATE_ALPHABET.len()] as char)
                 .collect();
-            let candidate = format!("{prefix}{suffix}");
+            let candidate = format!("{}{suffix}", generated_name_base(&prefix));
             if store.get(t, ns, &candidate).is_none() {
                 name = candidate;
                 break;
@@ -1275,6 +1286,14 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generated_name_keeps_at_most_58_characters_of_its_prefix() {
+        assert_eq!(generated_name_base("virt-launcher-lab-1-"), "virt-launcher-lab-1-");
+        let long = format!("virt-launcher-tt-{}-control-plane-", "c".repeat(32));
+        assert_eq!(generated_name_base(&long).len(), 58);
+        assert!(long.starts_with(generated_name_base(&long)));
+    }
 
     #[test]
     fn paths_parse_into_targets() {

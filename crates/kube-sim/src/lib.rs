@@ -265,7 +265,9 @@ pub enum Controllers {
     /// on the namespaces of [`SimConfig::namespaces`], its delays from [`SimConfig::timings`],
     /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`],
     /// [`KubeSim::pause_kubevirt`], [`KubeSim::set_lesson_setup`] and the guest accessors go
-    /// to it. It has no qemu guests, and the serial console is not served (yet).
+    /// to it, and the serial console subresource is relayed to its console server. It has no
+    /// qemu guests: a configuration with [`guest::GuestBackend::Qemu`] keeps
+    /// [`Controllers::Embedded`] whatever [`Controllers::ENV`] says.
     KubevirtSim,
 }
 
@@ -467,7 +469,9 @@ pub struct KubeSim {
 impl KubeSim {
     /// Binds `config.listen`, starts serving and simulating.
     pub async fn start(mut config: SimConfig) -> Result<Self, Error> {
+        // qemu guests are kube-sim's own: a configuration with them keeps its controllers.
         if config.controllers == Controllers::Embedded
+            && matches!(config.guest, guest::GuestBackend::Simulated)
             && let Some(c) = Controllers::from_env()?
         {
             config.controllers = c;

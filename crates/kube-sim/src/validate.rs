@@ -43,14 +43,20 @@ const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lowe
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_label(s: &str) -> bool {
+/// The shape of an RFC 1123 label (lower-case alphanumerics and `-`, alphanumeric at both
+/// ends), of any length: apimachinery's subdomain regex repeats it between dots with no limit
+/// of its own, only the whole name's 253.
+fn is_label_shaped(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
+}
+
+fn is_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_shaped(s)
 }
 
 /// Why a name is invalid for a rule, if it is.
@@ -59,7 +65,7 @@ pub fn name_errors(name: &str, rule: NameRule) -> Option<String> {
         NameRule::Subdomain => {
             if name.len() > 253 {
                 Some("must be no more than 253 characters".into())
-            } else if name.split('.').all(is_label) {
+            } else if name.split('.').all(is_label_shaped) {
                 None
             } else {
                 Some(SUBDOMAIN_MSG.into())
@@ -699,6 +705,13 @@ mod tests {
         assert!(name_errors("a.b", NameRule::Label).is_some());
         assert!(name_errors("1abc", NameRule::Dns1035).is_some());
         assert!(name_errors(&"a".repeat(64), NameRule::Label).is_some());
+        // A subdomain's parts are not labels of at most 63: only the whole is limited.
+        let long = format!("virt-launcher-tt-{}-worker-1-v4rnf", "c".repeat(32));
+        assert_eq!(long.len(), 64);
+        assert!(name_errors(&long, NameRule::Subdomain).is_none());
+        assert!(name_errors(&"a".repeat(253), NameRule::Subdomain).is_none());
+        assert!(name_errors(&"a".repeat(254), NameRule::Subdomain).is_some());
+        assert!(name_errors("a..b", NameRule::Subdomain).is_some());
     }
 
     #[test]

@@ -105,6 +105,29 @@ async fn bad_input_gets_kubernetes_errors_and_the_sim_keeps_serving() {
             .unwrap()
             .starts_with("gen-")
     );
+    // As the real API server: a long generateName (KubeVirt's `virt-launcher-<vmi>-` for a
+    // VMI named after a session and a node) keeps 58 characters, so the name stays a label; a
+    // given name longer than 63 is still a valid subdomain.
+    let prefix = format!("virt-launcher-tt-{}-control-plane-", "c".repeat(32));
+    let (code, body) = h
+        .post(
+            SECRETS,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"generateName": prefix}}),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let name = body["metadata"]["name"].as_str().unwrap();
+    assert_eq!(name.len(), 63, "{name}");
+    assert!(name.starts_with(&prefix[..58]), "{name}");
+    let given = format!("{}-x1234", &prefix[..58]);
+    assert_eq!(given.len(), 64);
+    let (code, body) = h
+        .post(
+            SECRETS,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": given}}),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
 }
 
 #[tokio::test]
