@@ -998,16 +998,41 @@ impl Terminal {
         (outs, None)
     }
 
-    /// Starts `line`: `hostname` alone prints the guest's name (not this machine's); anything
-    /// else runs with `/bin/sh -c` in the guest's directory, for at most
-    /// [`COMMAND_TIMEOUT`], its standard output and error streamed as they come.
+    /// What the guest itself answers, not this machine: `hostname` (the guest's name),
+    /// `whoami` (the console's user, root) and `stty size` (the size the guest's agent set on
+    /// the serial line, `ROWS COLS` written under the guest's root, as `TIOCSWINSZ` holds it;
+    /// a line never sized is 24 80).
+    fn builtin(&self, line: &str) -> Option<String> {
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["hostname"] => Some(format!("{}\n", self.hostname)),
+            ["whoami"] => Some("root\n".to_owned()),
+            ["stty", "size"] => {
+                let tty = self
+                    .dir
+                    .join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'));
+                let set = std::fs::read_to_string(tty).ok().and_then(|t| {
+                    let mut w = t.split_whitespace().map(str::parse::<u16>);
+                    match (w.next(), w.next()) {
+                        (Some(Ok(rows)), Some(Ok(cols))) => Some((rows, cols)),
+                        _ => None,
+                    }
+                });
+                let (rows, cols) = set.unwrap_or((24, 80));
+                Some(format!("{rows} {cols}\n"))
+            }
+            _ => None,
+        }
+    }
+
+    /// Starts `line`: a [`Terminal::builtin`] answers as the guest would; anything else runs
+    /// with `/bin/sh -c` in the guest's directory, for at most [`COMMAND_TIMEOUT`], its
+    /// standard output and error streamed as they come.
     fn start(&self, line: &str) -> Running {
         let (tx, output) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
         let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-        if line.split_whitespace().collect::<Vec<_>>() == ["hostname"] {
-            let name = format!("{}\n", self.hostname).into_bytes();
+        if let Some(answer) = self.builtin(line) {
             tokio::spawn(async move {
-                let _ = tx.send(name).await;
+                let _ = tx.send(answer.into_bytes()).await;
             });
             return Running {
                 output,
@@ -1180,6 +1205,12 @@ mod tests {
         assert_eq!(line.as_deref(), Some("echo hi"));
         assert_eq!(output_of(t.start("echo hi")).await, "hi\n");
         assert_eq!(output_of(t.start("hostname")).await, "lab\n");
+        assert_eq!(output_of(t.start("whoami")).await, "root\n");
+        // The serial line's size is what the guest's agent wrote, 24 80 until it does.
+        assert_eq!(output_of(t.start("stty size")).await, "24 80\n");
+        std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+        std::fs::write(dir.path().join("dev/ttyS0"), "43 132\n").unwrap();
+        assert_eq!(output_of(t.start("stty  size")).await, "43 132\n");
         let (outs, line) = t.input(b"abc\x03");
         assert!(String::from_utf8_lossy(&outs.concat()).contains("^C"));
         assert!(line.is_none() && t.line.is_empty());
