@@ -2,7 +2,7 @@
 //! Kubernetes API server through kube-rs — for tests against a real kube-apiserver (which has
 //! no KubeVirt, no scheduler and no kubelet), the way kwok plays nodes.
 //!
-//! It owns, for the namespaces it is given:
+//! It owns, for the namespaces it is given (or every namespace, [`SimSettings::every_namespace`]):
 //! - the **VirtualMachine controller**: run strategies (Always, RerunOnFailure, Once, Manual,
 //!   Halted) create and delete the VirtualMachineInstance named like the VM and controlled by
 //!   it; the VM's finalizer `kubevirt.io/virtualMachineControllerFinalize` holds a deleted VM
@@ -205,6 +205,10 @@ impl Error {
 pub struct SimSettings {
     /// The namespaces whose VirtualMachines, VMIs and pods it runs (each must exist).
     pub namespaces: Vec<String>,
+    /// Run the VirtualMachines, VMIs and pods of every namespace instead, those created later
+    /// too, through cluster-wide watches: for a cluster of its own (kube-sim's), not for a
+    /// control plane that tests share. `namespaces` may then be empty.
+    pub every_namespace: bool,
     /// The simulated node's name (pods are bound to it; VMIs report it).
     pub node_name: String,
     /// Create the Node object at start and report it Ready (needs rights on nodes).
@@ -246,6 +250,7 @@ impl SimSettings {
     {
         Self {
             namespaces: namespaces.into_iter().map(Into::into).collect(),
+            every_namespace: false,
             node_name: "kubevirt-sim-node".to_owned(),
             register_node: true,
             pod_start: Duration::from_secs(2),
@@ -476,7 +481,7 @@ impl KubevirtSim {
     pub async fn start(client: kube::Client, mut settings: SimSettings) -> Result<Self, Error> {
         let mut seen = std::collections::BTreeSet::new();
         settings.namespaces.retain(|n| seen.insert(n.clone()));
-        if settings.namespaces.is_empty() {
+        if settings.namespaces.is_empty() && !settings.every_namespace {
             return Err(Error::Settings("no namespace to simulate".into()));
         }
         std::fs::create_dir_all(&settings.guest_root).map_err(|source| Error::Io {
@@ -510,10 +515,18 @@ impl KubevirtSim {
         let wc = watcher::Config::default();
         let (vm_ar, vmi_ar) = (vm_resource(), vmi_resource());
         let pod_ar = ApiResource::erase::<Pod>(&());
-        for ns in &ctx.settings.namespaces {
-            let vms = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &vm_ar);
-            let vmis = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &vmi_ar);
-            let pods = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &pod_ar);
+        let scopes: Vec<Option<&String>> = if ctx.settings.every_namespace {
+            vec![None]
+        } else {
+            ctx.settings.namespaces.iter().map(Some).collect()
+        };
+        for scope in scopes {
+            let api = |ar: &ApiResource| match scope {
+                Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar),
+                None => Api::<DynamicObject>::all_with(client.clone(), ar),
+            };
+            let (vms, vmis, pods) = (api(&vm_ar), api(&vmi_ar), api(&pod_ar));
+            let ns = scope.cloned().unwrap_or_else(|| "*".to_owned());
 
             let s = stop.clone();
             let vm_ctl = Controller::new_with(vms, wc.clone(), vm_ar.clone())
@@ -542,7 +555,7 @@ impl KubevirtSim {
                 .run(reconcile_pod, error_policy, ctx.clone());
             tasks.push(tokio::spawn(drain(pod_ctl, "Pod", ns.clone())));
         }
-        tracing::info!(namespaces = ?ctx.settings.namespaces, node = ctx.settings.node_name, "kubevirt-sim started");
+        tracing::info!(namespaces = ?ctx.settings.namespaces, every_namespace = ctx.settings.every_namespace, node = ctx.settings.node_name, "kubevirt-sim started");
         Ok(Self {
             controls: Controls { ctx },
             stop,
