@@ -1289,7 +1289,10 @@ mod tests {
 
     #[test]
     fn a_generated_name_keeps_at_most_58_characters_of_its_prefix() {
-        assert_eq!(generated_name_base("virt-launcher-lab-1-"), "virt-launcher-lab-1-");
+        assert_eq!(
+            generated_name_base("virt-launcher-lab-1-"),
+            "virt-launcher-lab-1-"
+        );
         let long = format!("virt-launcher-tt-{}-control-plane-", "c".repeat(32));
         assert_eq!(generated_name_base(&long).len(), 58);
         assert!(long.starts_with(generated_name_base(&long)));

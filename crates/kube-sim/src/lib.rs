@@ -29,11 +29,15 @@
 //! [`KubeSim::apply_rbac`] (the shipped `deploy/` objects, say): a call no rule allows gets
 //! the real server's `403 Forbidden`. Calls without credentials are the administrator's.
 //!
-//! Its KubeVirt, scheduler and kubelet can be left to a controller outside
-//! ([`Controllers::External`]: `ttlab-kubevirt-sim`, which plays them on a real kube-apiserver
-//! too): kube-sim then serves Nodes, `pods/binding` and the graceful deletion of bound pods as
-//! a real API server does, and the controller's identity ([`CONTROLLER_USER`]) stays beside
-//! RBAC, injected faults and the call record.
+//! By default its KubeVirt, scheduler and kubelet are `ttlab-kubevirt-sim`
+//! ([`Controllers::KubevirtSim`]), the controller that plays them on a real kube-apiserver too,
+//! started beside it and talking to it through the API only: kube-sim then serves Nodes,
+//! `pods/binding` and the graceful deletion of bound pods as a real API server does, relays
+//! the console subresource to kubevirt-sim's console server, and the controller's identity
+//! ([`CONTROLLER_USER`]) stays beside RBAC, injected faults and the call record. The
+//! simulated KubeVirt described above, inside kube-sim ([`Controllers::Embedded`]), is what
+//! runs real qemu guests ([`guest::GuestBackend::Qemu`]); [`Controllers::External`] leaves
+//! the controllers to whoever runs them.
 //!
 //! It refuses to own anything production runs: no TLS, no persistence, no real scheduling or
 //! networking; nothing outside tests and `ttlabctl` depends on it.
@@ -127,6 +131,11 @@ pub enum Error {
         /// Name.
         name: String,
     },
+    /// qemu guests were asked of ttlab-kubevirt-sim, which simulates its guests only.
+    #[error(
+        "qemu guests run in kube-sim's own KubeVirt only: set SimConfig::controllers to Controllers::Embedded with GuestBackend::Qemu"
+    )]
+    QemuNeedsEmbedded,
     /// The API refused an object given through the in-process API.
     #[error("the API refused the object: {0}")]
     Api(String),
@@ -237,8 +246,9 @@ pub struct SimConfig {
     /// What a VMI's guest is: simulated (the default, a moment to boot) or a real qemu guest
     /// ([`guest::GuestBackend::Qemu`], a minute or more under TCG).
     pub guest: guest::GuestBackend,
-    /// Who plays KubeVirt, the scheduler and the kubelet: kube-sim itself (the default), or a
-    /// controller outside that talks to kube-sim through the API, as on a real API server.
+    /// Who plays KubeVirt, the scheduler and the kubelet: `ttlab-kubevirt-sim` through the API,
+    /// as on a real API server (the default), kube-sim itself (needed for qemu guests), or a
+    /// controller started by someone else.
     pub controllers: Controllers,
 }
 
@@ -252,8 +262,7 @@ pub const CONTROLLER_USER: &str = "system:kube-sim:controllers";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Controllers {
     /// kube-sim does: VMs get their VMIs and launcher pods, and pods run, without any client
-    /// of its own.
-    #[default]
+    /// of its own. The only one that runs qemu guests ([`guest::GuestBackend::Qemu`]).
     Embedded,
     /// A controller outside does, through the API only (`ttlab-kubevirt-sim`, the way it does
     /// on a real kube-apiserver): kube-sim runs no KubeVirt, no scheduler and no kubelet; it
@@ -262,18 +271,20 @@ pub enum Controllers {
     /// kubelet confirms with a delete of grace period 0.
     External,
     /// As [`Controllers::External`], with `ttlab-kubevirt-sim` started by [`KubeSim::start`]
-    /// on the namespaces of [`SimConfig::namespaces`], its delays from [`SimConfig::timings`],
+    /// on every namespace (those created later too), its delays from [`SimConfig::timings`],
     /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`],
     /// [`KubeSim::pause_kubevirt`], [`KubeSim::set_lesson_setup`] and the guest accessors go
-    /// to it, and the serial console subresource is relayed to its console server. It has no
-    /// qemu guests: a configuration with [`guest::GuestBackend::Qemu`] keeps
-    /// [`Controllers::Embedded`] whatever [`Controllers::ENV`] says.
+    /// to it, and the serial console subresource is relayed to its console server. The
+    /// default. It has no qemu guests: [`KubeSim::start`] refuses it with
+    /// [`guest::GuestBackend::Qemu`].
+    #[default]
     KubevirtSim,
 }
 
 impl Controllers {
     /// The environment variable that runs a kube-sim configured with the default
-    /// ([`Controllers::Embedded`]) with other controllers: `embedded`, `kubevirt-sim`.
+    /// ([`Controllers::KubevirtSim`]) and simulated guests with other controllers:
+    /// `embedded`, `kubevirt-sim`. To compare the two on a suite.
     pub const ENV: &'static str = "TTLAB_KUBE_SIM_CONTROLLERS";
 
     /// What [`Controllers::ENV`] asks for, if set.
@@ -312,7 +323,7 @@ impl SimConfig {
             quota_resync: Duration::from_secs(5 * 60),
             watch_history: store::HISTORY_WINDOW,
             guest: guest::GuestBackend::Simulated,
-            controllers: Controllers::Embedded,
+            controllers: Controllers::KubevirtSim,
         }
     }
 
@@ -469,12 +480,15 @@ pub struct KubeSim {
 impl KubeSim {
     /// Binds `config.listen`, starts serving and simulating.
     pub async fn start(mut config: SimConfig) -> Result<Self, Error> {
-        // qemu guests are kube-sim's own: a configuration with them keeps its controllers.
-        if config.controllers == Controllers::Embedded
-            && matches!(config.guest, guest::GuestBackend::Simulated)
+        let simulated_guests = matches!(config.guest, guest::GuestBackend::Simulated);
+        if config.controllers == Controllers::default()
+            && simulated_guests
             && let Some(c) = Controllers::from_env()?
         {
             config.controllers = c;
+        }
+        if config.controllers == Controllers::KubevirtSim && !simulated_guests {
+            return Err(Error::QemuNeedsEmbedded);
         }
         if !config.listen.ip().is_loopback() {
             return Err(Error::NotLoopback(config.listen));
@@ -830,8 +844,8 @@ impl Drop for KubeSim {
     }
 }
 
-/// Starts `ttlab-kubevirt-sim` on the sim at `url` as [`CONTROLLER_USER`], with the sim's
-/// namespaces, delays, guest addresses, agent port and setup outcomes.
+/// Starts `ttlab-kubevirt-sim` on the sim at `url` as [`CONTROLLER_USER`], on every
+/// namespace, with the sim's delays, guest addresses, agent port and setup outcomes.
 async fn start_kubevirt_sim(
     sim: &Arc<Sim>,
     url: &str,
@@ -847,6 +861,9 @@ async fn start_kubevirt_sim(
     let mut settings =
         ttlab_kubevirt_sim::SimSettings::new(config.namespaces.clone(), &sim.guest_root);
     let t = &config.timings;
+    // A cluster of its own: VMs in namespaces created later (`kubectl apply` of an overlay)
+    // run too, as with kube-sim's own KubeVirt.
+    settings.every_namespace = true;
     settings.node_name = "kube-sim-node-1".to_owned();
     settings.pod_start = t.pod_start;
     settings.boot = t.pending + t.scheduling + t.boot / 2;

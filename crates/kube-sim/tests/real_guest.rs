@@ -323,6 +323,8 @@ async fn start_sim(image: GuestImage) -> KubeSim {
     let mut settings = QemuSettings::new(image);
     settings.max_memory_mib = 1024;
     config.guest = GuestBackend::Qemu(Box::new(settings));
+    // qemu guests are run by kube-sim's own KubeVirt.
+    config.controllers = ttlab_kube_sim::Controllers::Embedded;
     KubeSim::start(config).await.expect("sim starts")
 }
 

@@ -355,7 +355,9 @@ async fn a_vm_whose_agent_config_map_is_missing_does_not_start_until_it_appears(
     let Some(payload) = agent_payload() else {
         return;
     };
-    let sim = start().await;
+    // kube-sim's own KubeVirt reports the mount that fails on the VMI (FailedMount);
+    // kubevirt-sim, as KubeVirt, leaves it to the launcher pod, which waits.
+    let sim = start_with(ttlab_kube_sim::Controllers::Embedded).await;
     let h = Http::new(&sim);
     let (name, _, token) =
         create_session_only(&sim, &payload, "3e4f5a6b-7c8d-4e9f-8a1b-2c3d4e5f6a7b", 5).await;

@@ -90,7 +90,9 @@ fn synchronized(vmi: &serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
-    let sim = start().await;
+    // kube-sim's own KubeVirt: it reports a Secret it cannot mount on the VMI (kubevirt-sim,
+    // as KubeVirt, leaves that to the launcher pod; its missing-PVC case is in its own tests).
+    let sim = start_with(ttlab_kube_sim::Controllers::Embedded).await;
     let h = Http::new(&sim);
     let vols = json!([{"name": "rootdisk", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden-x", "readOnly": true}}}]);
     h.post(VMS, &vm("lab-pvc", json!({}), "Always", vols)).await;
@@ -178,6 +180,34 @@ async fn a_guest_power_off_under_rerun_on_failure_stays_off_and_a_crash_restarts
     let (code, _) = h.post("/sim/vmis/ttlab/lab-off/poweroff", &json!({})).await;
     assert_eq!(code, 404);
     assert!(h.get(&format!("{VMIS}/lab-off")).await.0 == 404);
+}
+
+/// kubevirt-sim, kube-sim's default controllers, runs every namespace: a VM in a namespace
+/// created after the sim started (an overlay applied with kubectl) runs, and its VMI is
+/// deleted with it.
+#[tokio::test]
+async fn a_vm_in_a_namespace_created_after_start_runs() {
+    let sim = start().await;
+    let h = Http::new(&sim);
+    let (code, body) = h
+        .post(
+            "/api/v1/namespaces",
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}}),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let vms = "/apis/kubevirt.io/v1/namespaces/late/virtualmachines";
+    let vmis = "/apis/kubevirt.io/v1/namespaces/late/virtualmachineinstances";
+    let (code, body) = h
+        .post(vms, &vm("lab-late", json!({}), "Always", container_disk()))
+        .await;
+    assert_eq!(code, 201, "{body}");
+    wait_for(&h, vmis, "lab-late", |o| o["status"]["phase"] == "Running").await;
+    wait_for(&h, vms, "lab-late", |o| o["status"]["ready"] == true).await;
+    let (code, _) = h.delete(&format!("{vms}/lab-late")).await;
+    assert_eq!(code, 200);
+    wait_gone(&h, vmis, "lab-late").await;
+    wait_gone(&h, vms, "lab-late").await;
 }
 
 /// With `Controllers::KubevirtSim`, ttlab-kubevirt-sim plays KubeVirt through the API and the

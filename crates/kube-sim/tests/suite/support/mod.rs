@@ -10,7 +10,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use ttlab_kube_sim::{KubeSim, SimConfig};
+use ttlab_kube_sim::{Controllers, KubeSim, SimConfig};
 
 pub struct Http {
     pub base: String,
@@ -119,9 +119,16 @@ pub fn kubectl() -> Option<&'static str> {
 }
 
 pub async fn start() -> KubeSim {
-    KubeSim::start(SimConfig::for_tests())
-        .await
-        .expect("sim starts")
+    start_with(Controllers::default()).await
+}
+
+/// A sim whose KubeVirt, scheduler and kubelet are `controllers`: [`Controllers::Embedded`]
+/// for what only kube-sim's own KubeVirt does, [`Controllers::External`] (none running) to
+/// measure the API server alone.
+pub async fn start_with(controllers: Controllers) -> KubeSim {
+    let mut config = SimConfig::for_tests();
+    config.controllers = controllers;
+    KubeSim::start(config).await.expect("sim starts")
 }
 
 pub fn vm(name: &str, labels: Value, run_strategy: &str, volumes: Value) -> Value {
