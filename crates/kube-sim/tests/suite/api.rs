@@ -109,11 +109,10 @@ async fn bad_input_gets_kubernetes_errors_and_the_sim_keeps_serving() {
     // VMI named after a session and a node) keeps 58 characters, so the name stays a label; a
     // given name longer than 63 is still a valid subdomain.
     let prefix = format!("virt-launcher-tt-{}-control-plane-", "c".repeat(32));
+    let secret_with =
+        |metadata: Value| json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata});
     let (code, body) = h
-        .post(
-            SECRETS,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"generateName": prefix}}),
-        )
+        .post(SECRETS, &secret_with(json!({"generateName": prefix})))
         .await;
     assert_eq!(code, 201, "{body}");
     let name = body["metadata"]["name"].as_str().unwrap();
@@ -121,12 +120,7 @@ async fn bad_input_gets_kubernetes_errors_and_the_sim_keeps_serving() {
     assert!(name.starts_with(&prefix[..58]), "{name}");
     let given = format!("{}-x1234", &prefix[..58]);
     assert_eq!(given.len(), 64);
-    let (code, body) = h
-        .post(
-            SECRETS,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": given}}),
-        )
-        .await;
+    let (code, body) = h.post(SECRETS, &secret_with(json!({"name": given}))).await;
     assert_eq!(code, 201, "{body}");
 }
 
