@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use ttlab_vm_manifest::RunStrategy;
 
 /// The kinds of object ttlab creates, reads, lists and deletes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -279,19 +280,40 @@ pub struct VmStatus {
     /// `CrashLoopBackOff`, `Terminating`, … (as `kubectl get vm` shows it); `None` until the
     /// controller wrote one.
     pub printable_status: Option<String>,
+    /// `spec.runStrategy`, when set to a value KubeVirt knows.
+    pub run_strategy: Option<RunStrategy>,
+    /// Whether `status.stateChangeRequests` holds a `Start` not yet acted on: KubeVirt adds
+    /// one when it stops a crashed VMI under `RerunOnFailure`, and starts the next VMI from
+    /// it. Until then the VM reads `Stopped`.
+    pub start_requested: bool,
     /// Whether its deletion has been requested.
     pub deleting: bool,
 }
 
 impl VmStatus {
     /// Whether the VM is not going to run again by itself: being deleted, or `Stopped` (no
-    /// VMI, and the run strategy does not start one: the guest powered itself off).
+    /// VMI, and the run strategy does not start one: the guest powered itself off) with no
+    /// start pending.
     pub fn stopped_for_good(&self) -> bool {
         self.deleting
-            || matches!(
+            || (matches!(
                 self.printable_status.as_deref(),
                 Some("Stopped" | "Terminating")
-            )
+            ) && !self.start_requested)
+    }
+
+    /// Whether KubeVirt starts a new VMI after one that ended in `phase`: `Always` after any
+    /// end, `RerunOnFailure` after a crash (`Failed`) but not after the guest powered itself
+    /// off (`Succeeded`). A VM being deleted is never restarted.
+    pub fn restarts_after(&self, phase: &VmiPhase) -> bool {
+        if self.deleting {
+            return false;
+        }
+        match self.run_strategy {
+            Some(RunStrategy::Always) => phase.is_final(),
+            Some(RunStrategy::RerunOnFailure) => *phase == VmiPhase::Failed,
+            Some(RunStrategy::Halted | RunStrategy::Manual | RunStrategy::Once) | None => false,
+        }
     }
 }
 

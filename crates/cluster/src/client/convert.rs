@@ -165,6 +165,13 @@ pub(super) fn vm_status(vm: &DynamicObject) -> VmStatus {
         printable_status: str_at(&vm.data, &["status", "printableStatus"])
             .filter(|s| !s.is_empty())
             .map(str::to_owned),
+        run_strategy: str_at(&vm.data, &["spec", "runStrategy"])
+            .and_then(|s| serde_json::from_value(serde_json::Value::from(s)).ok()),
+        start_requested: vm
+            .data
+            .pointer("/status/stateChangeRequests")
+            .and_then(|r| r.as_array())
+            .is_some_and(|r| r.iter().any(|c| c["action"] == "Start")),
         deleting: vm.metadata.deletion_timestamp.is_some(),
     }
 }
@@ -199,7 +206,9 @@ pub(super) fn vmi_state(vmi: &DynamicObject) -> VmiState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::VmiPhase;
     use serde_json::json;
+    use ttlab_vm_manifest::RunStrategy;
 
     fn vmi(value: serde_json::Value) -> DynamicObject {
         serde_json::from_value(value).unwrap()
@@ -235,6 +244,40 @@ mod tests {
         }));
         assert_eq!(fresh.printable_status, None);
         assert!(!fresh.stopped_for_good());
+    }
+
+    #[test]
+    fn a_vm_says_which_ended_vmis_it_restarts() {
+        let read = |strategy: &str, status: serde_json::Value| {
+            vm_status(&vmi(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "tt-1-vm"},
+                "spec": {"runStrategy": strategy},
+                "status": status
+            })))
+        };
+        let stopped = json!({"printableStatus": "Stopped"});
+        let rerun = read("RerunOnFailure", stopped.clone());
+        assert_eq!(rerun.run_strategy, Some(RunStrategy::RerunOnFailure));
+        assert!(rerun.restarts_after(&VmiPhase::Failed));
+        assert!(!rerun.restarts_after(&VmiPhase::Succeeded));
+        let always = read("Always", stopped.clone());
+        assert!(always.restarts_after(&VmiPhase::Succeeded));
+        assert!(always.restarts_after(&VmiPhase::Failed));
+        for strategy in ["Halted", "Manual", "Once", "Sometimes"] {
+            let s = read(strategy, stopped.clone());
+            assert!(!s.restarts_after(&VmiPhase::Failed), "{strategy}");
+        }
+        assert_eq!(read("Sometimes", stopped.clone()).run_strategy, None);
+        // KubeVirt stopped the crashed VMI and asked for the next one: Stopped, not for good.
+        let replacing = read(
+            "RerunOnFailure",
+            json!({"printableStatus": "Stopped", "stateChangeRequests": [{"action": "Start"}]}),
+        );
+        assert!(replacing.start_requested);
+        assert!(!replacing.stopped_for_good());
+        assert!(!rerun.start_requested);
+        assert!(rerun.stopped_for_good());
     }
 
     #[test]
