@@ -12,7 +12,8 @@ use futures::SinkExt as _;
 use ttlab_agent::AgentClient;
 use ttlab_agent::protocol::ConsoleSize;
 use ttlab_cluster::{
-    ByteSink, ByteStream, Cluster, ClusterError, Kind, ResizeSink, TtySize, VmiPhase,
+    ByteSink, ByteStream, Cluster, ClusterError, Kind, ResizeSink, TtySize, VmStatus, VmiPhase,
+    VmiState,
 };
 use ttlab_console::{CloseReason, Connected, ConsoleError, TermSize, Upstream};
 use ttlab_model::{NodeName, SessionId};
@@ -154,6 +155,14 @@ impl PodShell {
     }
 }
 
+/// How long a console that ended while its VMI still reads running waits for the VMI to say
+/// why (within the relay's `close_timeout`, two seconds): long enough for KubeVirt to record a
+/// guest's power-off or crash, short enough that a merely lost connection is reopened soon.
+const VMI_END_SETTLES: Duration = Duration::from_millis(1200);
+
+/// How often the VMI is looked at meanwhile.
+const VMI_END_POLL: Duration = Duration::from_millis(200);
+
 /// What the cluster says of a VM whose console refused to open or ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum VmSeen {
@@ -170,17 +179,48 @@ enum VmSeen {
 }
 
 async fn look_at_vm(cluster: &dyn Cluster, vm: &str) -> VmSeen {
-    match cluster.vmi_state(vm).await {
-        // A guest that powered itself off is not restarted (`RerunOnFailure`).
-        Ok(Some(s)) if s.phase == VmiPhase::Succeeded => return VmSeen::Stopped,
-        Ok(Some(s)) if !s.deleting && s.phase != VmiPhase::Failed => return VmSeen::Runs,
-        Ok(_) => {}
+    let vmi = match cluster.vmi_state(vm).await {
+        Ok(vmi) => vmi,
         Err(_) => return VmSeen::Unknown,
+    };
+    if let Some(seen) = vmi.as_ref().and_then(seen_from_vmi) {
+        return seen;
     }
     match cluster.vm_status(vm).await {
-        Ok(Some(status)) if !status.stopped_for_good() => VmSeen::Restarting,
-        Ok(_) => VmSeen::Stopped,
+        Ok(status) => seen_from_vm(vmi.as_ref(), status.as_ref()),
         Err(_) => VmSeen::Unknown,
+    }
+}
+
+/// What a VMI alone says, when it says enough. A console is opened on a session that was
+/// running: a VMI not running yet is the next one, starting.
+fn seen_from_vmi(vmi: &VmiState) -> Option<VmSeen> {
+    match &vmi.phase {
+        _ if vmi.deleting => None,
+        VmiPhase::Running => Some(VmSeen::Runs),
+        phase if phase.is_final() => None,
+        _ => Some(VmSeen::Restarting),
+    }
+}
+
+/// What the VM's status says of a VM whose VMI ended, is being deleted or is absent.
+fn seen_from_vm(vmi: Option<&VmiState>, status: Option<&VmStatus>) -> VmSeen {
+    let Some(status) = status else {
+        return VmSeen::Stopped;
+    };
+    match vmi {
+        // An ended VMI stays until KubeVirt's VM controller acts on it, and the VM reads
+        // `Stopped` meanwhile: the run strategy says whether a new one follows (a crash
+        // restarts under `RerunOnFailure`, a guest power-off does not).
+        Some(v) if v.phase.is_final() => {
+            if status.restarts_after(&v.phase) {
+                VmSeen::Restarting
+            } else {
+                VmSeen::Stopped
+            }
+        }
+        _ if status.stopped_for_good() => VmSeen::Stopped,
+        _ => VmSeen::Restarting,
     }
 }
 
@@ -216,13 +256,25 @@ impl Upstream for VmConsole {
 
     fn ended(&mut self, detail: String) -> futures::future::BoxFuture<'_, CloseReason> {
         Box::pin(async move {
-            if let Some(reason) = session_says(&self.state, self.session).await {
-                return reason;
-            }
-            match look_at_vm(self.cluster.as_ref(), &self.vm).await {
-                VmSeen::Stopped => CloseReason::VmStopped,
-                VmSeen::Restarting => CloseReason::ConsoleLost("the VM is restarting".to_owned()),
-                VmSeen::Runs | VmSeen::Unknown => CloseReason::ConsoleLost(detail),
+            // The serial console closes as the guest's qemu exits, a moment before KubeVirt
+            // records the VMI's end: a VMI still running is looked at again for a while.
+            let settled = tokio::time::Instant::now() + VMI_END_SETTLES;
+            loop {
+                if let Some(reason) = session_says(&self.state, self.session).await {
+                    return reason;
+                }
+                let seen = look_at_vm(self.cluster.as_ref(), &self.vm).await;
+                if seen == VmSeen::Runs && tokio::time::Instant::now() < settled {
+                    tokio::time::sleep(VMI_END_POLL).await;
+                    continue;
+                }
+                return match seen {
+                    VmSeen::Stopped => CloseReason::VmStopped,
+                    VmSeen::Restarting => {
+                        CloseReason::ConsoleLost("the VM is restarting".to_owned())
+                    }
+                    VmSeen::Runs | VmSeen::Unknown => CloseReason::ConsoleLost(detail),
+                };
             }
         })
     }
@@ -400,5 +452,87 @@ mod tests {
             refused_console(VmSeen::Stopped, gone()),
             ConsoleError::Stopped { .. }
         ));
+    }
+
+    fn vmi(phase: VmiPhase, deleting: bool) -> VmiState {
+        VmiState {
+            name: "tt-1-vm".into(),
+            phase,
+            conditions: Vec::new(),
+            ip: None,
+            node: None,
+            deleting,
+        }
+    }
+
+    fn vm(printable: &str, start_requested: bool) -> VmStatus {
+        VmStatus {
+            name: "tt-1-vm".into(),
+            printable_status: Some(printable.into()),
+            run_strategy: Some(ttlab_vm_manifest::RUN_STRATEGY),
+            start_requested,
+            deleting: false,
+        }
+    }
+
+    /// What each moment of a crash and of a power-off looks like, as KubeVirt shows it.
+    fn seen(vmi: Option<VmiState>, status: Option<VmStatus>) -> VmSeen {
+        vmi.as_ref()
+            .and_then(seen_from_vmi)
+            .unwrap_or_else(|| seen_from_vm(vmi.as_ref(), status.as_ref()))
+    }
+
+    #[test]
+    fn a_crashed_guest_reads_restarting_at_every_step_of_its_replacement() {
+        let stopped = || Some(vm("Stopped", false));
+        // The VMI ended Failed; the VM already reads Stopped, not yet acted on.
+        assert_eq!(
+            seen(Some(vmi(VmiPhase::Failed, false)), stopped()),
+            VmSeen::Restarting
+        );
+        // Being deleted by the VM controller.
+        assert_eq!(
+            seen(Some(vmi(VmiPhase::Failed, true)), stopped()),
+            VmSeen::Restarting
+        );
+        // Gone, with the start request the controller left for the next one.
+        assert_eq!(seen(None, Some(vm("Stopped", true))), VmSeen::Restarting);
+        // The next one, not running yet.
+        assert_eq!(
+            seen(
+                Some(vmi(VmiPhase::Scheduled, false)),
+                Some(vm("Starting", false))
+            ),
+            VmSeen::Restarting
+        );
+        assert_eq!(
+            seen(
+                Some(vmi(VmiPhase::Running, false)),
+                Some(vm("Running", false))
+            ),
+            VmSeen::Runs
+        );
+    }
+
+    #[test]
+    fn a_guest_that_powered_off_reads_stopped_at_every_step() {
+        let stopped = || Some(vm("Stopped", false));
+        assert_eq!(
+            seen(Some(vmi(VmiPhase::Succeeded, false)), stopped()),
+            VmSeen::Stopped
+        );
+        assert_eq!(
+            seen(Some(vmi(VmiPhase::Succeeded, true)), stopped()),
+            VmSeen::Stopped
+        );
+        assert_eq!(seen(None, stopped()), VmSeen::Stopped);
+        // The VM itself gone or being deleted.
+        assert_eq!(seen(None, None), VmSeen::Stopped);
+        let mut deleting = vm("Running", false);
+        deleting.deleting = true;
+        assert_eq!(
+            seen(Some(vmi(VmiPhase::Failed, true)), Some(deleting)),
+            VmSeen::Stopped
+        );
     }
 }

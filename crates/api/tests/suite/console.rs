@@ -312,6 +312,42 @@ async fn finishing_the_session_or_stopping_the_vm_closes_the_console_with_the_re
 }
 
 #[tokio::test]
+async fn a_crashed_guest_is_restarting_not_stopped_and_its_console_comes_back() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    let vm = v["nodes"][0]["vm"].as_str().unwrap().to_owned();
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, ":~# ").await;
+    // RerunOnFailure restarts a crashed guest: the page must be told to reconnect, not that
+    // the VM stopped, whichever step of the VMI's replacement the server sees (each step is
+    // covered by the unit tests of `console::upstream`).
+    w.sim.crash(NS, &vm).unwrap();
+    let (text, code, reason, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
+    assert_eq!(code, 4006, "{text:?} {reason:?}");
+    assert!(!text.contains("The VM has stopped."), "{text:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ws = open(&s, &sid, &alice).await;
+    let mut seen = String::new();
+    while !seen.contains(":~# ") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            Ok(Some(Ok(Message::Close(close)))) => {
+                assert!(!seen.contains("The VM has stopped."), "{seen:?} {close:?}");
+                ws = open(&s, &sid, &alice).await;
+            }
+            other => panic!("no prompt from the restarted guest after {seen:?}: {other:?}"),
+        }
+    }
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(v["status"], "running", "{v}");
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn a_console_that_is_not_ready_is_retried_every_second_with_a_message() {
     let w = World::new().await;
     let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
