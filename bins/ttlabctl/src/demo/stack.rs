@@ -100,10 +100,11 @@ pub(crate) async fn start_sim_with(
     };
     config.timings = timings;
     config.guest_root = Some(guest_root.to_path_buf());
-    // kube-sim's own KubeVirt: it runs the qemu guests, and with kubevirt-sim the terminal's
-    // crash-and-reconnect browser test failed once (the VM reads `Stopped` while its crashed
-    // VMI is replaced, and the console took that for a VM stopped for good; docs/testing.md).
-    config.controllers = Controllers::Embedded;
+    // kubevirt-sim (the default) plays KubeVirt for simulated guests; kube-sim's own KubeVirt
+    // runs the qemu guests.
+    if matches!(guest, ttlab_kube_sim::guest::GuestBackend::Qemu(_)) {
+        config.controllers = Controllers::Embedded;
+    }
     config.guest = guest;
     KubeSim::start(config).await.context("starting kube-sim")
 }
