@@ -242,14 +242,11 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
     }
     let shutdown = sim.shutdown.clone();
     // The simulated agent sets the console's size by writing it under the guest's root.
-    let size_file = sim.kubevirt.guest(ns, name).map(|g| {
-        g.dir
-            .join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'))
-    });
+    let guest_dir = sim.kubevirt.guest(ns, name).map(|g| g.dir);
     match behind {
         Behind::Sim(terminal) => ws
             .protocols([PROTOCOL])
-            .on_upgrade(move |socket| serve(socket, terminal, size_file, token, shutdown)),
+            .on_upgrade(move |socket| serve(socket, terminal, guest_dir, token, shutdown)),
         Behind::Qemu(console, shown) => ws
             .protocols([PROTOCOL])
             .on_upgrade(move |socket| serve_serial(socket, console, shown, token, shutdown)),
@@ -432,20 +429,10 @@ async fn serve_serial(
     let _ = writer.await;
 }
 
-/// The size the simulated guest's agent set on its console (`ROWS COLS`, written by
-/// `POST /v1/console-size` under the guest's root), if it set one.
-fn console_size(file: &std::path::Path) -> Option<(u16, u16)> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let mut words = text.split_whitespace();
-    let rows = words.next()?.parse().ok()?;
-    let cols = words.next()?.parse().ok()?;
-    Some((rows, cols))
-}
-
 async fn serve(
     socket: WebSocket,
     terminal: Arc<Mutex<Terminal>>,
-    size_file: Option<std::path::PathBuf>,
+    guest_dir: Option<std::path::PathBuf>,
     token: CancellationToken,
     shutdown: CancellationToken,
 ) {
@@ -496,7 +483,7 @@ async fn serve(
         };
         // What the agent set is the console's size from now on, as the kernel's TTY would
         // hold it: the shell's `stty size` reports it.
-        let size = size_file.as_deref().and_then(console_size);
+        let size = guest_dir.as_deref().and_then(ttlab_sim_guest::console_size);
         let actions = {
             let mut t = terminal
                 .lock()

@@ -1007,16 +1007,7 @@ impl Terminal {
             ["hostname"] => Some(format!("{}\n", self.hostname)),
             ["whoami"] => Some("root\n".to_owned()),
             ["stty", "size"] => {
-                let tty = self
-                    .dir
-                    .join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'));
-                let set = std::fs::read_to_string(tty).ok().and_then(|t| {
-                    let mut w = t.split_whitespace().map(str::parse::<u16>);
-                    match (w.next(), w.next()) {
-                        (Some(Ok(rows)), Some(Ok(cols))) => Some((rows, cols)),
-                        _ => None,
-                    }
-                });
+                let set = ttlab_sim_guest::console_size(&self.dir);
                 let (rows, cols) = set.unwrap_or((24, 80));
                 Some(format!("{rows} {cols}\n"))
             }

@@ -283,6 +283,19 @@ pub fn agent_log(root: &Path) -> PathBuf {
     root.join("var/log/ttlab-agent.log")
 }
 
+/// The size the guest's agent set on its serial console, `(rows, cols)`, if it set one: it
+/// writes `ROWS COLS` to [`ttlab_agent::protocol::CONSOLE_TTY_PATH`] under the guest's root
+/// (`POST /v1/console-size`), where a real guest's kernel would hold it as the TTY's size.
+pub fn console_size(root: &Path) -> Option<(u16, u16)> {
+    let file = root.join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'));
+    let text = std::fs::read_to_string(file).ok()?;
+    let mut words = text.split_whitespace().map(str::parse::<u16>);
+    match (words.next(), words.next()) {
+        (Some(Ok(rows)), Some(Ok(cols))) => Some((rows, cols)),
+        _ => None,
+    }
+}
+
 /// How long the guest waits for the agent's listening line before it goes on without it.
 pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -447,5 +460,21 @@ mod tests {
             "#cloud-config\n{\"write_files\": [{\"path\": \"/a/../../b\", \"content\": \"x\"}]}";
         assert!(apply_cloud_config(dir.path(), ud.as_bytes()).is_err());
         assert!(apply_cloud_config(dir.path(), b"#!/bin/sh\n").is_err());
+    }
+
+    #[test]
+    fn the_console_size_is_what_the_agent_wrote_if_well_formed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(console_size(dir.path()), None);
+        let tty = dir
+            .path()
+            .join(ttlab_agent::protocol::CONSOLE_TTY_PATH.trim_start_matches('/'));
+        std::fs::create_dir_all(tty.parent().unwrap()).unwrap();
+        std::fs::write(&tty, "40 132\n").unwrap();
+        assert_eq!(console_size(dir.path()), Some((40, 132)));
+        for bad in ["", "40", "40 wide", "70000 80"] {
+            std::fs::write(&tty, bad).unwrap();
+            assert_eq!(console_size(dir.path()), None, "{bad:?}");
+        }
     }
 }
