@@ -5,7 +5,7 @@
 # by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim, ttlab-server, ttlab-reaper).
 # Beside them, from the start, qemu.mjs against `ttlabctl demo --guest qemu --no-reaper`: a real
 # guest of TTLAB_GUEST_IMAGE, from Start lab to its own power-off at the hard deadline (about
-# 7 minutes); without qemu or the image it is SKIPPED, and fails under CI=true.
+# 5½ minutes); without qemu or the image it is SKIPPED, and fails under CI=true.
 #
 #   web/tests/run.sh            # from anywhere in the checkout
 #
@@ -105,7 +105,7 @@ run_qemu_test() {
   }
   trap stop_qemu_demo EXIT
   trap 'exit 143' TERM INT
-  local grace=20s max=6m status=0
+  local grace=20s max=4m30s status=0
   TTLAB_SESSION_TTL=$max TTLAB_SESSION_MAX=$max TTLAB_MAX_EXTENSIONS=0 TTLAB_HARD_DEADLINE_GRACE=$grace \
     "$root/target/debug/ttlabctl" demo --port 0 --guest qemu --guest-image "$TTLAB_GUEST_IMAGE" --no-reaper \
     >"$qemu_log/out" 2>"$qemu_log/err" &
