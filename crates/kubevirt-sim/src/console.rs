@@ -755,9 +755,14 @@ impl Server {
                 WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
             let (id, token) = server.consoles.open(&ns, &vmi_name);
             tracing::info!(ns, vmi = vmi_name, user = who, "console opened");
-            let mut terminal = Terminal::new(guest.hostname.clone(), guest.dir.clone());
-            terminal.boot = server.consoles.first_of(&vmi_uid);
-            session(&server.ctx, ws, &mut terminal, &vmi_uid, &token, &stop).await;
+            let first = server.consoles.first_of(&vmi_uid);
+            if let Some(serial) = server.ctx.guests.serial(&vmi_uid) {
+                serial_session(&server.ctx, ws, &serial, first, &vmi_uid, &token, &stop).await;
+            } else {
+                let mut terminal = Terminal::new(guest.hostname.clone(), guest.dir.clone());
+                terminal.boot = first;
+                session(&server.ctx, ws, &mut terminal, &vmi_uid, &token, &stop).await;
+            }
             server.consoles.close(&ns, &vmi_name, id);
             tracing::info!(ns, vmi = vmi_name, "console closed");
         });
@@ -858,6 +863,65 @@ async fn session<S>(
                     return;
                 }
             }
+            _ = tick.tick() => {
+                if ctx.guests.state(vmi_uid) != Some(GuestState::Running) {
+                    let _ = ws.close(None).await;
+                    return;
+                }
+            }
+            () = token.cancelled() => {
+                let _ = ws.close(None).await;
+                return;
+            }
+            () = stop.cancelled() => {
+                let _ = ws.close(None).await;
+                return;
+            }
+        }
+    }
+}
+
+/// One console connection to a qemu guest's serial port: what it printed before (for the
+/// first client, as a serial port's first reader sees the boot), then its output as it comes;
+/// the client's frames are typed on it. Ends as [`session`] does.
+async fn serial_session<S>(
+    ctx: &Ctx,
+    mut ws: WebSocketStream<S>,
+    serial: &ttlab_qemu_guest::Console,
+    first: bool,
+    vmi_uid: &str,
+    token: &CancellationToken,
+    stop: &CancellationToken,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::sync::broadcast::error::RecvError;
+    let mut output = serial.subscribe();
+    let history = if first { serial.history() } else { Vec::new() };
+    if !history.is_empty() && ws.send(Message::binary(history)).await.is_err() {
+        return;
+    }
+    let mut tick = tokio::time::interval(GUEST_CHECK);
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Binary(data))) => {
+                    if serial.send(data).await.is_err() {
+                        let _ = ws.close(None).await;
+                        return;
+                    }
+                }
+                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+            },
+            out = output.recv() => match out {
+                Ok(bytes) => if ws.send(Message::binary(bytes)).await.is_err() { return },
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => {
+                    let _ = ws.close(None).await;
+                    return;
+                }
+            },
             _ = tick.tick() => {
                 if ctx.guests.state(vmi_uid) != Some(GuestState::Running) {
                     let _ = ws.close(None).await;

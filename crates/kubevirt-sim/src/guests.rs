@@ -1,7 +1,9 @@
 //! The simulated guests: one per VirtualMachineInstance that reached `Scheduled`, keyed by the
 //! VMI's uid. A guest boots (cloud-init applied into its directory), runs (its agent process
 //! listening on the launcher pod's address), and ends by powering off, crashing, or being
-//! shut down when its VMI or launcher pod is deleted.
+//! shut down when its VMI or launcher pod is deleted. With [`crate::SimSettings::qemu`] a
+//! guest is a real qemu process instead (`crate::qemu`): its serial port is the console, its
+//! agent the one inside the guest, its power-off the process ending.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -10,6 +12,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+
+/// How often a deleted qemu guest's shutdown is looked at (its task also wakes the
+/// controllers when qemu exits).
+const QEMU_SHUTDOWN_POLL: Duration = Duration::from_millis(500);
 
 /// How a guest ends by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +86,25 @@ struct Guest {
     tasks_started: bool,
     /// Its agent said it listens (KubeVirt learns the guest's OS from its guest agent then).
     agent_connected: bool,
+    /// Whether a qemu process was asked for (once per guest).
+    qemu_claimed: bool,
+    /// The qemu process, once it runs.
+    qemu: Option<QemuLink>,
+}
+
+/// What the guest table holds of a running qemu guest; the process itself belongs to its task
+/// (`crate::qemu`).
+pub(crate) struct QemuLink {
+    /// The serial console.
+    pub(crate) console: ttlab_qemu_guest::Console,
+    /// The qemu process id.
+    pub(crate) pid: Option<u32>,
+    /// Cancelled to press the ACPI power button (the VMI or its pod was deleted).
+    pub(crate) powerdown: CancellationToken,
+    /// Cancelled to kill qemu at once.
+    pub(crate) kill: CancellationToken,
+    /// Turns true once qemu has exited.
+    pub(crate) exited: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Guest {
@@ -92,9 +117,13 @@ impl Guest {
         }
     }
 
-    /// The guest is off: its tasks stop and its agent is killed (reaped in the background).
+    /// The guest is off: its tasks stop and its agent (or qemu) is killed (reaped in the
+    /// background).
     fn power_down(&mut self, end: Option<GuestEnd>) {
         self.tasks.cancel();
+        if let Some(q) = &self.qemu {
+            q.kill.cancel();
+        }
         if let Some(mut child) = self.agent.take() {
             let _ = child.start_kill();
             reap(child);
@@ -162,6 +191,8 @@ impl Guests {
             tasks: CancellationToken::new(),
             tasks_started: false,
             agent_connected: false,
+            qemu_claimed: false,
+            qemu: None,
         });
         match g.phase {
             Phase::Booting { since, .. } => Some(since),
@@ -290,6 +321,26 @@ impl Guests {
         let Some(g) = map.get_mut(uid) else {
             return Shutdown::Done;
         };
+        if let Some(q) = &g.qemu {
+            // A real guest: the ACPI power button, and the guest's own power-off (its task
+            // kills qemu after the grace and reports the end here).
+            return match g.phase {
+                Phase::Off(_) => Shutdown::Done,
+                Phase::ShuttingDown { .. } => Shutdown::Pending(QEMU_SHUTDOWN_POLL),
+                Phase::Booting { .. } | Phase::Running => {
+                    g.tasks.cancel();
+                    if grace.is_zero() {
+                        g.power_down(None);
+                        return Shutdown::Done;
+                    }
+                    q.powerdown.cancel();
+                    g.phase = Phase::ShuttingDown {
+                        since: Instant::now(),
+                    };
+                    Shutdown::Pending(QEMU_SHUTDOWN_POLL)
+                }
+            };
+        }
         match g.phase {
             Phase::Off(_) => Shutdown::Done,
             Phase::ShuttingDown { since } => {
@@ -332,6 +383,54 @@ impl Guests {
         }
     }
 
+    /// Whether the booting guest of VMI `uid` should start its qemu process now: true once.
+    pub(crate) fn claim_qemu(&self, uid: &str) -> bool {
+        match self.map().get_mut(uid) {
+            Some(g) if matches!(g.phase, Phase::Booting { .. }) && !g.qemu_claimed => {
+                g.qemu_claimed = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The qemu process of VMI `uid` runs. False (and the process is to be killed) if the
+    /// guest stopped meanwhile.
+    pub(crate) fn set_qemu(&self, uid: &str, link: QemuLink) -> bool {
+        match self.map().get_mut(uid) {
+            Some(g) if matches!(g.phase, Phase::Booting { .. }) => {
+                g.qemu = Some(link);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the qemu process of VMI `uid` runs (its VMI can turn Running).
+    pub(crate) fn qemu_up(&self, uid: &str) -> bool {
+        self.map().get(uid).is_some_and(|g| g.qemu.is_some())
+    }
+
+    /// The serial console of VMI `uid`'s qemu guest, while it runs.
+    pub(crate) fn serial(&self, uid: &str) -> Option<ttlab_qemu_guest::Console> {
+        self.map()
+            .get(uid)
+            .filter(|g| matches!(g.phase, Phase::Running))
+            .and_then(|g| g.qemu.as_ref().map(|q| q.console.clone()))
+    }
+
+    /// qemu of VMI `uid` ended. A guest shutting down for its deletion is off; a running (or
+    /// booting) one powered itself off (`end`) or crashed.
+    pub(crate) fn qemu_exited(&self, uid: &str, end: GuestEnd) {
+        if let Some(g) = self.map().get_mut(uid) {
+            match g.phase {
+                Phase::Off(_) => {}
+                Phase::ShuttingDown { .. } => g.power_down(None),
+                Phase::Booting { .. } | Phase::Running => g.power_down(Some(end)),
+            }
+        }
+    }
+
     /// The guest of VMI `ns/name` (the newest if several incarnations are known).
     pub(crate) fn info(&self, ns: &str, name: &str) -> Option<GuestInfo> {
         let map = self.map();
@@ -345,7 +444,11 @@ impl Guests {
                 dir: g.dir.clone(),
                 ip: g.ip,
                 hostname: g.hostname.clone(),
-                agent_pid: g.agent.as_ref().and_then(tokio::process::Child::id),
+                agent_pid: g
+                    .agent
+                    .as_ref()
+                    .and_then(tokio::process::Child::id)
+                    .or_else(|| g.qemu.as_ref().and_then(|q| q.pid)),
                 state: g.state(),
             })
             .collect();
@@ -354,19 +457,27 @@ impl Guests {
         found.into_iter().next()
     }
 
-    /// Kills every agent and waits for each to exit.
+    /// Kills every agent and qemu process and waits for each to exit.
     pub(crate) async fn kill_all(&self) {
-        let children: Vec<_> = {
+        let (children, qemus): (Vec<_>, Vec<_>) = {
             let mut map = self.map();
             map.values_mut()
-                .filter_map(|g| {
+                .map(|g| {
                     g.tasks.cancel();
-                    g.agent.take()
+                    let qemu = g.qemu.as_ref().map(|q| {
+                        q.kill.cancel();
+                        q.exited.clone()
+                    });
+                    (g.agent.take(), qemu)
                 })
-                .collect()
+                .unzip()
         };
-        for mut c in children {
+        for mut c in children.into_iter().flatten() {
             let _ = c.kill().await;
+        }
+        for mut exited in qemus.into_iter().flatten() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|done| *done)).await;
         }
     }
 
@@ -374,6 +485,9 @@ impl Guests {
     pub(crate) fn kill_all_now(&self) {
         for g in self.map().values_mut() {
             g.tasks.cancel();
+            if let Some(q) = &g.qemu {
+                q.kill.cancel();
+            }
             if let Some(mut c) = g.agent.take() {
                 let _ = c.start_kill();
                 reap(c);

@@ -22,11 +22,17 @@
 //!   the real `ttlab-agent` is started on the guest's address; the setup's readiness marker
 //!   follows. A guest shuts
 //!   down within [`SimSettings::shutdown_grace`] when its VMI or pod is deleted, and can power
-//!   itself off or crash ([`KubevirtSim::power_off`], [`KubevirtSim::crash`]);
+//!   itself off or crash ([`KubevirtSim::power_off`], [`KubevirtSim::crash`]). With
+//!   [`SimSettings::qemu`] every guest is a real qemu guest of a Debian image instead
+//!   (`ttlab-qemu-guest`): cloud-init and the agent run inside it, the agent port is forwarded
+//!   from the launcher pod's address, the VMI turns Running once qemu runs, the guest's own
+//!   power-off ends it `Succeeded`, and a deleted VMI presses the ACPI button and waits its
+//!   `terminationGracePeriodSeconds` before qemu is killed;
 //! - **one node**: its registration, the scheduler's binding of every pod to it, and its
 //!   kubelet (pods Running and Ready with a loopback IP, `activeDeadlineSeconds`, graceful
 //!   deletion confirmed with a delete of grace period 0);
-//! - on request, the **serial console** as KubeVirt's aggregated API
+//! - on request, the **serial console** (a qemu guest's serial port, or a simulated line) as
+//!   KubeVirt's aggregated API
 //!   (`subresources.kubevirt.io/v1`, [`KubevirtSim::serve_console`]): kube-apiserver proxies
 //!   to it after its own authentication and RBAC, given the front-proxy flags
 //!   (`--requestheader-client-ca-file`, `--requestheader-allowed-names`,
@@ -60,6 +66,7 @@ mod console;
 mod guests;
 mod kubelet;
 mod object;
+mod qemu;
 mod rest;
 mod vm;
 mod vmi;
@@ -239,6 +246,10 @@ pub struct SimSettings {
     pub ip_second_octet: u8,
     /// The image of the launcher pod's `compute` container.
     pub launcher_image: String,
+    /// Boot every guest as a real qemu guest of this image instead of simulating it (`None`:
+    /// simulated guests). The agent and its setup then run inside the guest: `agent_start`,
+    /// `setup`, `setup_outcomes` and `agent_binary` do not apply.
+    pub qemu: Option<ttlab_qemu_guest::QemuSettings>,
 }
 
 impl SimSettings {
@@ -264,6 +275,7 @@ impl SimSettings {
             guest_root: guest_root.as_ref().to_path_buf(),
             ip_second_octet: 101,
             launcher_image: "quay.io/kubevirt/virt-launcher:v1.9.0".to_owned(),
+            qemu: None,
         }
     }
 
@@ -329,6 +341,8 @@ pub(crate) struct Ctx {
     /// While set, the VirtualMachine and VirtualMachineInstance controllers do nothing
     /// ([`KubevirtSim::pause`]).
     paused: std::sync::atomic::AtomicBool,
+    /// KVM or TCG for qemu guests, probed once (when [`SimSettings::qemu`] does not say).
+    pub(crate) accel: Arc<tokio::sync::OnceCell<ttlab_qemu_guest::Accel>>,
 }
 
 impl Ctx {
@@ -505,6 +519,7 @@ impl KubevirtSim {
             retries: Mutex::new(std::collections::HashMap::new()),
             setup_outcomes: Mutex::new(settings.setup_outcomes.clone()),
             paused: std::sync::atomic::AtomicBool::new(false),
+            accel: Arc::default(),
             settings,
         });
         if ctx.settings.register_node {

@@ -373,6 +373,9 @@ impl Vmi<'_> {
                 _ => Ok(Action::await_change()),
             };
         };
+        if settings.qemu.is_some() {
+            return self.boot_qemu(vmi, p, ip, dir).await;
+        }
         let elapsed = since.elapsed();
         if elapsed < settings.boot {
             return Ok(Action::requeue(settings.boot - elapsed));
@@ -383,6 +386,78 @@ impl Vmi<'_> {
             self.ctx.guests.set_cloud_init_done(&self.uid, hostname);
         }
         self.set_running(vmi, p, ip).await
+    }
+
+    /// A qemu guest: started once (in a task of its own, which wakes the controllers when
+    /// qemu runs), and the VMI turns Running once it does.
+    async fn boot_qemu(
+        &self,
+        vmi: &Value,
+        pod: &Value,
+        ip: Ipv4Addr,
+        dir: std::path::PathBuf,
+    ) -> Result<Action, Error> {
+        let Some(settings) = self.ctx.settings.qemu.clone() else {
+            return Ok(Action::await_change());
+        };
+        if self.ctx.guests.qemu_up(&self.uid) {
+            return self.set_running(vmi, pod, ip).await;
+        }
+        // Read before the start is claimed: a failed read is retried by the next pass.
+        let config_disks = self.qemu_config_disks(vmi).await?;
+        let user_data = self.user_data(vmi).await?.unwrap_or_default();
+        if !self.ctx.guests.claim_qemu(&self.uid) {
+            return Ok(Action::await_change());
+        }
+        let (memory_mib, cpus, golden) = crate::qemu::Boot::resources(vmi);
+        crate::qemu::spawn(
+            settings,
+            self.ctx.accel.clone(),
+            self.ctx.guests.clone(),
+            self.ctx.triggers.clone(),
+            crate::qemu::Boot {
+                uid: self.uid.clone(),
+                ns: self.ns.to_owned(),
+                name: self.name.to_owned(),
+                dir,
+                ip,
+                agent_port: self.ctx.settings.agent_port,
+                config_disks,
+                user_data,
+                grace: vmi_grace(vmi),
+                memory_mib,
+                cpus,
+                golden,
+            },
+        );
+        tracing::info!(ns = self.ns, vmi = self.name, "starting the qemu guest");
+        Ok(Action::await_change())
+    }
+
+    /// The VMI's `configMap` volumes as the disks qemu attaches, as KubeVirt presents them
+    /// (absent ConfigMaps are skipped: the launcher pod would not have started).
+    async fn qemu_config_disks(
+        &self,
+        vmi: &Value,
+    ) -> Result<Vec<ttlab_qemu_guest::ConfigDisk>, Error> {
+        let mut disks = Vec::new();
+        for v in vmi["spec"]["volumes"].as_array().into_iter().flatten() {
+            let Some(cm_name) = v["configMap"]["name"].as_str() else {
+                continue;
+            };
+            if let Some(cm) = self.ctx.rest.get(Kind::ConfigMap, self.ns, cm_name).await? {
+                let disk = ttlab_sim_guest::ConfigDisk::from_config_map(
+                    v["configMap"]["volumeLabel"].as_str().unwrap_or(""),
+                    &cm,
+                );
+                disks.push(ttlab_qemu_guest::ConfigDisk {
+                    name: v["name"].as_str().unwrap_or(cm_name).to_owned(),
+                    label: disk.label,
+                    files: disk.files.into_iter().collect(),
+                });
+            }
+        }
+        Ok(disks)
     }
 
     /// Reads the VMI's cloud-init user-data and applies it in the guest directory; installs
@@ -554,6 +629,17 @@ impl Vmi<'_> {
         let Some(info) = self.ctx.guests.info(self.ns, self.name) else {
             return;
         };
+        if settings.qemu.is_some() {
+            // The agent and the setup run inside the guest.
+            crate::qemu::probe_agent(
+                self.ctx.guests.clone(),
+                self.ctx.triggers.clone(),
+                self.uid.clone(),
+                std::net::SocketAddr::from((info.ip, settings.agent_port)),
+                tasks,
+            );
+            return;
+        }
         let dir = info.dir.clone();
         let ip = info.ip;
         let port = settings.agent_port;
@@ -731,11 +817,17 @@ impl Vmi<'_> {
 /// How long the guest takes to shut down: the simulator's grace, at most the VMI's
 /// `terminationGracePeriodSeconds`.
 fn guest_grace(vmi: &Value, configured: Duration) -> Duration {
+    configured.min(vmi_grace(vmi))
+}
+
+/// The VMI's `terminationGracePeriodSeconds` (KubeVirt's default when absent): how long a
+/// real guest gets to power off after the ACPI button.
+fn vmi_grace(vmi: &Value) -> Duration {
     let secs = vmi["spec"]["terminationGracePeriodSeconds"]
         .as_i64()
         .unwrap_or(DEFAULT_GRACE_SECONDS)
         .max(0);
-    configured.min(Duration::from_secs(secs.unsigned_abs()))
+    Duration::from_secs(secs.unsigned_abs())
 }
 
 /// A locally administered MAC address derived from the guest's address.

@@ -29,6 +29,37 @@ pub use guest::{Console, Exit, Guest, GuestSpec, RootDisk};
 pub use image::{GuestImage, ImageManifest, MANIFEST_FILE};
 pub use seed::{ConfigDisk, write_config_disk, write_seed};
 
+use std::time::Duration;
+
+/// How a simulated KubeVirt (kube-sim's own, or kubevirt-sim) runs its guests as qemu guests.
+#[derive(Debug, Clone)]
+pub struct QemuSettings {
+    /// The image every guest boots (`ttlabctl guest-image` prints its directory).
+    pub image: GuestImage,
+    /// KVM or TCG; `None` probes once (KVM if a kernel boots under it within
+    /// [`QemuSettings::probe_timeout`]).
+    pub accel: Option<Accel>,
+    /// How long the KVM probe may take.
+    pub probe_timeout: Duration,
+    /// The most memory a guest gets, whatever its VMI asks for (MiB).
+    pub max_memory_mib: u64,
+    /// The most virtual CPUs a guest gets.
+    pub max_cpus: u32,
+}
+
+impl QemuSettings {
+    /// Guests of `image`, the accelerator probed, at most 2 GiB and 2 CPUs each.
+    pub fn new(image: GuestImage) -> Self {
+        Self {
+            image,
+            accel: None,
+            probe_timeout: Duration::from_secs(15),
+            max_memory_mib: 2048,
+            max_cpus: 2,
+        }
+    }
+}
+
 /// The qemu system emulator this crate runs.
 pub const QEMU: &str = "qemu-system-x86_64";
 /// The disk image tool (overlays, conversions).
