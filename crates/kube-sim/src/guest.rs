@@ -17,8 +17,6 @@
 //!
 //! [`GuestBackend::Qemu`] replaces all of that with a real guest (see `ttlab-qemu-guest`).
 
-use std::time::Duration;
-
 pub use ttlab_sim_guest::{
     AGENT_DIGEST_PATH, AGENT_KEY, AGENT_START_TIMEOUT, AGENT_VOLUME_LABEL, Applied, ConfigDisk,
     StartedAgent, agent_log, apply_cloud_config, guest_path, install_agent, start_agent,
@@ -36,31 +34,4 @@ pub enum GuestBackend {
     Qemu(Box<QemuSettings>),
 }
 
-/// How qemu guests are run.
-#[derive(Debug, Clone)]
-pub struct QemuSettings {
-    /// The image every guest boots (`ttlabctl guest-image` prints its directory).
-    pub image: ttlab_qemu_guest::GuestImage,
-    /// KVM or TCG; `None` probes once (KVM if a kernel boots under it within
-    /// [`QemuSettings::probe_timeout`]).
-    pub accel: Option<ttlab_qemu_guest::Accel>,
-    /// How long the KVM probe may take.
-    pub probe_timeout: Duration,
-    /// The most memory a guest gets, whatever its VMI asks for (MiB).
-    pub max_memory_mib: u64,
-    /// The most virtual CPUs a guest gets.
-    pub max_cpus: u32,
-}
-
-impl QemuSettings {
-    /// Guests of `image`, the accelerator probed, at most 2 GiB and 2 CPUs each.
-    pub fn new(image: ttlab_qemu_guest::GuestImage) -> Self {
-        Self {
-            image,
-            accel: None,
-            probe_timeout: Duration::from_secs(15),
-            max_memory_mib: 2048,
-            max_cpus: 2,
-        }
-    }
-}
+pub use ttlab_qemu_guest::QemuSettings;

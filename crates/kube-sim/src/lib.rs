@@ -34,10 +34,10 @@
 //! started beside it and talking to it through the API only: kube-sim then serves Nodes,
 //! `pods/binding` and the graceful deletion of bound pods as a real API server does, relays
 //! the console subresource to kubevirt-sim's console server, and the controller's identity
-//! ([`CONTROLLER_USER`]) stays beside RBAC, injected faults and the call record. The
-//! simulated KubeVirt described above, inside kube-sim ([`Controllers::Embedded`]), is what
-//! runs real qemu guests ([`guest::GuestBackend::Qemu`]); [`Controllers::External`] leaves
-//! the controllers to whoever runs them.
+//! ([`CONTROLLER_USER`]) stays beside RBAC, injected faults and the call record; it runs real
+//! qemu guests too ([`guest::GuestBackend::Qemu`]). The simulated KubeVirt described above,
+//! inside kube-sim ([`Controllers::Embedded`]), stays for comparison; [`Controllers::External`]
+//! leaves the controllers to whoever runs them.
 //!
 //! It refuses to own anything production runs: no TLS, no persistence, no real scheduling or
 //! networking; nothing outside tests and `ttlabctl` depends on it.
@@ -131,11 +131,6 @@ pub enum Error {
         /// Name.
         name: String,
     },
-    /// qemu guests were asked of ttlab-kubevirt-sim, which simulates its guests only.
-    #[error(
-        "qemu guests run in kube-sim's own KubeVirt only: set SimConfig::controllers to Controllers::Embedded with GuestBackend::Qemu"
-    )]
-    QemuNeedsEmbedded,
     /// The API refused an object given through the in-process API.
     #[error("the API refused the object: {0}")]
     Api(String),
@@ -247,8 +242,8 @@ pub struct SimConfig {
     /// ([`guest::GuestBackend::Qemu`], a minute or more under TCG).
     pub guest: guest::GuestBackend,
     /// Who plays KubeVirt, the scheduler and the kubelet: `ttlab-kubevirt-sim` through the API,
-    /// as on a real API server (the default), kube-sim itself (needed for qemu guests), or a
-    /// controller started by someone else.
+    /// as on a real API server (the default), kube-sim itself, or a controller started by
+    /// someone else.
     pub controllers: Controllers,
 }
 
@@ -262,7 +257,7 @@ pub const CONTROLLER_USER: &str = "system:kube-sim:controllers";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Controllers {
     /// kube-sim does: VMs get their VMIs and launcher pods, and pods run, without any client
-    /// of its own. The only one that runs qemu guests ([`guest::GuestBackend::Qemu`]).
+    /// of its own (qemu guests too).
     Embedded,
     /// A controller outside does, through the API only (`ttlab-kubevirt-sim`, the way it does
     /// on a real kube-apiserver): kube-sim runs no KubeVirt, no scheduler and no kubelet; it
@@ -274,17 +269,16 @@ pub enum Controllers {
     /// on every namespace (those created later too), its delays from [`SimConfig::timings`],
     /// as [`CONTROLLER_USER`]. [`KubeSim::power_off`], [`KubeSim::crash`],
     /// [`KubeSim::pause_kubevirt`], [`KubeSim::set_lesson_setup`] and the guest accessors go
-    /// to it, and the serial console subresource is relayed to its console server. The
-    /// default. It has no qemu guests: [`KubeSim::start`] refuses it with
-    /// [`guest::GuestBackend::Qemu`].
+    /// to it, and the serial console subresource is relayed to its console server (a qemu
+    /// guest's serial port with [`guest::GuestBackend::Qemu`]). The default.
     #[default]
     KubevirtSim,
 }
 
 impl Controllers {
     /// The environment variable that runs a kube-sim configured with the default
-    /// ([`Controllers::KubevirtSim`]) and simulated guests with other controllers:
-    /// `embedded`, `kubevirt-sim`. To compare the two on a suite.
+    /// ([`Controllers::KubevirtSim`]) with other controllers: `embedded`, `kubevirt-sim`. To
+    /// compare the two on a suite.
     pub const ENV: &'static str = "TTLAB_KUBE_SIM_CONTROLLERS";
 
     /// What [`Controllers::ENV`] asks for, if set.
@@ -480,15 +474,10 @@ pub struct KubeSim {
 impl KubeSim {
     /// Binds `config.listen`, starts serving and simulating.
     pub async fn start(mut config: SimConfig) -> Result<Self, Error> {
-        let simulated_guests = matches!(config.guest, guest::GuestBackend::Simulated);
         if config.controllers == Controllers::default()
-            && simulated_guests
             && let Some(c) = Controllers::from_env()?
         {
             config.controllers = c;
-        }
-        if config.controllers == Controllers::KubevirtSim && !simulated_guests {
-            return Err(Error::QemuNeedsEmbedded);
         }
         if !config.listen.ip().is_loopback() {
             return Err(Error::NotLoopback(config.listen));
@@ -873,6 +862,9 @@ async fn start_kubevirt_sim(
     settings.agent_port = config.agent_port;
     settings.ip_second_octet = config.guest_ip_second_octet;
     settings.setup_outcomes = config.lesson_setup.clone();
+    if let guest::GuestBackend::Qemu(qemu) = &config.guest {
+        settings.qemu = Some((**qemu).clone());
+    }
     ttlab_kubevirt_sim::KubevirtSim::start(client, settings)
         .await
         .map_err(|e| Error::Api(format!("kubevirt-sim: {e}")))

@@ -1,4 +1,4 @@
-//! Real qemu guests behind kube-sim's KubeVirt: sessions rendered exactly as the server
+//! Real qemu guests behind kube-sim's KubeVirt (kubevirt-sim, the default controllers): sessions rendered exactly as the server
 //! renders them (the shipped systemd lesson, `ttlab-cloudinit` user-data pinning the built
 //! `ttlab-agent`, the agent's shared ConfigMap, the `ttlab-vm-manifest` VirtualMachine mounting
 //! it and its Secret), created over kube-rs, booted by qemu from the Debian 12 image of
@@ -323,8 +323,6 @@ async fn start_sim(image: GuestImage) -> KubeSim {
     let mut settings = QemuSettings::new(image);
     settings.max_memory_mib = 1024;
     config.guest = GuestBackend::Qemu(Box::new(settings));
-    // qemu guests are run by kube-sim's own KubeVirt.
-    config.controllers = ttlab_kube_sim::Controllers::Embedded;
     KubeSim::start(config).await.expect("sim starts")
 }
 

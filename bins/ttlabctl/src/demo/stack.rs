@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde_json::json;
 use ttlab_disk_select::{ANN_GOLDEN_IMAGE, ANN_IMPORT_POD_PHASE};
-use ttlab_kube_sim::{Controllers, KubeSim, SimConfig, Timings};
+use ttlab_kube_sim::{KubeSim, SimConfig, Timings};
 use ttlab_lesson::{GoldenSource, Lesson, LessonSet, VmDisk};
 use ttlab_store::ephemeral::PgCluster;
 use ttlab_store::{Store, StoreOptions};
@@ -100,11 +100,6 @@ pub(crate) async fn start_sim_with(
     };
     config.timings = timings;
     config.guest_root = Some(guest_root.to_path_buf());
-    // kubevirt-sim (the default) plays KubeVirt for simulated guests; kube-sim's own KubeVirt
-    // runs the qemu guests.
-    if matches!(guest, ttlab_kube_sim::guest::GuestBackend::Qemu(_)) {
-        config.controllers = Controllers::Embedded;
-    }
     config.guest = guest;
     KubeSim::start(config).await.context("starting kube-sim")
 }
