@@ -27,8 +27,8 @@ use http::{Method, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::faults::FaultRule;
-use crate::kubevirt::GuestEnd;
 use crate::{Error, SetupOutcome, Sim};
+use ttlab_kubevirt_sim::GuestEnd;
 
 fn reply(code: StatusCode, v: &Value) -> Response {
     let mut r = Response::new(Body::from(serde_json::to_vec(v).unwrap_or_default()));

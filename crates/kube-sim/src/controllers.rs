@@ -1,15 +1,14 @@
 //! The cluster's own controllers, driven by store events: the garbage collector
-//! (ownerReferences, foreground deletion), PVC protection, namespace deletion, and a minimal
-//! kubelet for pods that are not virt-launchers.
+//! (ownerReferences, foreground deletion), PVC protection and namespace deletion.
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::Sim;
 use crate::resources::{NAMESPACES, PODS, PVCS, TYPES, TypeId};
-use crate::store::{self, Event, EventKind, Propagation, finalizers, is_deleting, meta_str};
+use crate::store::{Event, EventKind, Propagation, finalizers, is_deleting, meta_str};
 
 const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 
@@ -81,16 +80,6 @@ fn on_event(sim: &Arc<Sim>, ev: &Event) {
                 later(sim, move |sim| {
                     collect_if_orphaned(sim, t, &ns, &name, &uid)
                 });
-            }
-            if ev.type_id == PODS
-                && sim.config.controllers == crate::Controllers::Embedded
-                && obj["metadata"]["labels"]["kubevirt.io"] != "virt-launcher"
-            {
-                spawn_kubelet(
-                    sim.clone(),
-                    ns,
-                    meta_str(obj, "name").unwrap_or_default().to_owned(),
-                );
             }
         }
         EventKind::Modified => {
@@ -262,77 +251,4 @@ fn sweep(sim: &Arc<Sim>) {
     for (t, ns, name) in orphans {
         let _ = store.delete(t, &ns, &name, Propagation::Background, None, None);
     }
-}
-
-/// Whether every PVC and Secret a pod mounts exists (and no PVC is being deleted).
-fn pod_volumes_ready(store: &store::Store, ns: &str, pod: &Value) -> bool {
-    let vols = pod["spec"]["volumes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    vols.iter().all(|v| {
-        if let Some(c) = v["persistentVolumeClaim"]["claimName"].as_str() {
-            return store.get(PVCS, ns, c).is_some_and(|p| !is_deleting(&p));
-        }
-        if let Some(s) = v["secret"]["secretName"].as_str() {
-            return store.get(crate::resources::SECRETS, ns, s).is_some()
-                || v["secret"]["optional"].as_bool() == Some(true);
-        }
-        true
-    })
-}
-
-/// A minimal kubelet: Pending → Running once its volumes exist; Failed at its
-/// `activeDeadlineSeconds`.
-fn spawn_kubelet(sim: Arc<Sim>, ns: String, name: String) {
-    tokio::spawn(async move {
-        let mut rx = sim.store().subscribe();
-        tokio::select! {
-            () = tokio::time::sleep(sim.config.timings.pod_start) => {}
-            () = sim.shutdown.cancelled() => return,
-        }
-        let started = loop {
-            {
-                let mut store = sim.store();
-                let Some(pod) = store.get(PODS, &ns, &name) else {
-                    return;
-                };
-                if pod_volumes_ready(&store, &ns, &pod) {
-                    let now = store::now_rfc3339();
-                    let status = json!({
-                        "phase": "Running",
-                        "podIP": "10.244.0.10",
-                        "startTime": now,
-                        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-                    });
-                    store.set_status(PODS, &ns, &name, status);
-                    break std::time::Instant::now();
-                }
-            }
-            tokio::select! {
-                r = rx.recv() => if matches!(r, Err(RecvError::Closed)) { return },
-                () = sim.shutdown.cancelled() => return,
-            }
-        };
-        let deadline = sim
-            .store()
-            .get(PODS, &ns, &name)
-            .and_then(|p| p["spec"]["activeDeadlineSeconds"].as_u64());
-        if let Some(secs) = deadline {
-            let left = std::time::Duration::from_secs(secs).saturating_sub(started.elapsed());
-            tokio::select! {
-                () = tokio::time::sleep(left) => {}
-                () = sim.shutdown.cancelled() => return,
-            }
-            let mut store = sim.store();
-            if let Some(pod) = store.get(PODS, &ns, &name) {
-                let mut status = pod["status"].clone();
-                status["phase"] = Value::from("Failed");
-                status["reason"] = Value::from("DeadlineExceeded");
-                status["message"] =
-                    Value::from("Pod was active on the node longer than the specified deadline");
-                store.set_status(PODS, &ns, &name, status);
-            }
-        }
-    });
 }

@@ -1,10 +1,12 @@
-//! The simulated guest (its first boot is `ttlab-sim-guest`'s, re-exported here): cloud-init `write_files` from the NoCloud user-data into a
-//! per-VM directory, the VMI's `configMap` volumes presented as KubeVirt presents them (one
-//! disk per volume, its files the ConfigMap's keys, found by its `volumeLabel`), the real
-//! `ttlab-agent` binary installed from the agent disk as ttlab's first boot does — unpacked,
-//! checked against the sha256 the user-data pins, or the failure marker with the reason and no
-//! agent — and started, and the readiness / failure markers the setup would write. A guest
-//! whose user-data pins no digest runs whatever binary its `write_files` put in place.
+//! What a VMI's guest is ([`GuestBackend`]), as kube-sim hands it to its KubeVirt
+//! (`ttlab-kubevirt-sim`). A simulated guest (`ttlab-sim-guest`, re-exported here): cloud-init
+//! `write_files` from the NoCloud user-data into a per-VM directory, the VMI's `configMap`
+//! volumes presented as KubeVirt presents them (one disk per volume, its files the ConfigMap's
+//! keys, found by its `volumeLabel`), the real `ttlab-agent` binary installed from the agent
+//! disk as ttlab's first boot does — unpacked, checked against the sha256 the user-data pins,
+//! or the failure marker with the reason and no agent — and started, and the readiness /
+//! failure markers the setup would write. A guest whose user-data pins no digest runs whatever
+//! binary its `write_files` put in place.
 //!
 //! The agent runs as `ttlab-agent --root <guest dir> --listen <VMI address>:<agent port>`; its
 //! standard error and output go to the guest's `/var/log/ttlab-agent.log`. As on KubeVirt,

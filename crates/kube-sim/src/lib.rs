@@ -6,13 +6,10 @@
 //! label/field selectors, pagination over consistent snapshots, metadata-only answers
 //! (`PartialObjectMetadata[List]`), watches from a resourceVersion (`410 Expired` once it has
 //! left the retained history), finalizers, owner-reference garbage collection, ResourceQuota
-//! admission judged by the status an asynchronous quota controller writes — and a simulated
-//! KubeVirt: a VirtualMachine with a running strategy gets a VirtualMachineInstance and a
-//! virt-launcher pod that go through the real phases; its guest applies the cloud-init from the VM's Secret, writes the files into a per-VM directory and
-//! runs the real `ttlab-agent` binary it finds there on a loopback address of its own; its
-//! serial console is a WebSocket (`plain.kubevirt.io`) to a small simulated terminal. Pod exec
-//! speaks the Kubernetes channel protocols (`v5.channel.k8s.io` … `channel.k8s.io`) to the same
-//! simulated shell, as kube-rs' `Api::<Pod>::exec` and `kubectl exec` expect. Faults (failed,
+//! admission judged by the status an asynchronous quota controller writes — with KubeVirt, the
+//! scheduler and the kubelet played by `ttlab-kubevirt-sim` (below). Pod exec speaks the
+//! Kubernetes channel protocols (`v5.channel.k8s.io` … `channel.k8s.io`) to a small simulated
+//! shell, as kube-rs' `Api::<Pod>::exec` and `kubectl exec` expect. Faults (failed,
 //! hanging or slow calls) can be injected and every call is recorded, in RBAC terms (user,
 //! verb, group, resource, subresource, namespace): the user is the one a bearer token the sim
 //! issued names ([`KubeSim::token_for`]) or the one a kubeconfig acts as (`as:`).
@@ -34,10 +31,12 @@
 //! started beside it and talking to it through the API only: kube-sim then serves Nodes,
 //! `pods/binding` and the graceful deletion of bound pods as a real API server does, relays
 //! the console subresource to kubevirt-sim's console server, and the controller's identity
-//! ([`CONTROLLER_USER`]) stays beside RBAC, injected faults and the call record; it runs real
-//! qemu guests too ([`guest::GuestBackend::Qemu`]). The simulated KubeVirt described above,
-//! inside kube-sim ([`Controllers::Embedded`]), stays for comparison; [`Controllers::External`]
-//! leaves the controllers to whoever runs them.
+//! ([`CONTROLLER_USER`]) stays beside RBAC, injected faults and the call record. A
+//! VirtualMachine with a run strategy gets a VirtualMachineInstance and a virt-launcher pod
+//! that go through the real phases; its guest applies the cloud-init from the VM's Secret into
+//! a per-VM directory and runs the real `ttlab-agent` on a loopback address of its own, or is
+//! a real qemu guest ([`guest::GuestBackend::Qemu`]). [`Controllers::External`] leaves the
+//! controllers to whoever runs them.
 //!
 //! It refuses to own anything production runs: no TLS, no persistence, no real scheduling or
 //! networking; nothing outside tests and `ttlabctl` depends on it.
@@ -64,7 +63,6 @@ mod discovery;
 mod exec;
 pub mod faults;
 pub mod guest;
-mod kubevirt;
 mod metadata;
 mod patch;
 pub mod quantity;
@@ -242,8 +240,7 @@ pub struct SimConfig {
     /// ([`guest::GuestBackend::Qemu`], a minute or more under TCG).
     pub guest: guest::GuestBackend,
     /// Who plays KubeVirt, the scheduler and the kubelet: `ttlab-kubevirt-sim` through the API,
-    /// as on a real API server (the default), kube-sim itself, or a controller started by
-    /// someone else.
+    /// as on a real API server (the default), or a controller started by someone else.
     pub controllers: Controllers,
 }
 
@@ -256,9 +253,6 @@ pub const CONTROLLER_USER: &str = "system:kube-sim:controllers";
 /// Who plays KubeVirt, the scheduler and the kubelet of a simulated cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Controllers {
-    /// kube-sim does: VMs get their VMIs and launcher pods, and pods run, without any client
-    /// of its own (qemu guests too).
-    Embedded,
     /// A controller outside does, through the API only (`ttlab-kubevirt-sim`, the way it does
     /// on a real kube-apiserver): kube-sim runs no KubeVirt, no scheduler and no kubelet; it
     /// serves Nodes and the `pods/binding` subresource, and, as a real API server does,
@@ -273,29 +267,6 @@ pub enum Controllers {
     /// guest's serial port with [`guest::GuestBackend::Qemu`]). The default.
     #[default]
     KubevirtSim,
-}
-
-impl Controllers {
-    /// The environment variable that runs a kube-sim configured with the default
-    /// ([`Controllers::KubevirtSim`]) with other controllers: `embedded`, `kubevirt-sim`. To
-    /// compare the two on a suite.
-    pub const ENV: &'static str = "TTLAB_KUBE_SIM_CONTROLLERS";
-
-    /// What [`Controllers::ENV`] asks for, if set.
-    pub fn from_env() -> Result<Option<Self>, Error> {
-        match std::env::var(Self::ENV) {
-            Err(_) => Ok(None),
-            Ok(v) => match v.as_str() {
-                "" => Ok(None),
-                "embedded" => Ok(Some(Self::Embedded)),
-                "kubevirt-sim" => Ok(Some(Self::KubevirtSim)),
-                other => Err(Error::Api(format!(
-                    "{}={other:?}: expected \"embedded\" or \"kubevirt-sim\"",
-                    Self::ENV
-                ))),
-            },
-        }
-    }
 }
 
 impl SimConfig {
@@ -357,15 +328,12 @@ pub(crate) struct Sim {
     pub(crate) store: Mutex<store::Store>,
     pub(crate) faults: Faults,
     pub(crate) config: SimConfig,
-    pub(crate) lesson_setup: Mutex<BTreeMap<String, SetupOutcome>>,
     pub(crate) paused: watch::Sender<bool>,
-    pub(crate) kubevirt: kubevirt::Runtime,
     /// The controls of ttlab-kubevirt-sim, when it is the controllers
     /// ([`Controllers::KubevirtSim`]): the guest controls go there instead.
     pub(crate) kubevirt_sim: std::sync::OnceLock<ttlab_kubevirt_sim::Controls>,
     /// Where kubevirt-sim serves its consoles then (plain, behind this server).
     pub(crate) kubevirt_console: std::sync::OnceLock<SocketAddr>,
-    pub(crate) consoles: console::Consoles,
     pub(crate) quota: quota::Controller,
     pub(crate) tokens: auth::Tokens,
     pub(crate) rbac: rbac::Rbac,
@@ -382,23 +350,14 @@ impl Sim {
         self.paused.send_replace(paused);
     }
 
-    /// The guest of VMI `namespace/name` powers off or crashes, whichever simulator runs it.
+    /// The guest of VMI `namespace/name` powers off or crashes.
     pub(crate) fn end_guest(
         &self,
         namespace: &str,
         name: &str,
-        how: kubevirt::GuestEnd,
+        how: ttlab_kubevirt_sim::GuestEnd,
     ) -> Result<(), Error> {
-        let Some(k) = self.kubevirt_sim.get() else {
-            return kubevirt::end_guest(self, namespace, name, how);
-        };
-        match how {
-            kubevirt::GuestEnd::PowerOff => k.power_off(namespace, name),
-            kubevirt::GuestEnd::Crash => k.crash(namespace, name),
-        }
-        .map_err(|e| {
-            // As with the embedded simulation: 404 when the VMI is gone, 409 otherwise.
-            tracing::debug!(namespace, name, error = %e, "kubevirt-sim refused a guest end");
+        let refused = || {
             if self.store().get(resources::VMIS, namespace, name).is_none() {
                 Error::NoSuchVmi {
                     namespace: namespace.to_owned(),
@@ -410,30 +369,35 @@ impl Sim {
                     name: name.to_owned(),
                 }
             }
+        };
+        let Some(k) = self.kubevirt_sim.get() else {
+            return Err(refused());
+        };
+        match how {
+            ttlab_kubevirt_sim::GuestEnd::PowerOff => k.power_off(namespace, name),
+            ttlab_kubevirt_sim::GuestEnd::Crash => k.crash(namespace, name),
+        }
+        .map_err(|e| {
+            // 404 when the VMI is gone, 409 otherwise.
+            tracing::debug!(namespace, name, error = %e, "kubevirt-sim refused a guest end");
+            refused()
         })
     }
 
-    /// What the tests see of a guest, whichever simulator runs it.
-    pub(crate) fn guest_info(&self, namespace: &str, name: &str) -> Option<kubevirt::GuestInfo> {
-        match self.kubevirt_sim.get() {
-            Some(k) => k.guest(namespace, name).map(|g| kubevirt::GuestInfo {
-                dir: g.dir,
-                ip: g.ip,
-                agent_pid: g.agent_pid,
-            }),
-            None => self.kubevirt.guest(namespace, name),
-        }
+    /// What kubevirt-sim shows of a guest.
+    pub(crate) fn guest_info(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<ttlab_kubevirt_sim::GuestInfo> {
+        self.kubevirt_sim.get()?.guest(namespace, name)
     }
 
-    /// Sets what the guest setup does for a lesson, whichever simulator runs the guests.
+    /// Sets what the guest setup does for a lesson.
     pub(crate) fn set_lesson_setup(&self, lesson: &str, outcome: SetupOutcome) {
         if let Some(k) = self.kubevirt_sim.get() {
-            k.set_setup_outcome(lesson, outcome.clone());
+            k.set_setup_outcome(lesson, outcome);
         }
-        self.lesson_setup
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(lesson.to_owned(), outcome);
     }
 
     pub(crate) fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
@@ -473,12 +437,7 @@ pub struct KubeSim {
 
 impl KubeSim {
     /// Binds `config.listen`, starts serving and simulating.
-    pub async fn start(mut config: SimConfig) -> Result<Self, Error> {
-        if config.controllers == Controllers::default()
-            && let Some(c) = Controllers::from_env()?
-        {
-            config.controllers = c;
-        }
+    pub async fn start(config: SimConfig) -> Result<Self, Error> {
         if !config.listen.ip().is_loopback() {
             return Err(Error::NotLoopback(config.listen));
         }
@@ -514,7 +473,7 @@ impl KubeSim {
         };
         let mut store = store::Store::new();
         store.set_history_window(config.watch_history);
-        store.set_graceful_pods(config.controllers != Controllers::Embedded);
+        store.set_graceful_pods(true);
         for ns in &config.namespaces {
             store
                 .create(
@@ -528,9 +487,6 @@ impl KubeSim {
         let sim = Arc::new(Sim {
             store: Mutex::new(store),
             faults: Faults::new(config.seed, config.max_call_records),
-            lesson_setup: Mutex::new(config.lesson_setup.clone()),
-            kubevirt: kubevirt::Runtime::new(config.guest_ip_second_octet),
-            consoles: console::Consoles::default(),
             quota: quota::Controller::default(),
             tokens: auth::Tokens::default(),
             rbac: rbac::Rbac::default(),
@@ -543,9 +499,6 @@ impl KubeSim {
         });
         controllers::spawn(sim.clone());
         quota::spawn(sim.clone());
-        if sim.config.controllers == Controllers::Embedded {
-            kubevirt::spawn(sim.clone());
-        }
         let app = api::router(sim.clone());
         let token = sim.shutdown.clone();
         let server = tokio::spawn(async move {
@@ -566,7 +519,7 @@ impl KubeSim {
                 let _ = sim.kubevirt_console.set(console.addr());
                 Some((k, console))
             }
-            Controllers::Embedded | Controllers::External => None,
+            Controllers::External => None,
         };
         Ok(Self {
             url,
@@ -708,16 +661,16 @@ impl KubeSim {
     /// The guest powers itself off: the VMI ends `Succeeded` and the run strategy decides.
     pub fn power_off(&self, namespace: &str, name: &str) -> Result<(), Error> {
         self.sim
-            .end_guest(namespace, name, kubevirt::GuestEnd::PowerOff)
+            .end_guest(namespace, name, ttlab_kubevirt_sim::GuestEnd::PowerOff)
     }
 
     /// The guest crashes: the VMI ends `Failed` and the run strategy decides.
     pub fn crash(&self, namespace: &str, name: &str) -> Result<(), Error> {
         self.sim
-            .end_guest(namespace, name, kubevirt::GuestEnd::Crash)
+            .end_guest(namespace, name, ttlab_kubevirt_sim::GuestEnd::Crash)
     }
 
-    fn guest_info(&self, namespace: &str, name: &str) -> Option<kubevirt::GuestInfo> {
+    fn guest_info(&self, namespace: &str, name: &str) -> Option<ttlab_kubevirt_sim::GuestInfo> {
         self.sim.guest_info(namespace, name)
     }
 
@@ -741,12 +694,7 @@ impl KubeSim {
     /// The guest agent's log: its standard error and output (`/var/log/ttlab-agent.log` in the
     /// guest directory). Look here when an agent does not answer.
     pub fn agent_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        match self.sim.kubevirt_sim.get() {
-            Some(k) => k.agent_log(namespace, name),
-            None => self
-                .guest_dir(namespace, name)
-                .map(|d| guest::agent_log(&d)),
-        }
+        self.sim.kubevirt_sim.get()?.agent_log(namespace, name)
     }
 
     /// Sets what the guest setup does for a lesson (for VMIs started from now on).
@@ -817,8 +765,6 @@ impl KubeSim {
             k.stop().await;
         }
         self.sim.shutdown.cancel();
-        self.sim.kubevirt.stop_all();
-        self.sim.kubevirt.kill_all_agents().await;
         if let Some(s) = self.server.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }
@@ -828,8 +774,6 @@ impl KubeSim {
 impl Drop for KubeSim {
     fn drop(&mut self) {
         self.sim.shutdown.cancel();
-        self.sim.kubevirt.stop_all();
-        self.sim.kubevirt.kill_all_agents_now();
     }
 }
 

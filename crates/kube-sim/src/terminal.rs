@@ -1,19 +1,17 @@
-//! The simulated shell behind a VMI's serial console and a pod's exec: a line discipline (echo
+//! The simulated shell behind a pod's exec: a line discipline (echo
 //! and line editing with a TTY, plain lines without), a bash-like prompt, a few builtins
 //! (`hostname`, `whoami`, `id`, `pwd`, `uname`, `echo`, `true`, `false`, `stty size`,
 //! `exit`), and `yes` / `seq N` for bulk output.
 //!
-//! The terminal only decides what to print; the console and exec handlers carry the bytes.
+//! The terminal only decides what to print; the exec handler carries the bytes.
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Where the shell runs, which decides what `exit` does.
+/// What runs: the shell's name decides how its messages read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// The serial console's login shell: `exit` logs out and getty logs root in again.
-    Console,
     /// A process started by exec: `exit` ends it (and the exec session). The name is the
     /// program's (`bash`, `sh`), used in error messages.
     Shell {
@@ -71,8 +69,6 @@ pub(crate) struct Terminal {
     user: User,
     kind: Kind,
     tty: bool,
-    /// The console's boot text and autologin were shown (to the first client only).
-    pub(crate) shown_boot: bool,
     line: Vec<u8>,
     status: i32,
     size: Option<(u16, u16)>,
@@ -143,11 +139,6 @@ impl Program {
 }
 
 impl Terminal {
-    /// The serial console of a guest: root's autologin shell on a TTY.
-    pub(crate) fn console(hostname: &str) -> Self {
-        Self::new(hostname, User::root(), Kind::Console, true)
-    }
-
     /// A shell (or single command) started by exec.
     pub(crate) fn new(hostname: &str, user: User, kind: Kind, tty: bool) -> Self {
         Self {
@@ -155,7 +146,6 @@ impl Terminal {
             user,
             kind,
             tty,
-            shown_boot: false,
             line: Vec::new(),
             status: 0,
             size: None,
@@ -195,20 +185,6 @@ impl Terminal {
         format!("{user}@{}:{dir}{sign} ", self.hostname).into_bytes()
     }
 
-    /// What the console shows to its first client: kernel and cloud-init lines, then getty's
-    /// autologin.
-    pub(crate) fn boot_text(&self) -> Vec<u8> {
-        let h = &self.hostname;
-        format!(
-            "[    0.000000] Linux version 5.15.0-kube-sim (simulated serial console)\r\n\
-             [    1.234567] cloud-init[512]: Cloud-init v. 22.4 running 'modules:final'\r\n\
-             \r\nUbuntu 22.04 LTS {h} ttyS0\r\n\r\n\
-             {h} login: root (automatic login)\r\n\r\n\
-             Welcome to Ubuntu 22.04 LTS (GNU/Linux 5.15.0 x86_64)\r\n\r\n"
-        )
-        .into_bytes()
-    }
-
     /// Line ends as the terminal shows them: a TTY turns `\n` into `\r\n`.
     fn text(&self, s: &str) -> Vec<u8> {
         if self.tty {
@@ -220,7 +196,6 @@ impl Terminal {
 
     fn shell_name(&self) -> &str {
         match &self.kind {
-            Kind::Console => "-bash",
             Kind::Shell { name } => name,
         }
     }
@@ -326,20 +301,8 @@ impl Terminal {
     }
 
     fn exit(&mut self, code: i32) -> Vec<Action> {
-        match self.kind {
-            Kind::Console => {
-                self.shown_boot = true;
-                let h = &self.hostname;
-                let text = format!(
-                    "logout\r\n\r\nUbuntu 22.04 LTS {h} ttyS0\r\n\r\n{h} login: root (automatic login)\r\n\r\n"
-                );
-                vec![Action::Out(text.into_bytes()), Action::Out(self.prompt())]
-            }
-            Kind::Shell { .. } => {
-                self.status = code;
-                vec![Action::Exit(code)]
-            }
-        }
+        self.status = code;
+        vec![Action::Exit(code)]
     }
 
     /// Runs a typed line and shows the next prompt (unless the line started bulk output,
@@ -351,9 +314,7 @@ impl Terminal {
             let more = self.run(&argv);
             let stop = more
                 .iter()
-                .any(|a| matches!(a, Action::Bulk { .. } | Action::Exit(_)))
-                || (self.kind == Kind::Console
-                    && matches!(argv.first(), Some(&"exit" | &"logout")));
+                .any(|a| matches!(a, Action::Bulk { .. } | Action::Exit(_)));
             actions.extend(more);
             if stop {
                 return actions;
@@ -457,25 +418,20 @@ impl Terminal {
         actions
     }
 
-    /// The end of standard input: a shell exits with the last status (the console ignores it).
+    /// The end of standard input: the shell exits with the last status.
     pub(crate) fn end_of_input(&mut self) -> Vec<Action> {
-        match self.kind {
-            Kind::Console => Vec::new(),
-            Kind::Shell { .. } => {
-                let mut actions = Vec::new();
-                if !self.tty && !self.line.is_empty() {
-                    let line = String::from_utf8_lossy(&self.line).into_owned();
-                    self.line.clear();
-                    let argv: Vec<&str> = line.split_whitespace().collect();
-                    actions.extend(self.run(&argv));
-                    if actions.iter().any(|a| matches!(a, Action::Exit(_))) {
-                        return actions;
-                    }
-                }
-                actions.push(Action::Exit(self.status));
-                actions
+        let mut actions = Vec::new();
+        if !self.tty && !self.line.is_empty() {
+            let line = String::from_utf8_lossy(&self.line).into_owned();
+            self.line.clear();
+            let argv: Vec<&str> = line.split_whitespace().collect();
+            actions.extend(self.run(&argv));
+            if actions.iter().any(|a| matches!(a, Action::Exit(_))) {
+                return actions;
             }
         }
+        actions.push(Action::Exit(self.status));
+        actions
     }
 
     /// Whether `seq` lines end with `\r\n`.
@@ -530,9 +486,14 @@ mod tests {
     use super::*;
 
     fn console() -> Terminal {
-        let mut t = Terminal::console("lab-1");
-        t.shown_boot = true;
-        t
+        Terminal::new(
+            "lab-1",
+            User::root(),
+            Kind::Shell {
+                name: "bash".into(),
+            },
+            true,
+        )
     }
 
     fn text(actions: &[Action]) -> String {
@@ -556,7 +517,7 @@ mod tests {
             text(&t.input(b"whoami\r")),
             "whoami\r\nroot\r\nroot@lab-1:~# "
         );
-        assert!(text(&t.input(b"nope\r")).contains("-bash: nope: command not found"));
+        assert!(text(&t.input(b"nope\r")).contains("bash: nope: command not found"));
         assert_eq!(t.status(), 127);
         assert_eq!(text(&t.input(b"ab\x7f")), "ab\x08 \x08");
     }
@@ -600,10 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn console_exit_logs_in_again_but_a_shell_exits() {
-        let mut t = console();
-        let out = text(&t.input(b"exit\r"));
-        assert!(out.contains("lab-1 login: root (automatic login)"), "{out}");
+    fn a_shell_exits_with_the_last_status_or_the_one_given() {
         let mut s = Terminal::new(
             "pod-1",
             User::root(),

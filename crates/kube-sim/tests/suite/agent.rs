@@ -355,24 +355,15 @@ async fn a_vm_whose_agent_config_map_is_missing_does_not_start_until_it_appears(
     let Some(payload) = agent_payload() else {
         return;
     };
-    // kube-sim's own KubeVirt reports the mount that fails on the VMI (FailedMount);
-    // kubevirt-sim, as KubeVirt, leaves it to the launcher pod, which waits.
-    let sim = start_with(ttlab_kube_sim::Controllers::Embedded).await;
+    let sim = start().await;
     let h = Http::new(&sim);
     let (name, _, token) =
         create_session_only(&sim, &payload, "3e4f5a6b-7c8d-4e9f-8a1b-2c3d4e5f6a7b", 5).await;
-    // As KubeVirt's launcher pod that cannot mount the volume: the VMI never runs, and says why.
-    let vmi = wait_for(&h, VMIS, &name, |o| {
-        o["status"]["conditions"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["reason"] == "FailedMount"))
-    })
-    .await;
-    let why = vmi["status"]["conditions"].to_string();
-    assert!(
-        why.contains(&payload.config_map_name()) && why.contains("not found"),
-        "{why}"
-    );
+    // As KubeVirt's launcher pod that cannot mount the volume: it stays Pending, its
+    // containers creating, and the VMI never runs.
+    let pod = launcher_pod_waiting_for_a_volume(&h, &name).await;
+    let volumes = pod["spec"]["volumes"].to_string();
+    assert!(volumes.contains(&payload.config_map_name()), "{volumes}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, vmi) = h.get(&format!("{VMIS}/{name}")).await;
     assert_eq!(status, 200);

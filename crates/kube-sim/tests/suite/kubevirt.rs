@@ -90,9 +90,7 @@ fn synchronized(vmi: &serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
-    // kube-sim's own KubeVirt: it reports a Secret it cannot mount on the VMI (kubevirt-sim,
-    // as KubeVirt, leaves that to the launcher pod; its missing-PVC case is in its own tests).
-    let sim = start_with(ttlab_kube_sim::Controllers::Embedded).await;
+    let sim = start().await;
     let h = Http::new(&sim);
     let vols = json!([{"name": "rootdisk", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden-x", "readOnly": true}}}]);
     h.post(VMS, &vm("lab-pvc", json!({}), "Always", vols)).await;
@@ -121,13 +119,15 @@ async fn missing_pvc_or_secret_keeps_the_vmi_pending_until_it_appears() {
         ),
     )
     .await;
-    let vmi = wait_for(&h, VMIS, "lab-sec", |o| {
-        synchronized(o)["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("lab-sec-ci"))
-    })
-    .await;
-    assert_eq!(vmi["status"]["phase"], "Pending");
+    // A Secret is the launcher pod's to mount, as on KubeVirt: the pod waits, and so does the
+    // VMI.
+    let pod = launcher_pod_waiting_for_a_volume(&h, "lab-sec").await;
+    assert!(
+        pod["spec"]["volumes"].to_string().contains("lab-sec-ci"),
+        "{pod}"
+    );
+    let (_, vmi) = h.get(&format!("{VMIS}/lab-sec")).await;
+    assert_ne!(vmi["status"]["phase"], "Running", "{vmi}");
     h.post(
         SECRETS,
         &secret(

@@ -122,9 +122,8 @@ pub async fn start() -> KubeSim {
     start_with(Controllers::default()).await
 }
 
-/// A sim whose KubeVirt, scheduler and kubelet are `controllers`: [`Controllers::Embedded`]
-/// for what only kube-sim's own KubeVirt does, [`Controllers::External`] (none running) to
-/// measure the API server alone.
+/// A sim whose KubeVirt, scheduler and kubelet are `controllers`: [`Controllers::External`]
+/// (none running) to measure the API server alone.
 pub async fn start_with(controllers: Controllers) -> KubeSim {
     let mut config = SimConfig::for_tests();
     config.controllers = controllers;
@@ -189,6 +188,32 @@ pub async fn wait_for(
     })
     .await
     .expect("condition reached in time")
+}
+
+/// Waits until the launcher pod of VMI `vmi` exists and is held `Pending` with its containers
+/// `ContainerCreating`: what a kubelet that cannot mount one of its volumes shows (it says why
+/// in a `FailedMount` Event).
+pub async fn launcher_pod_waiting_for_a_volume(http: &Http, vmi: &str) -> Value {
+    let url = format!("{PODS}?labelSelector=vmi.kubevirt.io%2Fid%3D{vmi}");
+    let started = std::time::Instant::now();
+    loop {
+        let (status, list) = http.get(&url).await;
+        assert_eq!(status, 200, "{list}");
+        if let Some(pod) = list["items"].as_array().and_then(|items| {
+            items.iter().find(|p| {
+                p["status"]["phase"] == "Pending"
+                    && p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+                        == "ContainerCreating"
+            })
+        }) {
+            return pod.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no launcher pod of {vmi} waiting for a volume: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until the object is gone.
