@@ -201,3 +201,59 @@ async fn run_strategies_decide_what_runs_and_what_stays_off(on: On) {
     assert_nothing_refused(&sim);
     sim.stop().await;
 }
+
+on_both!(a_qemu_guest_that_cannot_start_ends_its_vmi_failed);
+/// With qemu guests (`SimSettings::qemu`), a guest whose image cannot be booted (its base
+/// disk is missing) takes its launcher pod down with it and ends its VMI `Failed`, as KubeVirt
+/// does when the domain does not start, instead of leaving it `Scheduled`. No qemu process is
+/// needed to see it.
+async fn a_qemu_guest_that_cannot_start_ends_its_vmi_failed(on: On) {
+    let Some((plane, client)) = plane(on).await else {
+        return;
+    };
+    let ns = plane.namespace(&client, "qemu").await;
+    let guests = tempfile::tempdir().unwrap();
+    let image_dir = tempfile::tempdir().unwrap();
+    let image = ttlab_qemu_guest::GuestImage {
+        dir: image_dir.path().to_path_buf(),
+        manifest: ttlab_qemu_guest::ImageManifest {
+            name: "missing".into(),
+            disk: "missing.qcow2".into(),
+            disk_format: "qcow2".into(),
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            recipe: "none".into(),
+            versions: Default::default(),
+            source: "this test".into(),
+            built_at: "2026-01-01T00:00:00Z".into(),
+            build_seconds: 0,
+        },
+    };
+    let mut qemu = ttlab_qemu_guest::QemuSettings::new(image);
+    qemu.accel = Some(ttlab_qemu_guest::Accel::Tcg);
+    let mut settings = sim_settings(&ns, guests.path());
+    settings.qemu = Some(qemu);
+    let sim = KubevirtSim::start(plane.controller_client(&client).await, settings)
+        .await
+        .expect("kubevirt-sim starts");
+    create_vm(&client, &ns, &plain_vm("broken", "Once")).await;
+    let vmis = vmi_api(&client, &ns);
+    let vmi = eventually("VMI broken Failed", 60, || async {
+        get_json(&vmis, "broken")
+            .await
+            .filter(|v| v["status"]["phase"] == "Failed")
+    })
+    .await;
+    assert!(
+        !vmi["status"]["phaseTransitionTimestamps"]
+            .to_string()
+            .contains("\"Running\""),
+        "the VMI never ran: {vmi}"
+    );
+    assert!(
+        sim.guest(&ns, "broken")
+            .is_none_or(|g| g.agent_pid.is_none())
+    );
+    sim.stop().await;
+}
