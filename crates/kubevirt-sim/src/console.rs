@@ -813,7 +813,8 @@ async fn session<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut tick = tokio::time::interval(GUEST_CHECK);
+    let over = connection_over(ctx, vmi_uid, token, stop);
+    tokio::pin!(over);
     if ws.send(Message::binary(terminal.greeting())).await.is_err() {
         return;
     }
@@ -863,20 +864,33 @@ async fn session<S>(
                     return;
                 }
             }
+            () = &mut over => {
+                let _ = ws.close(None).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Resolves when a console connection of VMI `vmi_uid` is over: its guest no longer runs
+/// (looked at every [`GUEST_CHECK`]), a newer console replaced it (`token`), or the server
+/// stops (`stop`).
+async fn connection_over(
+    ctx: &Ctx,
+    vmi_uid: &str,
+    token: &CancellationToken,
+    stop: &CancellationToken,
+) {
+    let mut tick = tokio::time::interval(GUEST_CHECK);
+    loop {
+        tokio::select! {
             _ = tick.tick() => {
                 if ctx.guests.state(vmi_uid) != Some(GuestState::Running) {
-                    let _ = ws.close(None).await;
                     return;
                 }
             }
-            () = token.cancelled() => {
-                let _ = ws.close(None).await;
-                return;
-            }
-            () = stop.cancelled() => {
-                let _ = ws.close(None).await;
-                return;
-            }
+            () = token.cancelled() => return,
+            () = stop.cancelled() => return,
         }
     }
 }
@@ -901,7 +915,8 @@ async fn serial_session<S>(
     if !history.is_empty() && ws.send(Message::binary(history)).await.is_err() {
         return;
     }
-    let mut tick = tokio::time::interval(GUEST_CHECK);
+    let over = connection_over(ctx, vmi_uid, token, stop);
+    tokio::pin!(over);
     loop {
         tokio::select! {
             m = ws.next() => match m {
@@ -922,17 +937,7 @@ async fn serial_session<S>(
                     return;
                 }
             },
-            _ = tick.tick() => {
-                if ctx.guests.state(vmi_uid) != Some(GuestState::Running) {
-                    let _ = ws.close(None).await;
-                    return;
-                }
-            }
-            () = token.cancelled() => {
-                let _ = ws.close(None).await;
-                return;
-            }
-            () = stop.cancelled() => {
+            () = &mut over => {
                 let _ = ws.close(None).await;
                 return;
             }

@@ -394,6 +394,11 @@ impl Guests {
         }
     }
 
+    /// Whether the qemu process of VMI `uid` was asked for already.
+    pub(crate) fn qemu_claimed(&self, uid: &str) -> bool {
+        self.map().get(uid).is_some_and(|g| g.qemu_claimed)
+    }
+
     /// The qemu process of VMI `uid` runs. False (and the process is to be killed) if the
     /// guest stopped meanwhile.
     pub(crate) fn set_qemu(&self, uid: &str, link: QemuLink) -> bool {

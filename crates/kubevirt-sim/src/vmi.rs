@@ -403,6 +403,10 @@ impl Vmi<'_> {
         if self.ctx.guests.qemu_up(&self.uid) {
             return self.set_running(vmi, pod, ip).await;
         }
+        if self.ctx.guests.qemu_claimed(&self.uid) {
+            // Starting: its task wakes the controllers when qemu runs.
+            return Ok(Action::await_change());
+        }
         // Read before the start is claimed: a failed read is retried by the next pass.
         let config_disks = self.qemu_config_disks(vmi).await?;
         let user_data = self.user_data(vmi).await?.unwrap_or_default();
