@@ -17,7 +17,11 @@
 //!
 //! Open-loop: each request has a scheduled instant and its latency is measured from that
 //! instant, so a slow answer cannot hold back the next requests and hide its own cost
-//! (coordinated omission). The client's lateness in sending is printed too.
+//! (coordinated omission). The client's lateness in sending is printed too, and so is what
+//! the machine's CPUs did during each GET phase (busy, idle, and stolen by the hypervisor:
+//! on a virtual machine, stolen time shows up as latency of whatever was ready to run).
+//! kube-sim and the simulated guests run at a lower priority ([`SIM_NICE`]): they stand for
+//! other machines.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -37,12 +41,28 @@ use ttlab_lesson::LessonSet;
 use ttlab_model::{SessionId, SessionStatus, UserId};
 use ttlab_store::{Store, StoreOptions};
 
+use super::machine;
 use crate::demo::client::{self, HttpClient, Method};
 use crate::demo::stack::{self, Database};
 use crate::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wait_ready};
 
+/// The nice value of kube-sim's threads and of the simulated guests' processes. The simulated
+/// cluster stands for other machines (the API server, KubeVirt, the nodes and their VMs);
+/// sharing this machine's CPUs with the server at the same priority, its bursts (a VM created,
+/// a guest agent started) would be measured as the server's latency.
+pub(crate) const SIM_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority to [`SIM_NICE`] (on Linux a nice value is a thread's,
+/// and the processes it starts inherit it). Best effort: a refusal only leaves it as it was.
+fn lower_priority() {
+    let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), SIM_NICE);
+}
+
 /// Target of `GET /api/sessions/{id}` p99.
 const GET_TARGET: Duration = Duration::from_millis(5);
+/// Share of the CPU time taken by the hypervisor from which a phase's figures are flagged as
+/// partly the host's.
+const STEAL_NOTED: f64 = 5.0;
 /// Target of `POST /api/sessions` p99.
 const POST_TARGET: Duration = Duration::from_millis(50);
 /// Target of the backend's readiness delay p99.
@@ -173,7 +193,8 @@ pub(crate) struct Rig {
     pub(crate) sim: Option<KubeSim>,
     /// kube-sim's own runtime: the simulated cluster's bursts (a batch of VMs created, their
     /// guests started) run on threads the OS preempts, instead of holding up the load
-    /// generator's timers on shared workers, which showed as client lag in the figures.
+    /// generator's timers on shared workers, which showed as client lag in the figures. Its
+    /// threads (and the guest agents they start) run at [`SIM_NICE`].
     sim_runtime: Option<tokio::runtime::Runtime>,
     server: Option<ChildProcess>,
     pub(crate) url: String,
@@ -216,6 +237,7 @@ impl Rig {
         let sim_runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kube-sim")
+            .on_thread_start(lower_priority)
             .enable_all()
             .build()
             .context("starting kube-sim's runtime")?;
@@ -309,7 +331,8 @@ impl Rig {
         let server_pid = self.server.as_ref().map_or(0, ChildProcess::pid);
         println!(
             "ttlab bench api: {} build, {} CPUs, kube-sim without injected latency \
-             (guest boot {} ms, setup {} ms), ttlab-server pid {server_pid}, lesson {lesson}",
+             (guest boot {} ms, setup {} ms; it and its guests at nice {SIM_NICE}), \
+             ttlab-server pid {server_pid}, lesson {lesson}",
             if cfg!(debug_assertions) {
                 "debug"
             } else {
@@ -447,7 +470,8 @@ impl Rig {
         );
         let warmup = Duration::from_secs(1);
         let _ = open_loop(&http, &targets, args.get_rate, warmup).await;
-        let mut get = open_loop(&http, &targets, args.get_rate, args.get_duration).await;
+        let (mut get, load) =
+            machine::during(open_loop(&http, &targets, args.get_rate, args.get_duration)).await;
         get.print(
             &format!(
                 "GET /api/sessions/{{id}} ({}/s offered for {} s over {} sessions)",
@@ -457,6 +481,7 @@ impl Rig {
             ),
             GET_TARGET,
         );
+        print_load(load);
         if !args.slow_kube.is_zero() {
             self.slow_phase(args, lesson, &http, &targets).await?;
         }
@@ -516,7 +541,8 @@ impl Rig {
                 (ok, failed)
             })
         };
-        let mut get = open_loop(http, targets, args.get_rate, args.slow_kube).await;
+        let (mut get, load) =
+            machine::during(open_loop(http, targets, args.get_rate, args.slow_kube)).await;
         let (ready_ok, ready_failed) = probes.await.context("the readiness probes failed")?;
         let mut answers: std::collections::BTreeMap<String, u32> = Default::default();
         let mut slowest = Duration::ZERO;
@@ -538,6 +564,7 @@ impl Rig {
             ),
             GET_TARGET,
         );
+        print_load(load);
         let answers: Vec<String> = answers.iter().map(|(k, n)| format!("{n}× {k}")).collect();
         println!(
             "  {STARTS} starts at once meanwhile: answered {}; the slowest in {} ms",
@@ -556,6 +583,19 @@ impl Rig {
             println!("  readiness: FAIL (a slow cluster took the replica out of service)");
         }
         Ok(())
+    }
+}
+
+/// The machine's load over a phase, under its figures (nothing where it cannot be read).
+fn print_load(load: Option<machine::Load>) {
+    if let Some(load) = load {
+        println!("  {load}");
+        if load.steal_percent() >= STEAL_NOTED {
+            println!(
+                "  (CPU time was stolen: a thread ready to run waited for the host, so the tail \
+                 above is partly the host's)"
+            );
+        }
     }
 }
 

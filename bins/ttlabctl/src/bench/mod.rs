@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod console;
+mod machine;
 mod objects;
 pub mod pool;
 pub mod real;

@@ -16,7 +16,7 @@ use clap::Args;
 use ttlab_api::auth::Role;
 use ttlab_model::UserId;
 
-use super::api::{Dist, Rig, RigSettings, ms, parse_duration, verdict};
+use super::api::{Dist, Rig, RigSettings, SIM_NICE, ms, parse_duration, verdict};
 use crate::demo::client::{self, Method};
 use crate::soak::students::Rng;
 
@@ -98,7 +98,8 @@ pub async fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
 async fn measure(rig: &Rig, args: &PoolBenchArgs, lesson: &str) -> anyhow::Result<()> {
     let http = client::client(64);
     println!(
-        "ttlab bench pool: {} build, {} CPUs, kube-sim guest boot {} s + setup {} s, lesson {lesson}, \
+        "ttlab bench pool: {} build, {} CPUs, kube-sim guest boot {} s + setup {} s \
+         (it and its guests at nice {SIM_NICE}), lesson {lesson}, \
          pool size {}, {} students over {} s (seed {}), each working {} s, VM limit {}",
         if cfg!(debug_assertions) {
             "debug"
