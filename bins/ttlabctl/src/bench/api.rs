@@ -54,10 +54,25 @@ use crate::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wa
 /// only when nothing else of the benchmark wants it.
 pub(crate) const SIM_NICE: i32 = 19;
 
+/// Set when a kube-sim thread could not be niced (the headers say so instead of the nice
+/// value).
+static NICE_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Lowers the calling thread's priority to [`SIM_NICE`] (on Linux a nice value is a thread's,
-/// and the processes it starts inherit it). Best effort: a refusal only leaves it as it was.
+/// and the processes it starts inherit it). A refusal leaves it as it was, and is recorded.
 fn lower_priority() {
-    let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), SIM_NICE);
+    if rustix::process::setpriority_process(Some(rustix::thread::gettid()), SIM_NICE).is_err() {
+        NICE_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How kube-sim and its guests ran, for a benchmark's first line.
+pub(crate) fn sim_priority() -> String {
+    if NICE_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        "it and its guests at the server's priority: lowering it was refused".to_owned()
+    } else {
+        format!("it and its guests at nice {SIM_NICE}")
+    }
 }
 
 /// Target of `GET /api/sessions/{id}` p99.
@@ -333,8 +348,7 @@ impl Rig {
         let server_pid = self.server.as_ref().map_or(0, ChildProcess::pid);
         println!(
             "ttlab bench api: {} build, {} CPUs, kube-sim without injected latency \
-             (guest boot {} ms, setup {} ms; it and its guests at nice {SIM_NICE}), \
-             ttlab-server pid {server_pid}, lesson {lesson}",
+             (guest boot {} ms, setup {} ms; {}), ttlab-server pid {server_pid}, lesson {lesson}",
             if cfg!(debug_assertions) {
                 "debug"
             } else {
@@ -343,6 +357,7 @@ impl Rig {
             std::thread::available_parallelism().map_or(0, usize::from),
             args.sim_boot.as_millis(),
             args.sim_setup.as_millis(),
+            sim_priority(),
         );
 
         let running_seen = watch_vmis_running(sim.url(), &self.namespace).await?;

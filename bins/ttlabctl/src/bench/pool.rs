@@ -16,7 +16,7 @@ use clap::Args;
 use ttlab_api::auth::Role;
 use ttlab_model::UserId;
 
-use super::api::{Dist, Rig, RigSettings, SIM_NICE, ms, parse_duration, verdict};
+use super::api::{Dist, Rig, RigSettings, ms, parse_duration, sim_priority, verdict};
 use crate::demo::client::{self, Method};
 use crate::soak::students::Rng;
 
@@ -99,7 +99,7 @@ async fn measure(rig: &Rig, args: &PoolBenchArgs, lesson: &str) -> anyhow::Resul
     let http = client::client(64);
     println!(
         "ttlab bench pool: {} build, {} CPUs, kube-sim guest boot {} s + setup {} s \
-         (it and its guests at nice {SIM_NICE}), lesson {lesson}, \
+         ({}), lesson {lesson}, \
          pool size {}, {} students over {} s (seed {}), each working {} s, VM limit {}",
         if cfg!(debug_assertions) {
             "debug"
@@ -109,6 +109,7 @@ async fn measure(rig: &Rig, args: &PoolBenchArgs, lesson: &str) -> anyhow::Resul
         std::thread::available_parallelism().map_or(0, usize::from),
         args.sim_boot.as_secs_f64(),
         args.sim_setup.as_secs_f64(),
+        sim_priority(),
         args.pool_size,
         args.students,
         args.over.as_secs_f64(),
