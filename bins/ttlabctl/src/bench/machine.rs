@@ -33,10 +33,11 @@ impl CpuTimes {
             .map(str::parse)
             .collect::<Result<_, _>>()
             .ok()?;
-        let at = |i: usize| f.get(i).copied().unwrap_or(0);
         if f.len() < 4 {
             return None;
         }
+        // Older kernels end the line before iowait, irq, softirq or steal: those read as 0.
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
         Some(Self {
             user: at(0) + at(1),
             system: at(2) + at(5) + at(6),
