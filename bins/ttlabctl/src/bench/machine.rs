@@ -2,6 +2,12 @@
 //! CPUs were, and how much time the hypervisor took from them (steal). A latency figure
 //! measured on a virtual machine whose CPUs were stolen from is the host's as much as the
 //! program's; printing the two side by side tells them apart.
+//!
+//! The steal share is read from the hypervisor's clock and is exact. User, system and idle
+//! are as the kernel's periodic tick sampled them (tick accounting: whatever ran at each
+//! tick is charged the whole tick): a load paced on a fixed period that sleeps between its
+//! requests can fall between ticks and read as idle, so those three are a rough guide only,
+//! and the line says so.
 
 use std::fmt;
 
@@ -90,11 +96,11 @@ impl fmt::Display for Load {
         let t = self.total();
         write!(
             f,
-            "machine meanwhile: user {:.0} %, system {:.0} %, idle {:.0} %, stolen by the hypervisor {:.0} %",
+            "machine meanwhile: stolen by the hypervisor {:.0} %; as the kernel tick sampled it, user {:.0} %, system {:.0} %, idle {:.0} %",
+            percent(self.steal, t),
             percent(self.user, t),
             percent(self.system, t),
-            percent(self.idle, t),
-            percent(self.steal, t)
+            percent(self.idle, t)
         )
     }
 }
@@ -133,7 +139,7 @@ mod tests {
         assert!((load.steal_percent() - 100.0 * 60.0 / 254.0).abs() < 1e-9);
         assert_eq!(
             load.to_string(),
-            "machine meanwhile: user 24 %, system 13 %, idle 39 %, stolen by the hypervisor 24 %"
+            "machine meanwhile: stolen by the hypervisor 24 %; as the kernel tick sampled it, user 24 %, system 13 %, idle 39 %"
         );
     }
 
