@@ -47,3 +47,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Pool(args) => pool::run(args).await,
     }
 }
+
+/// The `p`th percentile (0–100) of `sorted` by the nearest-rank method; NaN when empty.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// How a figure is marked against its target.
+pub(crate) fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}

@@ -52,6 +52,7 @@ use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
 
 use super::objects::{SessionObjects, agent_config_map, session_objects};
 use super::reaper::median_and_worst;
+use super::{percentile, verdict};
 use crate::demo::client::{self, Method};
 use crate::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
 
@@ -1218,18 +1219,6 @@ fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
         name.trim_start_matches("ttlab-")
     );
     Ok(path)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "MISSED" }
 }
 
 fn one_line(s: &str) -> String {

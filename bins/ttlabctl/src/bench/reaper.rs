@@ -34,6 +34,8 @@ use ttlab_reaper::{Metrics, ReaperContext, ReaperSettings, reap_once};
 use ttlab_store::testing::TestDb;
 use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
 
+use super::{percentile, verdict};
+
 const NS: &str = "ttlab";
 const ENV: &str = "bench";
 
@@ -225,18 +227,6 @@ impl Bench {
             .await;
         results.into_iter().collect()
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "MISSED" }
 }
 
 async fn detection(b: &Bench, args: &ReaperBenchArgs) -> anyhow::Result<()> {
