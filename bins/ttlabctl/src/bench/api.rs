@@ -374,23 +374,25 @@ impl Rig {
         let post_url = format!("{}/api/sessions", self.url);
         let body = serde_json::json!({ "lesson": lesson });
         let period = Duration::from_secs_f64(1.0 / f64::from(args.post_rate));
-        let start = Instant::now() + Duration::from_millis(50);
-        let mut tasks = Vec::with_capacity(users.len());
-        for (i, (_, token)) in users.iter().enumerate() {
-            let at = start + period * u32::try_from(i).unwrap_or(u32::MAX);
-            tokio::time::sleep_until(at.into()).await;
-            let (http, url, token, body) =
-                (http.clone(), post_url.clone(), token.clone(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                let sent = Instant::now();
-                let r = client::send(&http, Method::POST, &url, Some(&token), Some(&body)).await;
-                (at, sent, Instant::now(), r)
-            }));
-        }
+        let tokens: Arc<Vec<String>> = Arc::new(users.iter().map(|(_, t)| t.clone()).collect());
+        let answers = {
+            let (http, tokens) = (http.clone(), tokens.clone());
+            paced(tokens.len(), period, move |i| {
+                let (http, url, tokens, body) =
+                    (http.clone(), post_url.clone(), tokens.clone(), body.clone());
+                async move {
+                    let sent = Instant::now();
+                    let r = client::send(&http, Method::POST, &url, Some(&tokens[i]), Some(&body))
+                        .await;
+                    (sent, Instant::now(), r)
+                }
+            })
+            .await?
+        };
         let mut post = Sample::default();
         let mut sessions: Vec<(SessionId, String)> = Vec::new();
-        for (t, (_, token)) in tasks.into_iter().zip(&users) {
-            let (at, sent, done, r) = t.await.context("a request task failed")?;
+        for ((at, t), token) in answers.into_iter().zip(tokens.iter()) {
+            let (sent, done, r) = t.context("a request task failed")?;
             post.add(at, sent, done);
             match r {
                 Ok((status, body)) if status == http::StatusCode::ACCEPTED => {
@@ -624,25 +626,29 @@ async fn open_loop(
     duration: Duration,
 ) -> Sample {
     let period = Duration::from_secs_f64(1.0 / f64::from(rate));
-    let total = (duration.as_secs_f64() * f64::from(rate)).round() as u64;
-    let start = Instant::now() + Duration::from_millis(20);
-    let mut tasks = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    for i in 0..total {
-        let at = start + Duration::from_secs_f64(period.as_secs_f64() * i as f64);
-        tokio::time::sleep_until(at.into()).await;
-        let http = http.clone();
-        let targets = targets.clone();
-        tasks.push(tokio::spawn(async move {
-            let (url, token) = &targets[usize::try_from(i).unwrap_or(0) % targets.len()];
+    let total = (duration.as_secs_f64() * f64::from(rate)).round() as usize;
+    let (http, targets) = (http.clone(), targets.clone());
+    let answers = paced(total, period, move |i| {
+        let (http, targets) = (http.clone(), targets.clone());
+        async move {
+            let (url, token) = &targets[i % targets.len()];
             let sent = Instant::now();
             let r = client::send(&http, Method::GET, url, Some(token), None).await;
-            (at, sent, Instant::now(), r)
-        }));
-    }
+            (sent, Instant::now(), r)
+        }
+    })
+    .await;
     let mut sample = Sample::default();
-    for t in tasks {
-        match t.await {
-            Ok((at, sent, done, r)) => {
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(e) => {
+            sample.note_error(format!("{e:#}"));
+            return sample;
+        }
+    };
+    for (at, t) in answers {
+        match t {
+            Ok((sent, done, r)) => {
                 sample.add(at, sent, done);
                 match r {
                     Ok((s, _)) if s == http::StatusCode::OK => sample.ok += 1,
@@ -656,6 +662,49 @@ async fn open_loop(
         }
     }
     sample
+}
+
+/// Starts `send(i)` for each `i` in `0..total` on a task of its own at `i × period` from
+/// now (plus a short lead), and returns each one's scheduled instant and outcome, in order.
+///
+/// The instants are kept by a thread of its own, sleeping on the OS's clock (tens of
+/// microseconds late), not by tokio's timer: its wheel turns in whole milliseconds, so a
+/// request scheduled between two ticks went out up to a millisecond late, and that lateness
+/// was measured as the server's latency (answers are timed from the scheduled instant).
+async fn paced<T, F, Fut>(
+    total: usize,
+    period: Duration,
+    send: F,
+) -> anyhow::Result<Vec<(Instant, Result<T, tokio::task::JoinError>)>>
+where
+    F: Fn(usize) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let runtime = tokio::runtime::Handle::current();
+    let start = Instant::now() + Duration::from_millis(20);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-pacer".into())
+        .spawn(move || {
+            let mut tasks = Vec::with_capacity(total);
+            for i in 0..total {
+                let at = start + period.mul_f64(i as f64);
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+                tasks.push((at, runtime.spawn(send(i))));
+            }
+            let _ = tx.send(tasks);
+        })
+        .context("starting the pacing thread")?;
+    let tasks = rx.await.context("the pacing thread stopped")?;
+    let mut answers = Vec::with_capacity(tasks.len());
+    for (at, task) in tasks {
+        answers.push((at, task.await));
+    }
+    Ok(answers)
 }
 
 /// Latencies of one phase.
@@ -891,4 +940,35 @@ async fn watch_vmis_running(
         }
     });
     Ok(seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn paced_starts_each_request_at_its_own_instant_never_before_and_in_order() {
+        let period = Duration::from_millis(3);
+        let called = Instant::now();
+        let out = paced(20, period, |i| async move { (i, Instant::now()) })
+            .await
+            .unwrap();
+        assert_eq!(out.len(), 20);
+        for (i, (at, started)) in out.iter().enumerate() {
+            let (index, started_at) = started.as_ref().unwrap();
+            assert_eq!(*index, i, "outcomes come back in sending order");
+            assert!(
+                *started_at >= *at,
+                "request {i} was sent before its instant"
+            );
+            assert!(*at > called);
+        }
+        for pair in out.windows(2) {
+            let gap = pair[1].0 - pair[0].0;
+            assert!(
+                gap.abs_diff(period) < Duration::from_micros(1),
+                "scheduled {gap:?} apart, not {period:?}"
+            );
+        }
+    }
 }
