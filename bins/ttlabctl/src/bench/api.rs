@@ -689,6 +689,10 @@ where
         .spawn(move || {
             let mut tasks = Vec::with_capacity(total);
             for i in 0..total {
+                if tx.is_closed() {
+                    // The phase was given up: send nothing more.
+                    return;
+                }
                 let at = start + period.mul_f64(i as f64);
                 let now = Instant::now();
                 if at > now {
@@ -970,5 +974,33 @@ mod tests {
                 "scheduled {gap:?} apart, not {period:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn paced_sends_nothing_more_once_the_phase_is_given_up() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        let phase = paced(1000, Duration::from_millis(5), move |_| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), phase)
+                .await
+                .is_err()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let given_up = sent.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let later = sent.load(Ordering::SeqCst);
+        // At most the one the thread was sleeping towards; sixty more had it gone on.
+        assert!(
+            later <= given_up + 1,
+            "{} requests sent after the phase was given up",
+            later - given_up
+        );
     }
 }
