@@ -667,8 +667,9 @@ async fn open_loop(
 /// Starts `send(i)` for each `i` in `0..total` on a task of its own at `i × period` from
 /// now (plus a short lead), and returns each one's scheduled instant and outcome, in order.
 ///
-/// The instants are kept by a thread of its own, sleeping on the OS's clock (tens of
-/// microseconds late), not by tokio's timer: its wheel turns in whole milliseconds, so a
+/// The instants are kept by a thread of its own, sleeping on the OS's high-resolution timer
+/// (Linux lets a sleep end up to its timer slack late, 50 µs by default), not by tokio's
+/// timer: its wheel turns in whole milliseconds, so a
 /// request scheduled between two ticks went out up to a millisecond late, and that lateness
 /// was measured as the server's latency (answers are timed from the scheduled instant).
 async fn paced<T, F, Fut>(
