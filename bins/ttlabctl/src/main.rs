@@ -6,28 +6,22 @@
 //!
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
 //! lesson would create), `token` (mint an API token); with the `dev-tools` feature (the
-//! default) also `sim`, `demo`, `bench`, `soak` and `guest-image`, which bring kube-sim (and
-//! its qemu guests) along. The production
-//! image builds without it.
+//! default) also `sim`, `demo`, `bench`, `soak` and `guest-image` (the module `dev`), which bring
+//! the test rig (kube-sim, kubevirt-sim, qemu guests) along. The production image builds
+//! without it.
 
-#[cfg(feature = "dev-tools")]
-mod bench;
 mod database;
 #[cfg(feature = "dev-tools")]
-mod demo;
-#[cfg(feature = "dev-tools")]
-mod guest_image;
+mod dev;
 mod migrate;
 mod render;
-#[cfg(feature = "dev-tools")]
-mod sim;
-#[cfg(feature = "dev-tools")]
-mod soak;
 mod token;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "dev-tools")]
+use dev::{bench, demo, guest_image, sim, soak};
 
 /// ttlab operator CLI.
 #[derive(Debug, Parser)]

@@ -25,7 +25,7 @@ use ttlab_kube_sim::{CallRecord, FaultAction, FaultRule, KubeSim, Timings, Verb}
 
 use super::rig::{NAMESPACE, kube_user};
 use super::{ENVS, Settings};
-use crate::demo::client::{self, HttpClient, Method};
+use crate::dev::demo::client::{self, HttpClient, Method};
 
 /// Which Kubernetes (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -481,7 +481,7 @@ impl Real {
 }
 
 /// The shipped Roles of the VM namespace (`ttlab-server`, `ttlab-reaper`).
-const SHIPPED_ROLES: &str = include_str!("../../../../deploy/base/vms/role.yaml");
+const SHIPPED_ROLES: &str = include_str!("../../../../../deploy/base/vms/role.yaml");
 
 /// RoleBindings of each environment's server and reaper identity ([`kube_user`]) to the
 /// shipped Role of its kind, in kube-sim.

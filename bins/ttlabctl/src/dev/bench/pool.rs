@@ -17,8 +17,8 @@ use ttlab_api::auth::Role;
 use ttlab_model::UserId;
 
 use super::api::{Dist, Rig, RigSettings, ms, parse_duration, sim_priority, verdict};
-use crate::demo::client::{self, Method};
-use crate::soak::students::Rng;
+use crate::dev::demo::client::{self, Method};
+use crate::dev::soak::students::Rng;
 
 /// Target of click → running p50 for a hit.
 const HIT_P50_TARGET: Duration = Duration::from_secs(2);

@@ -34,9 +34,9 @@ use ttlab_kube_sim::{KubeSim, Timings};
 use ttlab_model::{Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, SessionTimes, SessionVm, Store, StoreOptions};
 
-use crate::demo::client::{self, HttpClient, Method};
-use crate::demo::stack::{self, Database};
-use crate::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
+use crate::dev::demo::client::{self, HttpClient, Method};
+use crate::dev::demo::stack::{self, Database};
+use crate::dev::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
 
 /// Target: what the relay may add to the keystroke round trip at p99.
 const ECHO_TARGET: Duration = Duration::from_millis(1);

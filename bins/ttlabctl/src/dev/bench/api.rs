@@ -42,9 +42,9 @@ use ttlab_model::{SessionId, SessionStatus, UserId};
 use ttlab_store::{Store, StoreOptions};
 
 use super::machine;
-use crate::demo::client::{self, HttpClient, Method};
-use crate::demo::stack::{self, Database};
-use crate::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wait_ready};
+use crate::dev::demo::client::{self, HttpClient, Method};
+use crate::dev::demo::stack::{self, Database};
+use crate::dev::demo::{ChildProcess, checkout_dir, locate_binaries, random_secret, wait_ready};
 
 /// The nice value of kube-sim's threads and of the simulated guests' processes. The simulated
 /// cluster stands for other machines (the API server, KubeVirt, the nodes and their VMs);
@@ -179,7 +179,7 @@ pub(crate) fn single_node_vm_lesson(
 
 /// `ttlab-server` and `ttlab-agent` next to `ttlabctl`, which a benchmark's rig runs.
 pub(crate) async fn server_and_agent() -> anyhow::Result<(PathBuf, PathBuf)> {
-    let bins = locate_binaries(&[crate::demo::SERVER, crate::demo::AGENT]).await?;
+    let bins = locate_binaries(&[crate::dev::demo::SERVER, crate::dev::demo::AGENT]).await?;
     let server = bins
         .server
         .clone()

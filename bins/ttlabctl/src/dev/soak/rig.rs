@@ -24,9 +24,9 @@ use super::checks::{self, Table};
 use super::kube::{Backend, Kube};
 use super::linger::Linger;
 use super::{ENVS, Settings, chaos, students};
-use crate::demo::client::{self, HttpClient};
-use crate::demo::stack::{self, Database};
-use crate::demo::{
+use crate::dev::demo::client::{self, HttpClient};
+use crate::dev::demo::stack::{self, Database};
+use crate::dev::demo::{
     AGENT, ChildProcess, REAPER, SERVER, locate_binaries, random_secret, wait_ready,
 };
 

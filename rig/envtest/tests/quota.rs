@@ -1,6 +1,6 @@
 //! What the real quota admission and controller report after a create they admitted and
 //! storage refused (`409 AlreadyExists`): the charge stays until the controller recounts. The
-//! body is shared with kube-sim's `crates/kube-sim/tests/suite/quota.rs` (`tests/shared/parity.rs`).
+//! body is shared with kube-sim's `rig/kube-sim/tests/suite/quota.rs` (`tests/shared/parity.rs`).
 
 #[path = "shared/parity.rs"]
 mod parity;

@@ -1,7 +1,7 @@
 //! The generic Kubernetes API over HTTP with a plain client: errors, selectors, pagination,
 //! watch, garbage collection, finalizers, quota, faults and the record; immutable ConfigMaps
 //! and Secrets, a Secret's type and dry runs through kube-rs, with the body the real control
-//! plane runs (`crates/envtest/tests/shared/parity.rs`).
+//! plane runs (`rig/envtest/tests/shared/parity.rs`).
 
 /// Test bodies shared with the real control plane's suites.
 use crate::parity;
@@ -457,7 +457,7 @@ async fn with_its_controllers_outside_pods_are_bound_once_and_deleted_for_their_
     config.controllers = ttlab_kube_sim::Controllers::External;
     let sim = ttlab_kube_sim::KubeSim::start(config).await.unwrap();
     let client = kube_client(&sim).await;
-    // The same body runs on the real control plane in `crates/envtest/tests/pods.rs`.
+    // The same body runs on the real control plane in `rig/envtest/tests/pods.rs`.
     parity::pods_are_bound_once_and_deleted_for_their_kubelet(client, "ttlab").await;
 }
 
@@ -465,6 +465,6 @@ async fn with_its_controllers_outside_pods_are_bound_once_and_deleted_for_their_
 async fn immutable_config_maps_and_secrets_refuse_payload_changes_as_the_api_server_does() {
     let sim = start().await;
     let client = kube_client(&sim).await;
-    // The same body runs on the real control plane in `crates/envtest/tests/immutable.rs`.
+    // The same body runs on the real control plane in `rig/envtest/tests/immutable.rs`.
     parity::immutable_objects_keep_their_payload(client, "ttlab").await;
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::Settings;
 use super::rig::{NAMESPACE, lock};
-use crate::demo::client::{self, HttpClient};
+use crate::dev::demo::client::{self, HttpClient};
 
 /// The finalizer the soak holds VMs with.
 pub(crate) const FINALIZER: &str = "soak.ttlab.dev/linger";

@@ -115,10 +115,10 @@ fn guest_backend(args: &DemoArgs) -> anyhow::Result<ttlab_kube_sim::guest::Guest
     let dir = match &args.guest_image {
         Some(d) => d.clone(),
         None => {
-            let cache = crate::guest_image::default_cache_dir()?;
-            let mirror = crate::guest_image::apt_mirror(Path::new("/etc/apt"))
+            let cache = crate::dev::guest_image::default_cache_dir()?;
+            let mirror = crate::dev::guest_image::apt_mirror(Path::new("/etc/apt"))
                 .unwrap_or_else(|| "http://deb.debian.org/debian".to_owned());
-            match crate::guest_image::cached(&cache, &mirror) {
+            match crate::dev::guest_image::cached(&cache, &mirror) {
                 Some(i) => i.dir,
                 None => anyhow::bail!(
                     "--guest qemu needs a guest image and none is cached in {}: build it with \

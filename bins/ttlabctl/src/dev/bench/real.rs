@@ -53,8 +53,8 @@ use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
 use super::objects::{SessionObjects, agent_config_map, session_objects};
 use super::reaper::median_and_worst;
 use super::{percentile, verdict};
-use crate::demo::client::{self, Method};
-use crate::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
+use crate::dev::demo::client::{self, Method};
+use crate::dev::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
 
 /// Every environment of this benchmark starts so; objects labelled otherwise are not its own.
 const ENV_PREFIX: &str = "bench-";
@@ -793,7 +793,7 @@ impl Rig {
         let secret = random_secret()?;
         let listen = SocketAddr::from((
             Ipv4Addr::LOCALHOST,
-            crate::demo::stack::free_loopback_port()?,
+            crate::dev::demo::stack::free_loopback_port()?,
         ));
         let url = format!("http://{listen}");
         let mut env: Vec<(&str, OsString)> = vec![
@@ -1048,7 +1048,7 @@ impl Rig {
             .map(|c| c.id);
         let metrics = SocketAddr::from((
             Ipv4Addr::LOCALHOST,
-            crate::demo::stack::free_loopback_port()?,
+            crate::dev::demo::stack::free_loopback_port()?,
         ));
         let mut child = tokio::process::Command::new(&binary)
             .env("DATABASE_URL", self.db.url())

@@ -214,7 +214,7 @@ pub fn openapi_markdown(doc: &Value) -> String {
     let info = &doc["info"];
     out.push_str(&format!(
         "# {} API reference\n\n<!-- Generated from the server's OpenAPI document ({} {}) by \
-         crates/deploy-tests (tests/docs.rs). Do not edit: run\n     \
+         rig/deploy-tests (tests/docs.rs). Do not edit: run\n     \
          TTLAB_BLESS_DOCS=1 cargo test -p ttlab-deploy-tests --test docs -->\n\n",
         info["title"].as_str().unwrap_or("ttlab"),
         doc["openapi"].as_str().unwrap_or_default(),

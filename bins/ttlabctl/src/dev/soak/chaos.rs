@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use ttlab_testkit::FaultMode;
 
 use super::rig::{Disrupted, Disturbance, NetFault, Shared, lock};
-use crate::demo::stack::free_loopback_port;
-use crate::demo::wait_ready;
+use crate::dev::demo::stack::free_loopback_port;
+use crate::dev::demo::wait_ready;
 
 /// How long a rolled server gets after SIGTERM: its hand-over (up to 10 s) and its open
 /// requests, as a Deployment's termination grace would give.

@@ -1,7 +1,7 @@
 //! The real API server binds a pod once and deletes a bound pod for its kubelet (marked with
 //! its grace period, removed by a delete of grace period 0), what a kubelet played outside
 //! the API server relies on. The body is shared with kube-sim's
-//! `crates/kube-sim/tests/suite/api.rs` (`tests/shared/parity.rs`).
+//! `rig/kube-sim/tests/suite/api.rs` (`tests/shared/parity.rs`).
 
 #[path = "shared/parity.rs"]
 mod parity;

@@ -1,8 +1,8 @@
 //! Test bodies that run unchanged on kube-sim and on the real control plane, so that
 //! kube-sim is held to what the real API server does. Each takes a client (the
 //! administrator's) and a namespace of its own; the tests that call them are
-//! `crates/envtest/tests/immutable.rs`, `quota.rs` and `pods.rs` (the real control plane) and
-//! `crates/kube-sim/tests/suite/api.rs` and `quota.rs` (kube-sim), which include this file.
+//! `rig/envtest/tests/immutable.rs`, `quota.rs` and `pods.rs` (the real control plane) and
+//! `rig/kube-sim/tests/suite/api.rs` and `quota.rs` (kube-sim), which include this file.
 
 #![allow(dead_code)]
 

@@ -231,7 +231,7 @@ async fn a_create_of_a_taken_name_is_judged_and_charged_by_the_quota_before_stor
     assert_eq!(create_vm(&h, "b").await.0, 201);
 }
 
-/// The body the real control plane runs in `crates/envtest/tests/quota.rs`: the same
+/// The body the real control plane runs in `rig/envtest/tests/quota.rs`: the same
 /// over-count after a refused repeat create, for as long, and the same recount after a
 /// deletion.
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! The real API server refuses changes to an immutable ConfigMap's or Secret's payload, and
 //! to any Secret's `type`, with a 422, in a dry run too, which stores nothing. The body is
-//! shared with kube-sim's `crates/kube-sim/tests/suite/api.rs` (`tests/shared/parity.rs`).
+//! shared with kube-sim's `rig/kube-sim/tests/suite/api.rs` (`tests/shared/parity.rs`).
 
 #[path = "shared/parity.rs"]
 mod parity;

@@ -15,7 +15,7 @@ use ttlab_api::auth::Role;
 
 use super::ENVS;
 use super::rig::{ApiCall, LESSON_MULTI, LESSON_POD, LESSON_SINGLE, Shared, lock};
-use crate::demo::client::{self, Method};
+use crate::dev::demo::client::{self, Method};
 
 /// Longest wait for one answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
