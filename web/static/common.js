@@ -155,6 +155,9 @@ export function el(tag, attrs = {}, ...children) {
     if (v === undefined || v === null || v === false) continue;
     if (k === 'class') node.className = v;
     else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    // Through the CSSOM, which the Content-Security-Policy allows: a `style` attribute is
+    // inline style.
+    else if (k === 'style') node.style.cssText = v;
     else node.setAttribute(k, v === true ? '' : v);
   }
   for (const c of children.flat()) {

@@ -4,10 +4,12 @@
 //!
 //! Two routers: the public one (students, admins, the web pages) behind the request timeout
 //! and the concurrency limit, and the operators' one (health, readiness, metrics), which is
-//! merged into the public one only when no ops port is configured.
+//! merged into the public one only when no ops port is configured. Every answer of both
+//! carries the security headers ([`headers`]).
 
 mod admin;
 mod events;
+pub mod headers;
 mod health;
 pub mod openapi;
 mod pools;
@@ -43,7 +45,8 @@ pub fn public_routes() -> Router<AppState> {
 }
 
 /// The public application: the routes with the state, the body limit, the request timeout,
-/// the concurrency limit and JSON answers for unknown paths and methods. With no ops port
+/// the concurrency limit, JSON answers for unknown paths and methods, and the security
+/// headers on every answer (refusals of the guard layers included). With no ops port
 /// configured, health, readiness and metrics are served here too.
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
@@ -71,6 +74,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed.into_response() })
         .layer(DefaultBodyLimit::max(limit))
         .layer(guard)
+        .layer(axum::middleware::map_response(
+            headers::set_security_headers,
+        ))
         .with_state(state)
 }
 
@@ -80,6 +86,9 @@ pub fn ops_router(state: AppState) -> Router {
     health::routes()
         .fallback(|| async { ApiError::RouteNotFound.into_response() })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed.into_response() })
+        .layer(axum::middleware::map_response(
+            headers::set_security_headers,
+        ))
         .with_state(state)
 }
 

@@ -363,3 +363,64 @@ async fn a_static_file_path_the_file_system_rejects_is_404_not_500() {
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn pages_static_files_and_api_answers_carry_the_security_headers() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 7200, 3), 8).await;
+    let alice = token("alice", Role::Student);
+    for (path, token, status, content_type) in [
+        ("/", None, 200, "text/html"),
+        ("/admin", None, 200, "text/html"),
+        ("/static/app.js", None, 200, "text/javascript"),
+        ("/static/style.css", None, 200, "text/css"),
+        (
+            "/api/lessons",
+            Some(alice.as_str()),
+            200,
+            "application/json",
+        ),
+        // Errors too: a refused token, an unknown path, and (no ops port here) the metrics.
+        ("/api/lessons", Some("not.a.token"), 401, "application/json"),
+        ("/api/nothing-here", None, 404, "application/json"),
+        ("/metrics", None, 200, "application/openmetrics-text"),
+    ] {
+        let (got, headers, len) = s.head_of(path, token).await;
+        assert_eq!(got, status, "GET {path}");
+        assert!(len > 0, "GET {path}: an empty body");
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_else(|| panic!("GET {path}: no {name} in {headers:?}"))
+                .to_owned()
+        };
+        assert!(
+            header("content-type").starts_with(content_type),
+            "GET {path}: {headers:?}"
+        );
+        let csp = header("content-security-policy");
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self';",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(
+                csp.contains(directive),
+                "GET {path}: {directive} not in {csp}"
+            );
+        }
+        assert!(
+            !csp.contains("unsafe-eval") && !csp.contains('*'),
+            "GET {path}: {csp}"
+        );
+        assert_eq!(header("x-content-type-options"), "nosniff", "GET {path}");
+        assert_eq!(header("referrer-policy"), "no-referrer", "GET {path}");
+        assert_eq!(header("x-frame-options"), "DENY", "GET {path}");
+    }
+    s.stop().await;
+}

@@ -268,6 +268,25 @@ impl Running {
         (status, v)
     }
 
+    /// `GET path` (with `token`, if any): the status, the headers and the body's length.
+    pub async fn head_of(&self, path: &str, token: Option<&str>) -> (u16, http::HeaderMap, usize) {
+        let mut req = http::Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let res = self
+            .http
+            .request(req.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .expect("response");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, bytes.len())
+    }
+
     pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         self.raw("GET", path, Some(token), None, Vec::new()).await
     }
