@@ -23,12 +23,27 @@
 //! | `ttlab_pool_preparing` | `lesson` | unclaimed members still being prepared, at its last look |
 //! | `ttlab_pool_target` | `lesson` | the size the pool is kept at (fixed, or from demand) |
 //! | `ttlab_objects_terminating` | `kind` | objects of sessions this server ended whose deletion was accepted but that were still there at its last look (their sessions stay `finishing`) |
+//! | `ttlab_provisionings_total` | `runtime`, `outcome` | provisioning runs this replica ended: `ready`, `failed`, or `superseded` (the session was ended by someone else first) |
+//! | `ttlab_gradings_total` | `outcome` | "Check my work" requests: `graded`, `agent_unavailable` (the lab's agent or pod did not answer), `failed` (anything else) |
+//! | `ttlab_console_connections` | `runtime` | terminal connections this replica relays now |
+//! | `ttlab_console_closed_total` | `reason` | terminal connections this replica closed: `browser_closed`, `taken_over`, `session_ended`, `lost` |
+//! | `ttlab_sessions_past_expiry` | — | live sessions of this environment whose expiry has passed (database clock; read at scrape) |
+//! | `ttlab_sessions_past_expiry_max_seconds` | — | how long ago the expiry of the most overdue of them passed, 0 when none (read at scrape) |
+//! | `ttlab_sessions_terminating` | — | `finishing` sessions of this environment held by objects still terminating (read at scrape) |
+//! | `ttlab_sessions_terminating_max_seconds` | — | how long the longest of them has been held, 0 when none (read at scrape) |
+//! | `ttlab_last_reaper_cycle_timestamp_seconds` | — | Unix time at which the last reaper cycle of this environment recorded in the database ended, whichever reaper ran it (Deployment or CronJob; dry runs left out); 0 before the first (read at scrape) |
+//! | `ttlab_capacity_limit` | — | the VM limit (`TTLAB_VM_LIMIT`) |
+//! | `ttlab_capacity_used` | `by` | VM places taken, as the capacity check counts them: `labs`, `shutting_down`, `without_lab` (read at scrape) |
+//! | `ttlab_quota_hard`, `ttlab_quota_used` | `quota`, `resource` | the VM namespace's ResourceQuotas, as the API server accounts them (bytes for memory; read at scrape) |
+//!
+//! The families whose label values are a fixed set are created with every value at 0, so a
+//! rate over them starts at the first scrape, not at the first event.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -105,6 +120,136 @@ pub struct RetireLabels {
     pub reason: String,
 }
 
+/// A label value of a fixed set, exported as its snake_case name.
+macro_rules! label_value {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            /// Every value (each series is created at 0).
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The exported value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text),+
+                }
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+                EncodeLabelValue::encode(&self.as_str(), encoder)
+            }
+        }
+    };
+}
+
+label_value! {
+    /// How a provisioning run ended.
+    ProvisioningOutcome {
+        /// The session is running (ready).
+        Ready => "ready",
+        /// It failed; the session was ended `failed`.
+        Failed => "failed",
+        /// The row left `starting` first (finished by its student, failed by the reaper).
+        Superseded => "superseded",
+    }
+}
+
+label_value! {
+    /// A runtime, as a label.
+    RuntimeLabel {
+        /// A VM lab.
+        Vm => "vm",
+        /// A pod lab.
+        Pod => "pod",
+    }
+}
+
+impl From<ttlab_model::Runtime> for RuntimeLabel {
+    fn from(r: ttlab_model::Runtime) -> Self {
+        match r {
+            ttlab_model::Runtime::Vm => Self::Vm,
+            ttlab_model::Runtime::Pod => Self::Pod,
+        }
+    }
+}
+
+label_value! {
+    /// How a "Check my work" request ended.
+    GradingOutcome {
+        /// Every step ran and its result went to the student.
+        Graded => "graded",
+        /// The lab's agent (or pod) did not answer: the student got `agent_unavailable`.
+        AgentUnavailable => "agent_unavailable",
+        /// Any other error (the cluster, the database, the session ended meanwhile).
+        Failed => "failed",
+    }
+}
+
+label_value! {
+    /// Who takes a VM place, as the capacity check counts them.
+    CapacityBy {
+        /// VMs of live sessions (or about to be created for them).
+        Labs => "labs",
+        /// VMs being deleted, whose guests still hold memory.
+        ShuttingDown => "shutting_down",
+        /// VMs ttlab manages that no live session holds (ghosts, leftovers).
+        WithoutLab => "without_lab",
+    }
+}
+
+/// Labels of `ttlab_provisionings_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProvisioningLabels {
+    /// `vm` or `pod`.
+    pub runtime: RuntimeLabel,
+    /// How it ended.
+    pub outcome: ProvisioningOutcome,
+}
+
+/// Labels of `ttlab_gradings_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GradingLabels {
+    /// How it ended.
+    pub outcome: GradingOutcome,
+}
+
+/// Labels of `ttlab_console_connections`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeLabels {
+    /// `vm` or `pod`.
+    pub runtime: RuntimeLabel,
+}
+
+/// Labels of `ttlab_console_closed_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClosedLabels {
+    /// Why (`ttlab_store::ConsoleClosedWhy`).
+    pub reason: String,
+}
+
+/// Labels of `ttlab_capacity_used`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapacityLabels {
+    /// Who takes the places.
+    pub by: CapacityBy,
+}
+
+/// Labels of `ttlab_quota_hard` and `ttlab_quota_used`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// The ResourceQuota's name.
+    pub quota: String,
+    /// The resource (`count/virtualmachines.kubevirt.io`, `requests.memory`, …).
+    pub resource: String,
+}
+
 /// The server's metrics. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct Metrics {
@@ -153,6 +298,32 @@ pub struct Metrics {
     pub pool_preparing: Family<LessonLabels, Gauge>,
     /// Each pool's target size.
     pub pool_target: Family<LessonLabels, Gauge>,
+    /// Provisioning runs ended, by runtime and outcome.
+    pub provisionings: Family<ProvisioningLabels, Counter>,
+    /// "Check my work" requests, by outcome.
+    pub gradings: Family<GradingLabels, Counter>,
+    /// Terminal connections relayed now, by runtime.
+    pub console_connections: Family<RuntimeLabels, Gauge>,
+    /// Terminal connections closed, by reason.
+    pub console_closed: Family<ClosedLabels, Counter>,
+    /// Live sessions past their expiry (set at scrape).
+    pub sessions_past_expiry: Gauge,
+    /// Seconds since the expiry of the most overdue live session (set at scrape).
+    pub sessions_past_expiry_max_seconds: Gauge<f64, AtomicU64>,
+    /// Finishing sessions held by objects still terminating (set at scrape).
+    pub sessions_terminating: Gauge,
+    /// Seconds the longest-held of them has been terminating (set at scrape).
+    pub sessions_terminating_max_seconds: Gauge<f64, AtomicU64>,
+    /// When the last recorded reaper cycle of this environment ended (set at scrape).
+    pub last_reaper_cycle: Gauge<f64, AtomicU64>,
+    /// The VM limit.
+    pub capacity_limit: Gauge,
+    /// VM places taken, by whom (set at scrape).
+    pub capacity_used: Family<CapacityLabels, Gauge>,
+    /// ResourceQuota limits (set at scrape).
+    pub quota_hard: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
+    /// ResourceQuota usage (set at scrape).
+    pub quota_used: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// The kinds of the objects still terminating, by session, and the kinds exported so far.
@@ -305,8 +476,125 @@ impl Metrics {
             "The size each pool is kept at",
             pool_target.clone(),
         );
+        let provisionings = Family::<ProvisioningLabels, Counter>::default();
+        for &runtime in RuntimeLabel::ALL {
+            for &outcome in ProvisioningOutcome::ALL {
+                provisionings
+                    .get_or_create(&ProvisioningLabels { runtime, outcome })
+                    .inc_by(0);
+            }
+        }
+        registry.register(
+            "ttlab_provisionings",
+            "Provisioning runs this replica ended, by runtime and outcome",
+            provisionings.clone(),
+        );
+        let gradings = Family::<GradingLabels, Counter>::default();
+        for &outcome in GradingOutcome::ALL {
+            gradings.get_or_create(&GradingLabels { outcome }).inc_by(0);
+        }
+        registry.register(
+            "ttlab_gradings",
+            "Check-my-work requests, by outcome",
+            gradings.clone(),
+        );
+        let console_connections = Family::<RuntimeLabels, Gauge>::default();
+        for &runtime in RuntimeLabel::ALL {
+            console_connections
+                .get_or_create(&RuntimeLabels { runtime })
+                .set(0);
+        }
+        registry.register(
+            "ttlab_console_connections",
+            "Terminal connections this replica relays now, by runtime",
+            console_connections.clone(),
+        );
+        let console_closed = Family::<ClosedLabels, Counter>::default();
+        for why in ttlab_store::ConsoleClosedWhy::ALL {
+            console_closed
+                .get_or_create(&ClosedLabels {
+                    reason: why.as_str().to_owned(),
+                })
+                .inc_by(0);
+        }
+        registry.register(
+            "ttlab_console_closed",
+            "Terminal connections this replica closed, by reason",
+            console_closed.clone(),
+        );
+        let sessions_past_expiry = Gauge::default();
+        let sessions_past_expiry_max_seconds = Gauge::<f64, AtomicU64>::default();
+        let sessions_terminating = Gauge::default();
+        let sessions_terminating_max_seconds = Gauge::<f64, AtomicU64>::default();
+        let last_reaper_cycle = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "ttlab_sessions_past_expiry",
+            "Live sessions of this environment whose expiry has passed (database clock)",
+            sessions_past_expiry.clone(),
+        );
+        registry.register(
+            "ttlab_sessions_past_expiry_max_seconds",
+            "Seconds since the expiry of the most overdue live session, 0 when none",
+            sessions_past_expiry_max_seconds.clone(),
+        );
+        registry.register(
+            "ttlab_sessions_terminating",
+            "Finishing sessions of this environment held by objects still terminating",
+            sessions_terminating.clone(),
+        );
+        registry.register(
+            "ttlab_sessions_terminating_max_seconds",
+            "Seconds the longest-held finishing session has had objects terminating, 0 when none",
+            sessions_terminating_max_seconds.clone(),
+        );
+        registry.register(
+            "ttlab_last_reaper_cycle_timestamp_seconds",
+            "Unix time at which the last reaper cycle of this environment recorded in the \
+             database ended (any reaper, dry runs left out); 0 before the first",
+            last_reaper_cycle.clone(),
+        );
+        let capacity_limit = Gauge::default();
+        let capacity_used = Family::<CapacityLabels, Gauge>::default();
+        for &by in CapacityBy::ALL {
+            capacity_used.get_or_create(&CapacityLabels { by }).set(0);
+        }
+        registry.register(
+            "ttlab_capacity_limit",
+            "The VM limit (TTLAB_VM_LIMIT)",
+            capacity_limit.clone(),
+        );
+        registry.register(
+            "ttlab_capacity_used",
+            "VM places taken, as the capacity check counts them, by whom",
+            capacity_used.clone(),
+        );
+        let quota_hard = Family::<QuotaLabels, Gauge<f64, AtomicU64>>::default();
+        let quota_used = Family::<QuotaLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "ttlab_quota_hard",
+            "Limits of the VM namespace's ResourceQuotas (bytes for memory)",
+            quota_hard.clone(),
+        );
+        registry.register(
+            "ttlab_quota_used",
+            "Usage of the VM namespace's ResourceQuotas (bytes for memory)",
+            quota_used.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            provisionings,
+            gradings,
+            console_connections,
+            console_closed,
+            sessions_past_expiry,
+            sessions_past_expiry_max_seconds,
+            sessions_terminating,
+            sessions_terminating_max_seconds,
+            last_reaper_cycle,
+            capacity_limit,
+            capacity_used,
+            quota_hard,
+            quota_used,
             pool_claims,
             pool_misses,
             pool_refills,
@@ -366,6 +654,81 @@ impl Metrics {
             .observe(seconds.max(0.0));
     }
 
+    /// Counts a provisioning run's end.
+    pub fn provisioning_ended(&self, runtime: ttlab_model::Runtime, outcome: ProvisioningOutcome) {
+        self.provisionings
+            .get_or_create(&ProvisioningLabels {
+                runtime: runtime.into(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Counts a "Check my work" request's end.
+    pub fn graded(&self, outcome: GradingOutcome) {
+        self.gradings
+            .get_or_create(&GradingLabels { outcome })
+            .inc();
+    }
+
+    /// Counts a terminal connection of `runtime` open until the returned guard is dropped.
+    pub fn console_opened(&self, runtime: ttlab_model::Runtime) -> ConsoleOpen {
+        let gauge = self
+            .console_connections
+            .get_or_create(&RuntimeLabels {
+                runtime: runtime.into(),
+            })
+            .clone();
+        gauge.inc();
+        ConsoleOpen(gauge)
+    }
+
+    /// Counts a terminal connection closed for `reason`.
+    pub fn console_closed(&self, reason: ttlab_store::ConsoleClosedWhy) {
+        self.console_closed
+            .get_or_create(&ClosedLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets the places taken and the limit, as the capacity check counted them.
+    pub fn set_capacity(&self, usage: &crate::CapacityUse, limit: usize) {
+        for (by, n) in [
+            (CapacityBy::Labs, usage.labs),
+            (CapacityBy::ShuttingDown, usage.shutting_down),
+            (CapacityBy::WithoutLab, usage.without_lab),
+        ] {
+            self.capacity_used
+                .get_or_create(&CapacityLabels { by })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.capacity_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the quota gauges from the namespace's ResourceQuotas; a value that is not a
+    /// Kubernetes quantity is left out.
+    pub fn set_quotas(&self, quotas: &[ttlab_cluster::QuotaSummary]) {
+        // A quota or resource no longer there is no longer exported.
+        self.quota_hard.clear();
+        self.quota_used.clear();
+        for q in quotas {
+            for (family, values) in [(&self.quota_hard, &q.hard), (&self.quota_used, &q.used)] {
+                for (resource, text) in values {
+                    if let Some(value) = quantity(text) {
+                        family
+                            .get_or_create(&QuotaLabels {
+                                quota: q.name.clone(),
+                                resource: resource.clone(),
+                            })
+                            .set(value);
+                    }
+                }
+            }
+        }
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -375,9 +738,138 @@ impl Metrics {
     }
 }
 
+/// A terminal connection counted in `ttlab_console_connections` until dropped.
+#[derive(Debug)]
+pub struct ConsoleOpen(Gauge);
+
+impl Drop for ConsoleOpen {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The value of a Kubernetes quantity (`48Gi`, `8`, `500m`, `1.5G`, `12e9`), or `None` if
+/// `text` is not one.
+fn quantity(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        exponent => {
+            let digits = exponent.strip_prefix(['e', 'E'])?;
+            10f64.powi(digits.parse().ok()?)
+        }
+    };
+    let value = number * factor;
+    value.is_finite().then_some(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantities_are_read_as_kubernetes_writes_them() {
+        for (text, value) in [
+            ("8", 8.0),
+            ("48Gi", 48.0 * 1024.0 * 1024.0 * 1024.0),
+            ("512Mi", 512.0 * 1024.0 * 1024.0),
+            ("1.5Gi", 1.5 * 1024.0 * 1024.0 * 1024.0),
+            ("2G", 2e9),
+            ("500m", 0.5),
+            ("12e9", 12e9),
+            ("1E3", 1e3),
+            ("0", 0.0),
+        ] {
+            assert_eq!(quantity(text), Some(value), "{text}");
+        }
+        for text in ["", "Gi", "4GB", "four", "1e", "1.2.3"] {
+            assert_eq!(quantity(text), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn fixed_label_sets_are_exported_at_zero_before_any_event() {
+        let text = Metrics::new().encode();
+        for line in [
+            "ttlab_provisionings_total{runtime=\"vm\",outcome=\"ready\"} 0",
+            "ttlab_provisionings_total{runtime=\"pod\",outcome=\"failed\"} 0",
+            "ttlab_gradings_total{outcome=\"agent_unavailable\"} 0",
+            "ttlab_console_connections{runtime=\"vm\"} 0",
+            "ttlab_console_closed_total{reason=\"lost\"} 0",
+            "ttlab_capacity_used{by=\"shutting_down\"} 0",
+            "ttlab_last_reaper_cycle_timestamp_seconds 0",
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_console_counts_while_its_guard_lives_and_quotas_read_as_numbers() {
+        let m = Metrics::new();
+        let a = m.console_opened(ttlab_model::Runtime::Vm);
+        let b = m.console_opened(ttlab_model::Runtime::Vm);
+        assert!(
+            m.encode()
+                .contains("ttlab_console_connections{runtime=\"vm\"} 2")
+        );
+        drop(a);
+        assert!(
+            m.encode()
+                .contains("ttlab_console_connections{runtime=\"vm\"} 1")
+        );
+        drop(b);
+        assert!(
+            m.encode()
+                .contains("ttlab_console_connections{runtime=\"vm\"} 0")
+        );
+
+        m.set_quotas(&[ttlab_cluster::QuotaSummary {
+            name: "ttlab-vms".into(),
+            hard: [
+                ("requests.memory".to_owned(), "48Gi".to_owned()),
+                (
+                    "count/virtualmachines.kubevirt.io".to_owned(),
+                    "8".to_owned(),
+                ),
+            ]
+            .into(),
+            used: [("requests.memory".to_owned(), "not a quantity".to_owned())].into(),
+        }]);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "ttlab_quota_hard{quota=\"ttlab-vms\",resource=\"requests.memory\"} 51539607552.0"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ttlab_quota_hard{quota=\"ttlab-vms\",resource=\"count/virtualmachines.kubevirt.io\"} 8.0"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("ttlab_quota_used{"), "{text}");
+    }
 
     #[test]
     fn objects_terminating_counts_each_sessions_last_look_once() {

@@ -517,6 +517,8 @@ fn start(
                 }
             }
             let store = state.store().clone();
+            let metrics = state.metrics().clone();
+            let open = metrics.console_opened(target.runtime);
             let (to_browser, from_browser) = browser_frames(socket);
             let end = match target.runtime {
                 Runtime::Vm => {
@@ -544,6 +546,8 @@ fn start(
                 }
             };
             drop(registration);
+            drop(open);
+            metrics.console_closed(closed_why(&end.reason));
             if let Some(taken) = &taken
                 && let Err(e) = store
                     .console_connections()

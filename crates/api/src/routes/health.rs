@@ -1,7 +1,8 @@
 //! The operators' routes, served on the ops port when one is configured (`ops_listen`, a port
 //! the Ingress does not route): `/healthz` (the process answers), `/readyz` (this process and
 //! its database), `/healthz/cluster` (what the last probe of the Kubernetes API found) and
-//! `/metrics`.
+//! `/metrics` (a scrape also reads the database and the cluster — sessions, the last reaper
+//! cycle, the VM places taken, the quotas — each part within a timeout).
 //!
 //! Readiness deliberately leaves the cluster out: every replica shares the one API server, so
 //! a readiness that listed VMs took all of them out of service together when the API server
@@ -21,8 +22,10 @@ use serde_json::json;
 use crate::metrics::StatusLabels;
 use crate::{ApiError, AppState};
 
-/// The longest `/readyz` waits for the database.
+/// The longest `/readyz` (and a scrape) waits for the database.
 const READY_DB_TIMEOUT: Duration = Duration::from_secs(3);
+/// The longest a scrape waits for the cluster's VMs and quotas.
+const SCRAPE_CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
@@ -55,34 +58,9 @@ async fn cluster(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    // Sessions by status are read at scrape time; if the database is away the gauges keep
-    // their last values.
-    if let Ok(Ok(live)) = tokio::time::timeout(
-        READY_DB_TIMEOUT,
-        state
-            .store()
-            .sessions()
-            .list_live(&state.config().env, None, 10_000),
-    )
-    .await
-    {
-        let mut counts: BTreeMap<&str, i64> = ttlab_model::SessionStatus::LIVE
-            .iter()
-            .map(|s| (s.as_str(), 0))
-            .collect();
-        for s in &live {
-            *counts.entry(s.status.as_str()).or_default() += 1;
-        }
-        for (status, n) in counts {
-            state
-                .metrics()
-                .sessions
-                .get_or_create(&StatusLabels {
-                    status: status.to_owned(),
-                })
-                .set(n);
-        }
-    }
+    // What the database and the cluster say now, read at scrape time; a part that cannot be
+    // read in time keeps its last values.
+    tokio::join!(from_database(&state), from_cluster(&state));
     (
         StatusCode::OK,
         [(
@@ -92,4 +70,100 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics().encode(),
     )
         .into_response()
+}
+
+/// Sessions by status, the sessions past their expiry or held by objects still terminating,
+/// and the last reaper cycle, from the database (its clock).
+async fn from_database(state: &AppState) {
+    let env = &state.config().env;
+    let store = state.store();
+    let read = async {
+        let now = store.db_now().await?;
+        let live = store.sessions().list_live(env, None, 10_000).await?;
+        let terminating = store.sessions().list_terminating(Some(env), 10_000).await?;
+        let cycles = store.reaper_cycles().recent(Some(env), 20).await?;
+        Ok::<_, ttlab_store::StoreError>((now, live, terminating, cycles))
+    };
+    let Ok(Ok((now, live, terminating, cycles))) =
+        tokio::time::timeout(READY_DB_TIMEOUT, read).await
+    else {
+        return;
+    };
+    let metrics = state.metrics();
+    let mut counts: BTreeMap<&str, i64> = ttlab_model::SessionStatus::LIVE
+        .iter()
+        .map(|s| (s.as_str(), 0))
+        .collect();
+    for s in &live {
+        *counts.entry(s.status.as_str()).or_default() += 1;
+    }
+    for (status, n) in counts {
+        metrics
+            .sessions
+            .get_or_create(&StatusLabels {
+                status: status.to_owned(),
+            })
+            .set(n);
+    }
+    let seconds_since = |at: chrono::DateTime<chrono::Utc>| {
+        (now - at).to_std().map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    };
+    let overdue: Vec<f64> = live
+        .iter()
+        .filter(|s| s.expires_at < now)
+        .map(|s| seconds_since(s.expires_at))
+        .collect();
+    metrics
+        .sessions_past_expiry
+        .set(i64::try_from(overdue.len()).unwrap_or(i64::MAX));
+    metrics
+        .sessions_past_expiry_max_seconds
+        .set(overdue.iter().copied().fold(0.0, f64::max));
+    metrics
+        .sessions_terminating
+        .set(i64::try_from(terminating.len()).unwrap_or(i64::MAX));
+    metrics.sessions_terminating_max_seconds.set(
+        terminating
+            .iter()
+            .map(|t| seconds_since(t.since))
+            .fold(0.0, f64::max),
+    );
+    // The reaper records each cycle as it ends, whether it runs as a Deployment or as a
+    // CronJob; a dry run reclaims nothing and does not count.
+    let last = cycles.iter().find(|c| !c.cycle.dry_run).map(|c| {
+        c.cycle.started_at.timestamp_millis() as f64 / 1000.0 + c.cycle.duration.as_secs_f64()
+    });
+    match last {
+        Some(ended) => {
+            metrics.last_reaper_cycle.set(ended);
+        }
+        None if cycles.is_empty() => {
+            metrics.last_reaper_cycle.set(0.0);
+        }
+        // Only dry runs lately: the last value stands.
+        None => {}
+    }
+}
+
+/// The VM places taken (as the capacity check counts them) and the namespace's quotas.
+async fn from_cluster(state: &AppState) {
+    let metrics = state.metrics();
+    let limit = state.config().vm_limit;
+    metrics
+        .capacity_limit
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
+    let usage = async {
+        let listing = crate::saga::listed_vms(state).await?;
+        crate::saga::count_vms(state, &listing).await
+    };
+    let (usage, quotas) = tokio::join!(
+        tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, usage),
+        tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, state.cluster().resource_quotas()),
+    );
+    if let Ok(Ok(usage)) = usage {
+        metrics.set_capacity(&usage, limit);
+    }
+    if let Ok(Ok(quotas)) = quotas {
+        metrics.set_quotas(&quotas);
+    }
 }

@@ -19,6 +19,7 @@ use ttlab_store::Session;
 use crate::auth::CurrentUser;
 use crate::extract::{ApiJson, SessionPath};
 use crate::limits::Action;
+use crate::metrics::GradingOutcome;
 use crate::saga;
 use crate::view::{ExpectedView, SessionView};
 use crate::{ApiError, AppState};
@@ -328,13 +329,19 @@ async fn grade(
             // The session may have ended while it was graded (expired, finished, reclaimed:
             // its VM is then gone): that is what the student is told, not the failed step.
             Err(e) => {
-                return Err(match owned(&state, &user, id).await {
+                let e = match owned(&state, &user, id).await {
                     Ok(now) if now.status != SessionStatus::Running => not_running(now.status),
                     _ => e,
+                };
+                state.metrics().graded(match e {
+                    ApiError::AgentUnavailable(_) => GradingOutcome::AgentUnavailable,
+                    _ => GradingOutcome::Failed,
                 });
+                return Err(e);
             }
         }
     }
+    state.metrics().graded(GradingOutcome::Graded);
     let passed = steps.iter().filter(|s| s.passed).count();
     tracing::info!(session = %s.id, passed, total = steps.len(), "graded");
     // The operators' history of this session's gradings; a failure to record it does not

@@ -327,6 +327,12 @@ async fn provision(state: &AppState, session: &Session) {
         Runtime::Vm => vm::provision(state, session).await,
         Runtime::Pod => pod::provision(state, session).await,
     };
+    let outcome = match &result {
+        Ok(()) => crate::metrics::ProvisioningOutcome::Ready,
+        Err(Stop::Failed(_)) => crate::metrics::ProvisioningOutcome::Failed,
+        Err(Stop::Superseded) => crate::metrics::ProvisioningOutcome::Superseded,
+    };
+    state.metrics().provisioning_ended(session.runtime, outcome);
     match result {
         Ok(()) => tracing::info!("session running"),
         Err(Stop::Superseded) => {

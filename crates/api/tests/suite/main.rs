@@ -9,6 +9,7 @@ mod console;
 mod database_restart;
 mod gone;
 mod handover;
+mod metrics;
 mod operator_actions;
 mod pods;
 mod pools;
