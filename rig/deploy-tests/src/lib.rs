@@ -2,9 +2,10 @@
 //!
 //! It owns the few steps the tests of this package share: finding the repository, rendering a
 //! kustomization with `kubectl kustomize` into JSON objects, picking objects out of the
-//! rendered set, and reading the environment a Deployment would give its container. It also
-//! compiles and runs the examples of `docs/crates.md` as doctests ([`stable_crates`]), so an
-//! example in the docs cannot stop compiling unnoticed.
+//! rendered set, reading the environment a Deployment would give its container, and finding
+//! the metrics an alert or a dashboard panel names ([`promql`]). It also compiles and runs the
+//! examples of `docs/crates.md` as doctests ([`stable_crates`]), so an example in the docs
+//! cannot stop compiling unnoticed.
 //!
 //! It refuses to own anything that runs in production, and it never changes the cluster
 //! manifests: tests read `deploy/` as an operator would apply it.
@@ -22,6 +23,8 @@ use std::process::Command;
 
 use serde::Deserialize as _;
 use serde_json::Value;
+
+pub mod promql;
 
 #[doc = include_str!("../../../docs/crates.md")]
 pub mod stable_crates {}

@@ -13,118 +13,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use ttlab_deploy_tests::repo_root;
 use ttlab_kube_sim::resources::TYPES;
 use ttlab_kube_sim::{KubeSim, SimConfig};
 use ttlab_store::ephemeral::PgCluster;
 
-use common::{binaries_dir, binary, free_port, render_overlay};
-
-/// How long a process may take to come up (debug builds, a cold database).
-const STARTUP: Duration = Duration::from_secs(60);
-
-/// One HTTP/1.1 GET; returns the status code.
-async fn get_status(addr: SocketAddr, path: &str) -> u16 {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {response:?}"))
-}
-
-/// Starts `program` with exactly `env` (plus PATH) and waits until a line of its output
-/// contains `marker`. Panics with the output so far if it exits or takes too long.
-async fn start(
-    program: &Path,
-    args: &[&str],
-    env: &BTreeMap<String, String>,
-    marker: &str,
-) -> Child {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(env)
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    for mut lines in [Box::new(stdout) as Box<dyn LinesSource>, Box::new(stderr)] {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while let Some(line) = lines.next().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    drop(tx);
-    let mut seen = Vec::new();
-    let found = tokio::time::timeout(STARTUP, async {
-        while let Some(line) = rx.recv().await {
-            let hit = line.contains(marker);
-            seen.push(line);
-            if hit {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    match found {
-        Ok(true) => {
-            // Keep draining so the process never blocks on a full pipe.
-            tokio::spawn(async move { while rx.recv().await.is_some() {} });
-            child
-        }
-        _ => {
-            let _ = child.start_kill();
-            panic!(
-                "{} did not print {marker:?} within {STARTUP:?}:\n{}",
-                program.display(),
-                seen.join("\n")
-            );
-        }
-    }
-}
-
-/// Lines from a child's stdout or stderr.
-trait LinesSource: Send {
-    fn next(
-        &mut self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + '_>>;
-}
-
-impl<R: tokio::io::AsyncBufRead + Unpin + Send> LinesSource for tokio::io::Lines<R> {
-    fn next(
-        &mut self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + '_>> {
-        Box::pin(async move { self.next_line().await.ok().flatten() })
-    }
-}
+use common::{binaries_dir, binary, free_port, get_status, render_overlay, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_and_reaper_start_with_the_manifests_environment_and_pass_their_probes() {

@@ -1,11 +1,19 @@
-//! Rendering the overlays once per test binary; without kubectl a test reports it with
-//! [`ttlab_testkit::skip_or_fail`] (a `SKIPPED:` line, or a failure under `CI=true`).
+//! Rendering the overlays once per test binary (without kubectl a test reports it with
+//! [`ttlab_testkit::skip_or_fail`]: a `SKIPPED:` line, or a failure under `CI=true`), and
+//! starting the built binaries as processes.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
+use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
 
 use ttlab_deploy_tests::{Rendered, deploy_dir, kubectl, kustomize};
 
@@ -42,10 +50,16 @@ pub fn render_overlay(env: &str) -> Option<Rendered> {
 }
 
 /// The `env` overlay with `deploy/components/reaper-cronjob` enabled, as an operator would by
-/// uncommenting its `components:` lines: a copy of the overlay in a temporary directory whose
-/// paths point back into the repository.
+/// uncommenting its `components:` lines.
 pub fn render_with_cronjob(env: &str) -> Option<Rendered> {
-    render_cached(&format!("overlays/{env}+cronjob"), || {
+    render_with_components(env, &["reaper-cronjob"])
+}
+
+/// The `env` overlay with the components under `deploy/components/` named in `components`
+/// enabled, as an operator would by uncommenting the `components:` line and theirs: a copy of
+/// the overlay in a temporary directory whose paths point back into the repository.
+pub fn render_with_components(env: &str, components: &[&str]) -> Option<Rendered> {
+    render_cached(&format!("overlays/{env}+{}", components.join("+")), || {
         let kubectl = kubectl_or_skip()?;
         let overlay = deploy_dir(&format!("overlays/{env}"));
         let dir = tempfile::tempdir().unwrap();
@@ -56,16 +70,21 @@ pub fn render_with_cronjob(env: &str) -> Option<Rendered> {
             let entry = entry.unwrap();
             let text = std::fs::read_to_string(entry.path()).unwrap();
             let text = if entry.file_name() == "kustomization.yaml" {
-                let enabled = text
+                let mut enabled = text
                     .replace("  - ../../base", &format!("  - {repo_deploy}/base"))
-                    .replace("# components:", "components:")
-                    .replace(
-                        "#   - ../../components/reaper-cronjob",
-                        &format!("  - {repo_deploy}/components/reaper-cronjob"),
+                    .replace("\n# components:\n", "\ncomponents:\n");
+                for component in components {
+                    let line = format!("#   - ../../components/{component}");
+                    assert!(
+                        enabled.contains(&line),
+                        "the overlay's commented line for {component} moved"
                     );
-                assert_ne!(
-                    enabled, text,
-                    "the overlay's commented components lines moved"
+                    enabled = enabled
+                        .replace(&line, &format!("  - {repo_deploy}/components/{component}"));
+                }
+                assert!(
+                    enabled.contains("\ncomponents:\n"),
+                    "the overlay's commented components line moved"
                 );
                 enabled
             } else {
@@ -127,4 +146,123 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// How long a process may take to come up (debug builds, a cold database).
+pub const STARTUP: Duration = Duration::from_secs(60);
+
+/// One HTTP/1.1 GET; returns the status code.
+pub async fn get_status(addr: SocketAddr, path: &str) -> u16 {
+    http(addr, "GET", path, None, None).await.0
+}
+
+/// One HTTP/1.1 request (with a bearer token and a JSON body, if given) on a connection of
+/// its own; the status code and the body.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    json: Option<&serde_json::Value>,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let body = json.map(|j| j.to_string()).unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if json.is_some() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Starts `program` with exactly `env` (plus PATH) and waits until a line of its output
+/// contains `marker`. Panics with the output so far if it exits or takes too long.
+pub async fn start(
+    program: &Path,
+    args: &[&str],
+    env: &BTreeMap<String, String>,
+    marker: &str,
+) -> Child {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(env)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    for mut lines in [Box::new(stdout) as Box<dyn LinesSource>, Box::new(stderr)] {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(line) = lines.next().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(STARTUP, async {
+        while let Some(line) = rx.recv().await {
+            let hit = line.contains(marker);
+            seen.push(line);
+            if hit {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    match found {
+        Ok(true) => {
+            // Keep draining so the process never blocks on a full pipe.
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            child
+        }
+        _ => {
+            let _ = child.start_kill();
+            panic!(
+                "{} did not print {marker:?} within {STARTUP:?}:\n{}",
+                program.display(),
+                seen.join("\n")
+            );
+        }
+    }
+}
+
+/// Lines from a child's stdout or stderr.
+pub trait LinesSource: Send {
+    fn next(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + '_>>;
+}
+
+impl<R: tokio::io::AsyncBufRead + Unpin + Send> LinesSource for tokio::io::Lines<R> {
+    fn next(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move { self.next_line().await.ok().flatten() })
+    }
 }
