@@ -2,20 +2,14 @@
 // Started by web/tests/run.sh, which passes TTLAB_STUDENT_URL, TTLAB_ADMIN_URL (login links),
 // TTLAB_ARTIFACTS (screenshot directory) and TTLAB_CHROMIUM.
 
-import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import { launch } from './lib.mjs';
 
 const studentUrl = process.env.TTLAB_STUDENT_URL;
 const adminUrl = process.env.TTLAB_ADMIN_URL;
 const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
-const executablePath = process.env.TTLAB_CHROMIUM || '/usr/bin/chromium';
 assert.ok(studentUrl && adminUrl, 'TTLAB_STUDENT_URL and TTLAB_ADMIN_URL are required');
-
-const FLAGS = [
-  '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-];
 
 let shots = 0;
 async function shot(page, name, fullPage = false) {
@@ -67,7 +61,7 @@ async function step(name, fn) {
   }
 }
 
-const browser = await chromium.launch({ executablePath, args: FLAGS, headless: true });
+const browser = await launch();
 let failed = false;
 try {
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });

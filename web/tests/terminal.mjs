@@ -5,21 +5,15 @@
 // Started by web/tests/run.sh after browser.mjs, with TTLAB_STUDENT_URL, TTLAB_SIM_URL (the
 // demo's kube-sim), TTLAB_SIM_NAMESPACE, TTLAB_ARTIFACTS and TTLAB_CHROMIUM.
 
-import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import { launch } from './lib.mjs';
 
 const studentUrl = process.env.TTLAB_STUDENT_URL;
 const simUrl = process.env.TTLAB_SIM_URL;
 const namespace = process.env.TTLAB_SIM_NAMESPACE || 'ttlab-vms';
 const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
-const executablePath = process.env.TTLAB_CHROMIUM || '/usr/bin/chromium';
 assert.ok(studentUrl && simUrl, 'TTLAB_STUDENT_URL and TTLAB_SIM_URL are required');
-
-const FLAGS = [
-  '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-];
 const LESSON = 'systemd-basics';
 
 async function shot(page, name) {
@@ -94,7 +88,7 @@ async function step(name, fn) {
   }
 }
 
-const browser = await chromium.launch({ executablePath, args: FLAGS, headless: true });
+const browser = await launch();
 let failed = false;
 try {
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });

@@ -5,20 +5,14 @@
 // Started by web/tests/run.sh, which passes TTLAB_STUDENT_URL and TTLAB_SECOND_URL (login
 // links of two students), TTLAB_ARTIFACTS (screenshot directory) and TTLAB_CHROMIUM.
 
-import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import { launch } from './lib.mjs';
 
 const firstUrl = process.env.TTLAB_STUDENT_URL;
 const secondUrl = process.env.TTLAB_SECOND_URL;
 const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
-const executablePath = process.env.TTLAB_CHROMIUM || '/usr/bin/chromium';
 assert.ok(firstUrl && secondUrl, 'TTLAB_STUDENT_URL and TTLAB_SECOND_URL are required');
-
-const FLAGS = [
-  '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-];
 
 let shots = 0;
 async function shot(page, name) {
@@ -44,7 +38,7 @@ async function step(name, fn) {
 
 const LESSON = 'button[data-lesson="systemd-basics"]';
 
-const browser = await chromium.launch({ executablePath, args: FLAGS, headless: true });
+const browser = await launch();
 let failed = false;
 try {
   // Two students, each in a browser context of their own.

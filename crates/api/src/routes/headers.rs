@@ -7,8 +7,9 @@
 //!
 //! Two allowances, each for what the pages really need:
 //! - `style-src 'unsafe-inline'`: the terminal (xterm.js) writes its theme and cell sizes into
-//!   `<style>` elements it creates, and colours cells through `style` attributes. Styles are
-//!   not script; everything else about styles stays same-origin.
+//!   `<style>` elements it creates (without the allowance Chromium refuses every one of them:
+//!   `style-src-elem` violations in the browser tests), and may colour cells through `style`
+//!   attributes. Styles are not script; stylesheets stay same-origin.
 //! - `img-src https:`: a lesson's instructions may show images from elsewhere. The
 //!   `Referrer-Policy: no-referrer` keeps the page's address (which may hold a login link's
 //!   token for a moment) from travelling with such a request.
