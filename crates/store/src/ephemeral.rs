@@ -1,6 +1,7 @@
 //! Throwaway PostgreSQL clusters, started from the machine's server binaries (`initdb` and
 //! `postgres`; found on `PATH` or under `/usr/lib/postgresql/*/bin`), for tests and
-//! for `ttlabctl demo`. Nothing has to be installed or running beforehand.
+//! for `ttlabctl demo`. Nothing has to be installed or running beforehand. Compiled only with
+//! the crate's `test-support` feature: no shipped binary carries it.
 //!
 //! A cluster listens only on a unix socket in its own private directory (one started with
 //! [`PgCluster::start_tls`] also on `127.0.0.1`, over TLS only), is tuned for
@@ -527,7 +528,7 @@ impl PgCluster {
     pub fn url(&self, database: &str) -> String {
         format!(
             "postgres://{SUPERUSER}@{}:{}/{database}",
-            crate::url::encode_host_path(&self.socket_dir.display().to_string()),
+            encode_host_path(&self.socket_dir.display().to_string()),
             self.port
         )
     }
@@ -730,4 +731,17 @@ fn ensure_template(
         .map_err(io_fail("configuring the template", &conf))?;
     File::create(&ready).map_err(io_fail("marking the template ready", &ready))?;
     Ok(data)
+}
+
+/// Percent-encodes a unix socket directory for the host part of a URL.
+fn encode_host_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() * 3);
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -118,7 +118,9 @@ pub enum StoreError {
         /// How long.
         elapsed: Duration,
     },
-    /// A throwaway PostgreSQL server could not be prepared, started or used.
+    /// A throwaway PostgreSQL server could not be prepared, started or used (with the
+    /// `test-support` feature only).
+    #[cfg(feature = "test-support")]
     #[error("throwaway PostgreSQL: {step}: {detail}")]
     Throwaway {
         /// The step that failed (`initdb`, `pg_ctl start`, …).

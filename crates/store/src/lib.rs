@@ -12,8 +12,11 @@
 //! request fails before a statement is sent. Status changes are conditional and report whether
 //! they applied, so two writers racing for the same row can both retry safely.
 //!
-//! [`ephemeral`] starts throwaway PostgreSQL clusters from the machine's server binaries
-//! (for tests and the demo); [`testing::TestDb`] gives each test a fresh, migrated database.
+//! Test support sits behind the `test-support` feature, which no shipped binary enables:
+//! `ephemeral` starts throwaway PostgreSQL clusters from the machine's server binaries (for
+//! tests and ttlabctl's demo, benchmarks and soak), and `testing::TestDb` gives each test a
+//! fresh, migrated database. A crate whose tests use them enables the feature in its
+//! dev-dependencies: `ttlab-store = { workspace = true, features = ["test-support"] }`.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), ttlab_store::StoreError> {
@@ -42,6 +45,7 @@ pub mod agent_versions;
 pub mod collect_requests;
 pub mod console_connections;
 pub mod console_tickets;
+#[cfg(feature = "test-support")]
 pub mod ephemeral;
 mod error;
 pub mod grading_results;
@@ -53,6 +57,7 @@ pub mod notify;
 pub mod pools;
 pub mod reaper_cycles;
 pub mod sessions;
+#[cfg(feature = "test-support")]
 pub mod testing;
 mod url;
 pub mod waitlist;

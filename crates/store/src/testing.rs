@@ -1,5 +1,6 @@
 //! Test support: a fresh database per test, on a throwaway cluster or on the server named by
-//! `DATABASE_URL`. Other crates' tests use it too (it is not behind `cfg(test)`).
+//! `DATABASE_URL`. Other crates' tests use it too: it is compiled only with the crate's
+//! `test-support` feature, which their `[dev-dependencies]` enable.
 //!
 //! [`TestDb::new`] is the entry point, and the only place in this crate that reads the
 //! environment. Without `DATABASE_URL`, the test process starts one throwaway cluster

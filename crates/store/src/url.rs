@@ -317,19 +317,6 @@ fn redact_params(s: &str, sep: char) -> String {
         .join(&sep.to_string())
 }
 
-/// Percent-encodes a unix socket directory for the host part of a URL.
-pub(crate) fn encode_host_path(path: &str) -> String {
-    let mut out = String::with_capacity(path.len() * 3);
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
