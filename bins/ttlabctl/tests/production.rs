@@ -1,14 +1,18 @@
 //! The production image carries only what production runs: the binaries it ships
 //! (`ttlab-server`, `ttlab-reaper`, and `ttlabctl` built as the Dockerfile builds it, without
-//! its default `dev-tools` feature) do not link kube-sim, the simulator that tests, the demo,
-//! the benchmarks and the soak use.
+//! its default `dev-tools` feature) link no crate of the test rig (`rig/`: kube-sim, the
+//! simulated KubeVirt, the guests, the control plane's harness, the test kit), not `tempfile`,
+//! and not the store's test support (its `test-support` feature: a test database and throwaway
+//! PostgreSQL clusters).
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 
-/// The workspace packages `package` links in a build with `args`, from `cargo tree`.
-fn linked(package: &str, args: &[&str]) -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+/// The crates `package` links in a build with `args` (normal dependencies only, as `cargo
+/// build` resolves them), each with the features it is built with, from `cargo tree`.
+fn linked(package: &str, args: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let out = cargo()
         .args([
             "tree",
             "--offline",
@@ -18,9 +22,8 @@ fn linked(package: &str, args: &[&str]) -> Vec<String> {
             "--prefix",
             "none",
         ])
-        .args(["--format", "{p}", "-p", package])
+        .args(["--format", "{p}|{f}", "-p", package])
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo runs");
     assert!(
@@ -28,36 +31,153 @@ fn linked(package: &str, args: &[&str]) -> Vec<String> {
         "cargo tree failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_owned)
+    let mut crates = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((package, features)) = line.split_once('|') else {
+            continue;
+        };
+        let Some(name) = package.split_whitespace().next() else {
+            continue;
+        };
+        let features = features.trim_end_matches("(*)").trim();
+        crates.insert(
+            name.to_owned(),
+            features
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        );
+    }
+    crates
+}
+
+/// The workspace's packages under `rig/`, from `cargo metadata`: a crate added to the rig is
+/// covered without naming it here.
+fn rig_crates() -> Vec<String> {
+    let out = cargo()
+        .args([
+            "metadata",
+            "--offline",
+            "--locked",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rig = Path::new(metadata["workspace_root"].as_str().expect("a root")).join("rig");
+    metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter(|p| Path::new(p["manifest_path"].as_str().expect("a path")).starts_with(&rig))
+        .map(|p| p["name"].as_str().expect("a name").to_owned())
         .collect()
 }
 
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
+}
+
+/// What a shipped build must not link besides the rig, with why.
+const NEVER_SHIPPED: &[(&str, &str)] = &[(
+    "tempfile",
+    "temporary files and directories are for tests and the developer tools",
+)];
+
+/// A build that ships.
+struct Shipped {
+    /// The package.
+    package: &'static str,
+    /// How the image builds it.
+    args: &'static [&'static str],
+    /// What this build alone must not link besides [`NEVER_SHIPPED`], with why (the server,
+    /// say, does serve HTTP; production ttlabctl need not).
+    also_never: &'static [(&'static str, &'static str)],
+}
+
+/// The store's feature that compiles its test database and throwaway clusters.
+const STORE_TEST_SUPPORT: &str = "test-support";
+
 #[test]
-fn no_shipped_binary_links_the_simulator() {
-    let shipped = [
-        ("ttlab-server-bin", &[][..]),
-        ("ttlab-reaper-bin", &[][..]),
-        ("ttlab-ttlabctl-bin", &["--no-default-features"][..]),
-    ];
-    for (package, args) in shipped {
-        let deps = linked(package, args);
+fn no_shipped_binary_links_the_rig_or_test_support() {
+    let rig = rig_crates();
+    for expected in [
+        "ttlab-kube-sim",
+        "ttlab-kubevirt-sim",
+        "ttlab-sim-guest",
+        "ttlab-qemu-guest",
+        "ttlab-envtest",
+        "ttlab-testkit",
+        "ttlab-deploy-tests",
+    ] {
         assert!(
-            deps.iter().any(|d| d == "ttlab-store"),
-            "{package}: the tree was read ({deps:?})"
-        );
-        assert!(
-            !deps.iter().any(|d| d == "ttlab-kube-sim"),
-            "{package} {args:?} links ttlab-kube-sim"
+            rig.iter().any(|r| r == expected),
+            "{expected} is a rig crate ({rig:?})"
         );
     }
-    // The developer build of ttlabctl (the default) has it: the check above can fail.
+    let shipped = [
+        Shipped {
+            package: "ttlab-server-bin",
+            args: &[],
+            also_never: &[],
+        },
+        Shipped {
+            package: "ttlab-reaper-bin",
+            args: &[],
+            also_never: &[],
+        },
+        Shipped {
+            package: "ttlab-ttlabctl-bin",
+            args: &["--no-default-features"],
+            also_never: &[],
+        },
+    ];
+    for Shipped {
+        package,
+        args,
+        also_never,
+    } in shipped
+    {
+        let deps = linked(package, args);
+        let store = deps
+            .get("ttlab-store")
+            .unwrap_or_else(|| panic!("{package}: the tree was read ({deps:?})"));
+        assert!(
+            !store.iter().any(|f| f == STORE_TEST_SUPPORT),
+            "{package} {args:?} builds ttlab-store with its {STORE_TEST_SUPPORT} feature"
+        );
+        for r in &rig {
+            assert!(
+                !deps.contains_key(r),
+                "{package} {args:?} links {r}, a crate of the test rig"
+            );
+        }
+        for (name, why) in NEVER_SHIPPED.iter().chain(also_never) {
+            assert!(
+                !deps.contains_key(*name),
+                "{package} {args:?} links {name}: {why}"
+            );
+        }
+    }
+    // The developer build of ttlabctl (the default) has them: the checks above can fail.
+    let dev = linked("ttlab-ttlabctl-bin", &[]);
+    assert!(dev.contains_key("ttlab-kube-sim"), "{dev:?}");
+    assert!(dev.contains_key("ttlab-testkit"), "{dev:?}");
+    assert!(dev.contains_key("tempfile"), "{dev:?}");
     assert!(
-        linked("ttlab-ttlabctl-bin", &[])
-            .iter()
-            .any(|d| d == "ttlab-kube-sim")
+        dev["ttlab-store"].iter().any(|f| f == STORE_TEST_SUPPORT),
+        "{:?}",
+        dev["ttlab-store"]
     );
 }
 
