@@ -17,6 +17,7 @@ use tokio_postgres::Row;
 use ttlab_model::{SessionId, SessionStatus, UserId};
 
 use crate::notify::channel_sessions_changed;
+use crate::rows::{get, parse};
 use crate::{Store, StoreError};
 
 /// What an operator did.
@@ -88,23 +89,12 @@ const COLUMNS: &str = "id, session_id, admin, action, at, reason, expires_before
 
 impl AdminAction {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-            row: &'a Row,
-            column: &'static str,
-        ) -> Result<T, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        }
-        let admin: String = get(row, "admin")?;
-        let action: String = get(row, "action")?;
         let added: Option<i32> = get(row, "added_seconds")?;
         Ok(Self {
             id: get(row, "id")?,
             session: SessionId::from_uuid(get(row, "session_id")?),
-            admin: admin.parse().map_err(|e| StoreError::corrupt("admin", e))?,
-            action: action
-                .parse()
-                .map_err(|e| StoreError::corrupt("action", e))?,
+            admin: parse(row, "admin")?,
+            action: parse(row, "action")?,
             at: get(row, "at")?,
             reason: get(row, "reason")?,
             expires_before: get(row, "expires_before")?,

@@ -14,6 +14,7 @@ use ttlab_model::{EnvName, UserId};
 
 use crate::notify::{Channel, channel_collect_requested};
 use crate::reaper_cycles::{CycleId, ReaperCycle, cycle_columns, cycle_from_row};
+use crate::rows::{get, parse};
 use crate::{Store, StoreError};
 
 /// The id of a "collect now" request.
@@ -63,23 +64,12 @@ macro_rules! request_columns {
 
 impl CollectRequest {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-            row: &'a Row,
-            column: &'static str,
-        ) -> Result<T, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        }
-        let env: &str = get(row, "env")?;
-        let by: &str = get(row, "requested_by")?;
         let cycle: Option<i64> = get(row, "cycle_id")?;
         Ok(Self {
             id: CollectRequestId(get(row, "id")?),
-            env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
+            env: parse(row, "env")?,
             requested_at: get(row, "requested_at")?,
-            requested_by: by
-                .parse()
-                .map_err(|e| StoreError::corrupt("requested_by", e))?,
+            requested_by: parse(row, "requested_by")?,
             answered_at: get(row, "answered_at")?,
             cycle: cycle.map(CycleId::from_i64),
         })

@@ -17,6 +17,7 @@ use tokio_postgres::Row;
 use ttlab_model::{NodeName, SessionId, UserId};
 use uuid::Uuid;
 
+use crate::rows::{get, parse, parse_opt};
 use crate::{Store, StoreError};
 
 /// Why a console connection closed, as far as the relay knows.
@@ -97,30 +98,15 @@ const COLUMNS: &str =
 
 impl ConsoleConnection {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-            row: &'a Row,
-            column: &'static str,
-        ) -> Result<T, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        }
-        let node: String = get(row, "node")?;
-        let user: String = get(row, "user_id")?;
-        let why: Option<String> = get(row, "closed_why")?;
         Ok(Self {
             session: SessionId::from_uuid(get(row, "session_id")?),
-            node: node.parse().map_err(|e| StoreError::corrupt("node", e))?,
+            node: parse(row, "node")?,
             connection: get(row, "connection_id")?,
-            user: user
-                .parse()
-                .map_err(|e| StoreError::corrupt("user_id", e))?,
+            user: parse(row, "user_id")?,
             replica: get(row, "replica")?,
             opened_at: get(row, "opened_at")?,
             closed_at: get(row, "closed_at")?,
-            closed_why: why
-                .map(|w| w.parse())
-                .transpose()
-                .map_err(|e| StoreError::corrupt("closed_why", e))?,
+            closed_why: parse_opt(row, "closed_why")?,
         })
     }
 }

@@ -19,6 +19,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_postgres::Row;
 use ttlab_model::{NodeName, SessionId, UserId};
 
+use crate::rows::{get, parse_opt};
 use crate::{Store, StoreError};
 
 /// The SHA-256 digest of a console ticket: what the table keys on. Its `Debug` shows a
@@ -69,26 +70,15 @@ pub struct ConsoleTicket {
 
 impl ConsoleTicket {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        let get_text = |column: &'static str| -> Result<Option<String>, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        };
-        let user = get_text("user_id")?.unwrap_or_default();
-        let node = get_text("node")?;
-        let session: uuid::Uuid = row
-            .try_get("session_id")
-            .map_err(|e| StoreError::corrupt("session_id", crate::error::pg_reason(&e)))?;
+        let user: Option<&str> = get(row, "user_id")?;
         Ok(Self {
             user: user
+                .unwrap_or_default()
                 .parse()
                 .map_err(|e| StoreError::corrupt("user_id", e))?,
-            session: SessionId::from_uuid(session),
-            node: node
-                .map(|n| n.parse().map_err(|e| StoreError::corrupt("node", e)))
-                .transpose()?,
-            expires_at: row
-                .try_get("expires_at")
-                .map_err(|e| StoreError::corrupt("expires_at", crate::error::pg_reason(&e)))?,
+            session: SessionId::from_uuid(get(row, "session_id")?),
+            node: parse_opt(row, "node")?,
+            expires_at: get(row, "expires_at")?,
         })
     }
 }

@@ -56,6 +56,7 @@ mod net;
 pub mod notify;
 pub mod pools;
 pub mod reaper_cycles;
+mod rows;
 pub mod sessions;
 #[cfg(feature = "test-support")]
 pub mod testing;

@@ -18,6 +18,7 @@ use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use ttlab_model::{EnvName, LessonId, UserId};
 
+use crate::rows::{get, non_negative, parse};
 use crate::{Session, Store, StoreError};
 
 /// The largest pool an operator may configure (`lesson_pools.max_size`).
@@ -110,32 +111,15 @@ const SETTINGS_COLUMNS: &str = "env, lesson, size, min_size, max_size, paused, \
 const SIZES_RULE: &str = "a pool needs 0 <= min <= size <= max <= 200";
 const MAX_AGE_RULE: &str = "a pool member's age limit must be between 60 s and 7 days";
 
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a Row,
-    column: &'static str,
-) -> Result<T, StoreError> {
-    row.try_get(column)
-        .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-}
-
 fn count(row: &Row, column: &'static str) -> Result<u64, StoreError> {
     let n: i64 = get(row, column)?;
     u64::try_from(n).map_err(|_| StoreError::corrupt(column, "negative count"))
 }
 
 fn pool_from_row(row: &Row) -> Result<LessonPool, StoreError> {
-    fn non_negative(row: &Row, column: &'static str) -> Result<u32, StoreError> {
-        let n: i32 = get(row, column)?;
-        u32::try_from(n).map_err(|_| StoreError::corrupt(column, "negative"))
-    }
-    let env: &str = get(row, "env")?;
-    let lesson: &str = get(row, "lesson")?;
-    let by: &str = get(row, "updated_by")?;
     Ok(LessonPool {
-        env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
-        lesson: lesson
-            .parse()
-            .map_err(|e| StoreError::corrupt("lesson", e))?,
+        env: parse(row, "env")?,
+        lesson: parse(row, "lesson")?,
         settings: PoolSettings {
             size: non_negative(row, "size")?,
             min: non_negative(row, "min_size")?,
@@ -145,9 +129,7 @@ fn pool_from_row(row: &Row) -> Result<LessonPool, StoreError> {
             demand_driven: get(row, "demand_driven")?,
         },
         updated_at: get(row, "updated_at")?,
-        updated_by: by
-            .parse()
-            .map_err(|e| StoreError::corrupt("updated_by", e))?,
+        updated_by: parse(row, "updated_by")?,
     })
 }
 

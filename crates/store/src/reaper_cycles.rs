@@ -14,6 +14,7 @@ use ttlab_model::EnvName;
 
 use crate::collect_requests::CollectRequestId;
 use crate::notify::channel_collect_answered;
+use crate::rows::{get, non_negative, parse};
 use crate::{Store, StoreError};
 
 /// At most this many errors are kept per cycle report (the rest are only counted).
@@ -152,18 +153,6 @@ pub struct ReaperCycle {
 
 impl ReaperCycle {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-            row: &'a Row,
-            column: &'static str,
-        ) -> Result<T, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        }
-        fn count(row: &Row, column: &'static str) -> Result<u32, StoreError> {
-            let n: i32 = get(row, column)?;
-            u32::try_from(n).map_err(|_| StoreError::corrupt(column, "negative"))
-        }
-        let env: &str = get(row, "env")?;
         let trigger: &str = get(row, "trigger")?;
         let duration_ms: i64 = get(row, "duration_ms")?;
         let Json(errors): Json<Vec<CycleError>> = get(row, "errors")?;
@@ -171,7 +160,7 @@ impl ReaperCycle {
         Ok(Self {
             id: CycleId(get(row, "id")?),
             cycle: NewCycle {
-                env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
+                env: parse(row, "env")?,
                 started_at: get(row, "started_at")?,
                 duration: Duration::from_millis(
                     u64::try_from(duration_ms)
@@ -180,20 +169,20 @@ impl ReaperCycle {
                 trigger: trigger.parse()?,
                 dry_run: get(row, "dry_run")?,
                 expired: DirectionCount {
-                    done: count(row, "expired_reclaimed")?,
-                    failed: count(row, "expired_failed")?,
+                    done: non_negative(row, "expired_reclaimed")?,
+                    failed: non_negative(row, "expired_failed")?,
                 },
                 orphans: DirectionCount {
-                    done: count(row, "orphans_deleted")?,
-                    failed: count(row, "orphans_failed")?,
+                    done: non_negative(row, "orphans_deleted")?,
+                    failed: non_negative(row, "orphans_failed")?,
                 },
                 ghosts: DirectionCount {
-                    done: count(row, "ghosts_marked")?,
-                    failed: count(row, "ghosts_failed")?,
+                    done: non_negative(row, "ghosts_marked")?,
+                    failed: non_negative(row, "ghosts_failed")?,
                 },
                 stuck: DirectionCount {
-                    done: count(row, "stuck_reclaimed")?,
-                    failed: count(row, "stuck_failed")?,
+                    done: non_negative(row, "stuck_reclaimed")?,
+                    failed: non_negative(row, "stuck_failed")?,
                 },
                 errors,
                 collect_request: collect.map(CollectRequestId::from_i64),

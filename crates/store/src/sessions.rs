@@ -27,6 +27,7 @@ use ttlab_model::{
 use uuid::Uuid;
 
 use crate::notify::channel_sessions_changed;
+use crate::rows::{get, non_negative, parse, parse_opt};
 use crate::{Store, StoreError};
 
 /// Every column of a session row, in the order [`Session::from_row`] reads them.
@@ -265,30 +266,6 @@ impl Session {
     }
 
     fn from_row(row: &Row) -> Result<Self, StoreError> {
-        fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-            row: &'a Row,
-            column: &'static str,
-        ) -> Result<T, StoreError> {
-            row.try_get(column)
-                .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-        }
-        fn parse<T: FromStr>(row: &Row, column: &'static str) -> Result<T, StoreError>
-        where
-            T::Err: fmt::Display,
-        {
-            let text: &str = get(row, column)?;
-            text.parse().map_err(|e| StoreError::corrupt(column, e))
-        }
-        fn parse_opt<T: FromStr>(row: &Row, column: &'static str) -> Result<Option<T>, StoreError>
-        where
-            T::Err: fmt::Display,
-        {
-            let text: Option<&str> = get(row, column)?;
-            text.map(|t| t.parse().map_err(|e| StoreError::corrupt(column, e)))
-                .transpose()
-        }
-
-        let extensions: i32 = get(row, "extensions_used")?;
         let disk_kind: Option<DiskKind> = parse_opt(row, "disk_kind")?;
         let disk_reason: Option<String> = get(row, "disk_reason")?;
         let node_names: Vec<String> = get(row, "node_names")?;
@@ -322,8 +299,7 @@ impl Session {
             started_at: get(row, "started_at")?,
             expires_at: get(row, "expires_at")?,
             max_expires_at: get(row, "max_expires_at")?,
-            extensions_used: u32::try_from(extensions)
-                .map_err(|_| StoreError::corrupt("extensions_used", "negative"))?,
+            extensions_used: non_negative(row, "extensions_used")?,
             readiness_deadline: get(row, "readiness_deadline")?,
             created_at: get(row, "created_at")?,
             vm_created_at: get(row, "vm_created_at")?,
@@ -1317,9 +1293,7 @@ impl Sessions<'_> {
             .await
             .map_err(StoreError::query(WHAT))?;
         match row {
-            Some(row) => row
-                .try_get("objects_gone_at")
-                .map_err(|e| StoreError::corrupt("objects_gone_at", crate::error::pg_reason(&e))),
+            Some(row) => get(&row, "objects_gone_at"),
             None => Ok(None),
         }
     }
@@ -1375,29 +1349,11 @@ impl Sessions<'_> {
 /// A [`TerminatingSession`] from a row of `id, env, lesson, finishing_to,
 /// terminating_objects, terminating_since`.
 fn terminating_from_row(row: &Row) -> Result<TerminatingSession, StoreError> {
-    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-        row: &'a Row,
-        column: &'static str,
-    ) -> Result<T, StoreError> {
-        row.try_get(column)
-            .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-    }
-    let id: Uuid = get(row, "id")?;
-    let env: &str = get(row, "env")?;
-    let lesson: &str = get(row, "lesson")?;
-    let to: Option<&str> = get(row, "finishing_to")?;
     Ok(TerminatingSession {
-        id: SessionId::from_uuid(id),
-        env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
-        lesson: lesson
-            .parse()
-            .map_err(|e| StoreError::corrupt("lesson", e))?,
-        finishing_to: to
-            .map(|t| {
-                t.parse()
-                    .map_err(|e| StoreError::corrupt("finishing_to", e))
-            })
-            .transpose()?,
+        id: SessionId::from_uuid(get(row, "id")?),
+        env: parse(row, "env")?,
+        lesson: parse(row, "lesson")?,
+        finishing_to: parse_opt(row, "finishing_to")?,
         objects: get(row, "terminating_objects")?,
         since: get(row, "terminating_since")?,
     })

@@ -22,6 +22,7 @@ use tokio_postgres::Row;
 use ttlab_model::{EnvName, LessonId, SessionStatus, UserId};
 
 use crate::notify::channel_sessions_changed;
+use crate::rows::{get, parse};
 use crate::{Store, StoreError};
 
 /// One entry of the waitlist, with its place in the queue.
@@ -125,26 +126,12 @@ const ENTRY: &str = "w.user_id, w.lesson, w.env, w.needed, w.enqueued_at, w.hold
      AS position";
 
 fn entry_from_row(row: &Row) -> Result<WaitlistEntry, StoreError> {
-    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-        row: &'a Row,
-        column: &'static str,
-    ) -> Result<T, StoreError> {
-        row.try_get(column)
-            .map_err(|e| StoreError::corrupt(column, crate::error::pg_reason(&e)))
-    }
-    let user: &str = get(row, "user_id")?;
-    let lesson: &str = get(row, "lesson")?;
-    let env: &str = get(row, "env")?;
     let needed: i32 = get(row, "needed")?;
     let position: i64 = get(row, "position")?;
     Ok(WaitlistEntry {
-        user: user
-            .parse()
-            .map_err(|e| StoreError::corrupt("user_id", e))?,
-        lesson: lesson
-            .parse()
-            .map_err(|e| StoreError::corrupt("lesson", e))?,
-        env: env.parse().map_err(|e| StoreError::corrupt("env", e))?,
+        user: parse(row, "user_id")?,
+        lesson: parse(row, "lesson")?,
+        env: parse(row, "env")?,
         needed: u32::try_from(needed).map_err(|e| StoreError::corrupt("needed", e))?,
         enqueued_at: get(row, "enqueued_at")?,
         position: u32::try_from(position).unwrap_or(u32::MAX),
