@@ -1,0 +1,182 @@
+//! Warm-pool members: rows opened with no user, provisioned like a session, and claimed by
+//! a student's "Start lab" in one statement (the warm pools' refiller and claim in the
+//! server; [`Pools`](crate::Pools) counts and lists them).
+
+use chrono::{DateTime, Utc};
+use ttlab_model::{EnvName, LessonId, Runtime, SessionId, UserId};
+
+use super::start::{InsertError, NewRow, exists_error, insert_row, is_live_exists};
+use super::{Session, SessionTimes, Sessions, opt_session};
+use crate::StoreError;
+
+/// A warm-pool member about to be opened (status `starting`): provisioned like a session,
+/// held by no user until [`Sessions::claim_pool_member`] hands it to one. Its lifespan is the
+/// pool's age limit (the reaper expires and reclaims an old member like any session); its
+/// readiness deadline is the lesson's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPoolMember {
+    /// Its id (Kubernetes object names derive from it).
+    pub id: SessionId,
+    /// Which lesson's pool.
+    pub lesson: LessonId,
+    /// What it runs on.
+    pub runtime: Runtime,
+    /// The environment of the backend opening it.
+    pub env: EnvName,
+    /// Its age limit, as a lifespan: it is expired at `expires_at` unless claimed before.
+    pub times: SessionTimes,
+    /// If it is not running by then, it is failed and reclaimed.
+    pub readiness_deadline: DateTime<Utc>,
+}
+
+/// A student's "Start lab" served from a lesson's warm pool: see
+/// [`Sessions::claim_pool_member`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolClaim {
+    /// The environment of the backend claiming.
+    pub env: EnvName,
+    /// The lesson whose pool is claimed from.
+    pub lesson: LessonId,
+    /// Who gets the member.
+    pub user: UserId,
+    /// The session's lifespan from the claim: `expires_at` = claim + `ttl` (the policy's TTL,
+    /// as `ttlab-lifespan` would compute for a session opened at the claim instant).
+    pub ttl: std::time::Duration,
+    /// The hard cap from the claim: `max_expires_at` = claim + `max` (at least `ttl`).
+    pub max: std::time::Duration,
+}
+
+/// The longest lifespan a claim may ask for (ten years; far beyond any policy).
+const LIFESPAN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// A member whose age limit (`expires_at`) is this close is left to the reaper, not claimed.
+pub const CLAIM_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Inserts a warm-pool member's `starting` row (no user) on `client`.
+pub(crate) async fn insert_member_on(
+    client: &tokio_postgres::Client,
+    new: &NewPoolMember,
+) -> Result<Session, StoreError> {
+    let row = NewRow {
+        id: new.id,
+        user: None,
+        lesson: &new.lesson,
+        runtime: new.runtime,
+        env: &new.env,
+        times: &new.times,
+        readiness_deadline: new.readiness_deadline,
+    };
+    match insert_row(client, row).await {
+        Ok(session) => Ok(session),
+        Err(InsertError::Other(e)) => Err(e),
+        // A row without a user is not covered by the one-live-per-user index.
+        Err(InsertError::LiveExists) => Err(StoreError::Conflict {
+            what: "a pool member collided with a user's live session",
+        }),
+    }
+}
+
+impl Sessions<'_> {
+    /// Opens a warm-pool member in status `starting`, held by no user (outside the capacity
+    /// lock; the server opens members through [`CapacityGuard::insert_pool_member`]).
+    ///
+    /// [`CapacityGuard::insert_pool_member`]: crate::CapacityGuard::insert_pool_member
+    pub async fn insert_pool_member(&self, new: &NewPoolMember) -> Result<Session, StoreError> {
+        let client = self.store.client().await?;
+        insert_member_on(&client, new).await
+    }
+
+    /// Claims the longest-ready unclaimed running member of `claim.lesson`'s pool in
+    /// `claim.env` for `claim.user`, in one statement (`FOR UPDATE SKIP LOCKED`: concurrent
+    /// claims, on any replica, never get the same member). The member becomes the user's
+    /// session: `user`, `claimed_at` and a fresh lifespan starting at the claim (database
+    /// clock). Members within [`CLAIM_MARGIN`] of their age limit are passed over. Every
+    /// attempt is recorded as a claim or a miss (for hit rates).
+    ///
+    /// `Ok(None)` is a miss: no ready member (open a session the cold way). A user who
+    /// already has a live session gets [`StoreError::SessionExists`], as for a second
+    /// [`Sessions::insert`], and the member stays in the pool.
+    pub async fn claim_pool_member(
+        &self,
+        claim: &PoolClaim,
+    ) -> Result<Option<Session>, StoreError> {
+        const WHAT: &str = "claiming a pool member";
+        const SQL: &str = concat!(
+            "WITH claimed AS (UPDATE sessions SET user_id = $3, claimed_at = now(), \
+             started_at = now(), expires_at = now() + $4::float8 * interval '1 second', \
+             max_expires_at = now() + $5::float8 * interval '1 second', updated_at = now() \
+             WHERE id = (SELECT id FROM sessions WHERE env = $1 AND lesson = $2 \
+               AND pool_member AND claimed_at IS NULL AND status = 'running' \
+               AND expires_at > now() + $6::float8 * interval '1 second' \
+               ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             AND pool_member AND claimed_at IS NULL AND status = 'running'",
+            returning_and_notify!(),
+            "), event AS (INSERT INTO pool_events (env, lesson, kind) \
+             SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claim' ELSE 'miss' END) \
+             SELECT ",
+            columns!(),
+            " FROM claimed"
+        );
+        if claim.ttl > claim.max {
+            return Err(StoreError::InvalidArgument(
+                "a session needs started_at <= expires_at <= max_expires_at",
+            ));
+        }
+        if claim.max > LIFESPAN_LIMIT {
+            return Err(StoreError::InvalidArgument("a lifespan is out of range"));
+        }
+        let (ttl, max) = (claim.ttl.as_secs_f64(), claim.max.as_secs_f64());
+        let margin = CLAIM_MARGIN.as_secs_f64();
+        for _ in 0..3 {
+            let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+            let result = client
+                .query_opt(
+                    &statement,
+                    &[
+                        &claim.env.as_str(),
+                        &claim.lesson.as_str(),
+                        &claim.user.as_str(),
+                        &ttl,
+                        &max,
+                        &margin,
+                    ],
+                )
+                .await;
+            match result {
+                Ok(row) => return opt_session(row),
+                Err(e) if is_live_exists(&e) => {
+                    drop(client);
+                    if let Some(open) = self.live_for_user(&claim.user).await? {
+                        return Err(exists_error(&claim.user, open));
+                    }
+                }
+                Err(e) => return Err(StoreError::query(WHAT)(e)),
+            }
+        }
+        Err(StoreError::Conflict {
+            what: "the user's other session kept changing",
+        })
+    }
+
+    /// The unclaimed live (starting, running, finishing) members of `lesson`'s pool in `env`,
+    /// oldest first ([`Pools::members`](crate::Pools::members)).
+    pub(crate) async fn unclaimed_members(
+        &self,
+        env: &EnvName,
+        lesson: &LessonId,
+    ) -> Result<Vec<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM sessions WHERE env = $1 AND lesson = $2 AND pool_member \
+             AND claimed_at IS NULL AND status IN ('starting', 'running', 'finishing') \
+             ORDER BY created_at, id"
+        );
+        self.query_all(
+            "listing a pool's members",
+            SQL,
+            &[&env.as_str(), &lesson.as_str()],
+        )
+        .await
+    }
+}
