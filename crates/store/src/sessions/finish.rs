@@ -54,13 +54,24 @@ impl Sessions<'_> {
              WHERE id = $1 AND status = $2 AND finishing_to = ANY($3)",
             returning_and_notify!()
         );
+        self.land("completing a finishing session", SQL, id).await
+    }
+
+    /// finishing → its recorded final status, by `sql` (`$1` the id, `$2` finishing, `$3`
+    /// the final statuses), which sets whatever else the landing records.
+    async fn land(
+        &self,
+        what: &'static str,
+        sql: &str,
+        id: SessionId,
+    ) -> Result<Option<Session>, StoreError> {
         for target in FinalStatus::ALL {
             ensure(&[SessionStatus::Finishing], target.status())?;
         }
         let targets: Vec<&str> = FinalStatus::ALL.iter().map(|t| t.as_str()).collect();
         self.query_opt(
-            "completing a finishing session",
-            SQL,
+            what,
+            sql,
             &[&id.as_uuid(), &SessionStatus::Finishing.as_str(), &targets],
         )
         .await
@@ -102,16 +113,8 @@ impl Sessions<'_> {
              WHERE id = $1 AND status = $2 AND finishing_to = ANY($3)",
             returning_and_notify!()
         );
-        for target in FinalStatus::ALL {
-            ensure(&[SessionStatus::Finishing], target.status())?;
-        }
-        let targets: Vec<&str> = FinalStatus::ALL.iter().map(|t| t.as_str()).collect();
-        self.query_opt(
-            "completing a session whose objects are gone",
-            SQL,
-            &[&id.as_uuid(), &SessionStatus::Finishing.as_str(), &targets],
-        )
-        .await
+        self.land("completing a session whose objects are gone", SQL, id)
+            .await
     }
 
     /// Records which objects (`Kind/name`) of a finishing session are still terminating after
