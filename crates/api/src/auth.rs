@@ -52,6 +52,12 @@ impl fmt::Debug for AuthSecret {
 /// What a user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = String,
+    parse_err_fn = unknown_role
+)]
 pub enum Role {
     /// Opens, uses and finishes their own session.
     Student,
@@ -61,25 +67,13 @@ pub enum Role {
 
 impl Role {
     /// Lowercase name, as in the `role` claim.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Student => "student",
-            Self::Admin => "admin",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "student" => Ok(Self::Student),
-            "admin" => Ok(Self::Admin),
-            other => Err(format!(
-                "unknown role {other:?}: expected `student` or `admin`"
-            )),
-        }
-    }
+fn unknown_role(s: &str) -> String {
+    format!("unknown role {s:?}: expected `student` or `admin`")
 }
 
 /// The claims of a ttlab token.
@@ -441,6 +435,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn role_names_read_back_and_an_unknown_one_is_named() {
+        for (role, name) in [(Role::Student, "student"), (Role::Admin, "admin")] {
+            assert_eq!(role.as_str(), name);
+            assert_eq!(role.to_string(), name);
+            assert_eq!(name.parse::<Role>(), Ok(role));
+        }
+        assert_eq!(
+            "root".parse::<Role>(),
+            Err("unknown role \"root\": expected `student` or `admin`".to_owned())
+        );
+    }
 
     fn config() -> AuthConfig {
         AuthConfig::new(AuthSecret::new(vec![7u8; 32]).unwrap())

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use ttlab_model::UserId;
 
 /// The actions limited per user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(serialize_all = "lowercase")]
 pub enum Action {
     /// `POST /api/sessions`.
     Start,
@@ -27,15 +28,12 @@ pub enum Action {
 
 impl Action {
     /// Every action, for exhaustive tests.
-    pub const ALL: [Self; 3] = [Self::Start, Self::Extend, Self::Grade];
+    pub const ALL: [Self; <Action as strum::EnumCount>::COUNT] =
+        [Self::Start, Self::Extend, Self::Grade];
 
     /// The action's name, as in the 429 sentence and the metric label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Start => "start",
-            Self::Extend => "extend",
-            Self::Grade => "grade",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -118,6 +116,12 @@ impl UserLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn action_names_are_stable() {
+        let names: Vec<&str> = Action::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(names, ["start", "extend", "grade"]);
+    }
 
     fn alice() -> UserId {
         UserId::new("alice").unwrap()

@@ -38,8 +38,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -162,6 +160,12 @@ pub enum GoldenObservation {
 /// form) are stable: the session row and the metrics labels store them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = DiskSelectError,
+    parse_err_fn = unknown_reason
+)]
 pub enum FallbackReason {
     /// The lesson asks for a container disk.
     NotRequested,
@@ -186,8 +190,9 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
-    /// Every reason, in declaration order.
-    pub const ALL: [FallbackReason; 10] = [
+    /// Every reason, in declaration order (its length is the derived count of variants, so
+    /// a new reason cannot be left out).
+    pub const ALL: [FallbackReason; <FallbackReason as strum::EnumCount>::COUNT] = [
         Self::NotRequested,
         Self::NotFound,
         Self::Forbidden,
@@ -201,41 +206,20 @@ impl FallbackReason {
     ];
 
     /// The stable snake_case string.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::NotRequested => "not_requested",
-            Self::NotFound => "not_found",
-            Self::Forbidden => "forbidden",
-            Self::UnresolvedSource => "unresolved_source",
-            Self::Importing => "importing",
-            Self::ImportFailed => "import_failed",
-            Self::NotBound => "not_bound",
-            Self::Deleting => "deleting",
-            Self::SingleNode => "single_node",
-            Self::WrongImage => "wrong_image",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for FallbackReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for FallbackReason {
-    type Err = DiskSelectError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| DiskSelectError::UnknownReason(s.to_owned()))
-    }
+fn unknown_reason(s: &str) -> DiskSelectError {
+    DiskSelectError::UnknownReason(s.to_owned())
 }
 
 /// Which kind of root disk a VM gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::Display, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum DiskKind {
     /// The golden PVC under a per-VM copy-on-write layer.
     Golden,
@@ -245,17 +229,8 @@ pub enum DiskKind {
 
 impl DiskKind {
     /// The stable snake_case string (`golden`, `container_disk`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Golden => "golden",
-            Self::ContainerDisk => "container_disk",
-        }
-    }
-}
-
-impl fmt::Display for DiskKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -294,7 +269,7 @@ impl DiskDecision {
 
     /// The reason as a stable string for a metrics label: `ready` for the golden disk, else
     /// the [`FallbackReason`] string.
-    pub const fn reason_str(&self) -> &'static str {
+    pub fn reason_str(&self) -> &'static str {
         match self {
             Self::Golden { .. } => "ready",
             Self::ContainerDisk { reason } => reason.as_str(),

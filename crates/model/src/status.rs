@@ -1,7 +1,5 @@
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
+use strum::EnumCount as _;
 
 use crate::ModelError;
 
@@ -15,6 +13,12 @@ use crate::ModelError;
 /// [`Finishing`]: SessionStatus::Finishing
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = ModelError,
+    parse_err_fn = unknown_status
+)]
 pub enum SessionStatus {
     /// Accepted; provisioning is under way.
     Starting,
@@ -33,8 +37,9 @@ pub enum SessionStatus {
 }
 
 impl SessionStatus {
-    /// Every status, in lifecycle order.
-    pub const ALL: [SessionStatus; 7] = [
+    /// Every status, in lifecycle order (its length is the derived count of variants, so a
+    /// new status cannot be left out).
+    pub const ALL: [SessionStatus; SessionStatus::COUNT] = [
         Self::Starting,
         Self::Running,
         Self::Finishing,
@@ -48,16 +53,8 @@ impl SessionStatus {
     pub const LIVE: [SessionStatus; 3] = [Self::Starting, Self::Running, Self::Finishing];
 
     /// Lowercase name, as stored and as shown in the API.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Finishing => "finishing",
-            Self::Expired => "expired",
-            Self::Finished => "finished",
-            Self::Failed => "failed",
-            Self::Ghost => "ghost",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Holds cluster resources (starting, running, finishing).
@@ -93,25 +90,19 @@ impl SessionStatus {
     }
 }
 
-impl fmt::Display for SessionStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SessionStatus {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| ModelError::UnknownStatus(s.to_owned()))
-    }
+fn unknown_status(s: &str) -> ModelError {
+    ModelError::UnknownStatus(s.to_owned())
 }
 
 /// The final status a `finishing` session is heading for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = ModelError,
+    parse_err_fn = unknown_status
+)]
 pub enum FinalStatus {
     /// The lifespan ran out.
     Expired,
@@ -123,7 +114,8 @@ pub enum FinalStatus {
 
 impl FinalStatus {
     /// Every final target.
-    pub const ALL: [FinalStatus; 3] = [Self::Expired, Self::Finished, Self::Failed];
+    pub const ALL: [FinalStatus; FinalStatus::COUNT] =
+        [Self::Expired, Self::Finished, Self::Failed];
 
     /// The session status this target lands on.
     pub const fn status(self) -> SessionStatus {
@@ -134,25 +126,9 @@ impl FinalStatus {
         }
     }
 
-    /// Lowercase name, as stored.
-    pub const fn as_str(self) -> &'static str {
-        self.status().as_str()
-    }
-}
-
-impl fmt::Display for FinalStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for FinalStatus {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| ModelError::UnknownStatus(s.to_owned()))
+    /// Lowercase name, as stored: the name of the status it lands on.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -160,6 +136,12 @@ impl FromStr for FinalStatus {
 /// what to delete from this one value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = ModelError,
+    parse_err_fn = unknown_runtime
+)]
 pub enum Runtime {
     /// One or more KubeVirt VirtualMachines.
     Vm,
@@ -168,30 +150,17 @@ pub enum Runtime {
 }
 
 impl Runtime {
+    /// Every runtime.
+    pub const ALL: [Runtime; Runtime::COUNT] = [Self::Vm, Self::Pod];
+
     /// Lowercase name, as stored.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Vm => "vm",
-            Self::Pod => "pod",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for Runtime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Runtime {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "vm" => Ok(Self::Vm),
-            "pod" => Ok(Self::Pod),
-            other => Err(ModelError::UnknownRuntime(other.to_owned())),
-        }
-    }
+fn unknown_runtime(s: &str) -> ModelError {
+    ModelError::UnknownRuntime(s.to_owned())
 }
 
 #[cfg(test)]
@@ -242,6 +211,7 @@ mod tests {
         for t in FinalStatus::ALL {
             assert!(Finishing.can_become(t.status()));
             assert_eq!(t.as_str().parse::<FinalStatus>().unwrap(), t);
+            assert_eq!(t.as_str(), t.status().as_str());
         }
     }
 
@@ -254,5 +224,22 @@ mod tests {
         assert!("Running".parse::<SessionStatus>().is_err());
         assert_eq!("pod".parse::<Runtime>().unwrap(), Runtime::Pod);
         assert!("container".parse::<Runtime>().is_err());
+        for r in Runtime::ALL {
+            assert_eq!(r.as_str().parse::<Runtime>().unwrap(), r);
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
+        }
+        // A bad value is named, with the allowed ones where the message gives them.
+        assert_eq!(
+            "Running".parse::<SessionStatus>().unwrap_err().to_string(),
+            "unknown session status \"Running\""
+        );
+        assert_eq!(
+            "ghost".parse::<FinalStatus>().unwrap_err().to_string(),
+            "unknown session status \"ghost\""
+        );
+        assert_eq!(
+            "container".parse::<Runtime>().unwrap_err().to_string(),
+            "unknown runtime \"container\": expected `vm` or `pod`"
+        );
     }
 }

@@ -83,7 +83,10 @@ pub struct PlanInput {
 }
 
 /// Why a member is retired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, strum::Display, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum RetireReason {
     /// Its `created_at` is at least the pool's max age ago.
     TooOld,
@@ -98,12 +101,7 @@ pub enum RetireReason {
 impl RetireReason {
     /// A stable lower-case name, for logs and metrics labels.
     pub fn as_str(self) -> &'static str {
-        match self {
-            RetireReason::TooOld => "too_old",
-            RetireReason::StuckPreparing => "stuck_preparing",
-            RetireReason::Surplus => "surplus",
-            RetireReason::CapacityShort => "capacity_short",
-        }
+        self.into()
     }
 }
 

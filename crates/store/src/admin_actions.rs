@@ -8,9 +8,6 @@
 //! `ttlab-lifespan`, never here, and never passes the row's `max_expires_at`. Ending is
 //! recorded once the session's move to finishing applied. Rows are never updated.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::Row;
@@ -23,6 +20,12 @@ use crate::{Store, StoreError};
 /// What an operator did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr)]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_action
+)]
 pub enum AdminActionKind {
     /// Ended the session (it is reclaimed like a finished one).
     End,
@@ -32,30 +35,13 @@ pub enum AdminActionKind {
 
 impl AdminActionKind {
     /// The name stored and shown: `end` or `extend`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::End => "end",
-            Self::Extend => "extend",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for AdminActionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for AdminActionKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "end" => Ok(Self::End),
-            "extend" => Ok(Self::Extend),
-            other => Err(format!("unknown admin action {other:?}")),
-        }
-    }
+fn unknown_action(s: &str) -> String {
+    format!("unknown admin action {s:?}")
 }
 
 /// One recorded action.

@@ -8,9 +8,6 @@
 //! connection id, so the late close of a replaced connection never marks the newer one
 //! closed. Times are the database clock's.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::Row;
@@ -23,6 +20,12 @@ use crate::{Store, StoreError};
 /// Why a console connection closed, as far as the relay knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_close_reason
+)]
 pub enum ConsoleClosedWhy {
     /// The browser closed it (the tab, the page, or the student's network).
     BrowserClosed,
@@ -37,7 +40,7 @@ pub enum ConsoleClosedWhy {
 
 impl ConsoleClosedWhy {
     /// Every value, for exhaustive tests.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; <ConsoleClosedWhy as strum::EnumCount>::COUNT] = [
         Self::BrowserClosed,
         Self::TakenOver,
         Self::SessionEnded,
@@ -45,31 +48,13 @@ impl ConsoleClosedWhy {
     ];
 
     /// The name stored and shown: `browser_closed`, `taken_over`, `session_ended`, `lost`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::BrowserClosed => "browser_closed",
-            Self::TakenOver => "taken_over",
-            Self::SessionEnded => "session_ended",
-            Self::Lost => "lost",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for ConsoleClosedWhy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ConsoleClosedWhy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|w| w.as_str() == s)
-            .ok_or_else(|| format!("unknown console close reason {s:?}"))
-    }
+fn unknown_close_reason(s: &str) -> String {
+    format!("unknown console close reason {s:?}")
 }
 
 /// The current or last connection to one console.

@@ -20,7 +20,23 @@ use tokio::time::Instant;
 use crate::{Store, StoreError};
 
 /// What a lease is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+)]
+#[strum(
+    serialize_all = "kebab-case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_lease_kind
+)]
 pub enum LeaseKind {
     /// Being the acting reaper of an environment (key: the environment).
     ReaperLeader,
@@ -30,20 +46,17 @@ pub enum LeaseKind {
 
 impl LeaseKind {
     /// Every kind.
-    pub const ALL: [Self; 2] = [Self::ReaperLeader, Self::Provisioning];
+    pub const ALL: [Self; <LeaseKind as strum::EnumCount>::COUNT] =
+        [Self::ReaperLeader, Self::Provisioning];
 
-    /// The stored name.
+    /// The stored name: `reaper-leader` or `provisioning`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ReaperLeader => "reaper-leader",
-            Self::Provisioning => "provisioning",
-        }
+        self.into()
     }
+}
 
-    /// The kind of a stored name.
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
+fn unknown_lease_kind(s: &str) -> String {
+    format!("unknown lease kind {s:?}")
 }
 
 /// One acquisition by one process: `<process>/<acquisition>`, both random, so two
@@ -104,8 +117,9 @@ impl Lease {
             .try_get("kind")
             .map_err(StoreError::query("reading a lease"))?;
         Ok(Self {
-            kind: LeaseKind::from_name(&kind)
-                .ok_or_else(|| StoreError::corrupt("leases.kind", kind))?,
+            kind: kind
+                .parse()
+                .map_err(|_| StoreError::corrupt("leases.kind", &kind))?,
             key: row
                 .try_get("key")
                 .map_err(StoreError::query("reading a lease"))?,

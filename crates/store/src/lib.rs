@@ -368,3 +368,87 @@ fn build_pool(url: &DbUrl, max: usize, acquire_timeout: Duration) -> Result<Pool
             reason: e.to_string(),
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::{Debug, Display};
+    use std::str::FromStr;
+
+    use super::*;
+
+    /// `(value, its stored name)` for every value: the name reads back as the value, and is
+    /// also how it displays.
+    fn names_read_back<T>(names: &[(T, &'static str)])
+    where
+        T: Copy + PartialEq + Debug + Display + FromStr + Into<&'static str>,
+        T::Err: Debug,
+    {
+        for &(value, name) in names {
+            assert_eq!(Into::<&'static str>::into(value), name);
+            assert_eq!(value.to_string(), name);
+            assert_eq!(name.parse::<T>().unwrap(), value);
+        }
+    }
+
+    /// The names the store writes into its tables never change (rows written before must read
+    /// back), and a name it never writes is refused with a message that names it.
+    #[test]
+    fn stored_names_read_back_and_unknown_ones_are_named() {
+        names_read_back(&[
+            (DiskKind::Golden, "golden"),
+            (DiskKind::Container, "container"),
+        ]);
+        assert_eq!(DiskKind::ALL.len(), 2);
+        names_read_back(&[
+            (AdminActionKind::End, "end"),
+            (AdminActionKind::Extend, "extend"),
+        ]);
+        names_read_back(&[
+            (ConsoleClosedWhy::BrowserClosed, "browser_closed"),
+            (ConsoleClosedWhy::TakenOver, "taken_over"),
+            (ConsoleClosedWhy::SessionEnded, "session_ended"),
+            (ConsoleClosedWhy::Lost, "lost"),
+        ]);
+        assert_eq!(ConsoleClosedWhy::ALL.len(), 4);
+        names_read_back(&[
+            (CycleTrigger::Startup, "startup"),
+            (CycleTrigger::Timer, "timer"),
+            (CycleTrigger::Wakeup, "wakeup"),
+            (CycleTrigger::Collect, "collect"),
+        ]);
+        assert_eq!(CycleTrigger::ALL.len(), 4);
+        names_read_back(&[
+            (LeaseKind::ReaperLeader, "reaper-leader"),
+            (LeaseKind::Provisioning, "provisioning"),
+        ]);
+        assert_eq!(LeaseKind::ALL.len(), 2);
+        names_read_back(&[
+            (SslMode::Disable, "disable"),
+            (SslMode::Prefer, "prefer"),
+            (SslMode::Require, "require"),
+            (SslMode::VerifyCa, "verify-ca"),
+            (SslMode::VerifyFull, "verify-full"),
+        ]);
+
+        assert_eq!(
+            "ceph".parse::<DiskKind>().unwrap_err().to_string(),
+            "unexpected value in column disk_kind: unknown disk kind \"ceph\""
+        );
+        assert_eq!(
+            "renew".parse::<AdminActionKind>().unwrap_err(),
+            "unknown admin action \"renew\""
+        );
+        assert_eq!(
+            "closed".parse::<ConsoleClosedWhy>().unwrap_err(),
+            "unknown console close reason \"closed\""
+        );
+        assert_eq!(
+            "cron".parse::<CycleTrigger>().unwrap_err().to_string(),
+            "unexpected value in column trigger: unknown trigger \"cron\""
+        );
+        assert_eq!(
+            "reaper_leader".parse::<LeaseKind>().unwrap_err(),
+            "unknown lease kind \"reaper_leader\""
+        );
+    }
+}

@@ -129,7 +129,22 @@ pub(crate) fn millis(d: Duration) -> u128 {
 }
 
 /// How a connection uses TLS: libpq's `sslmode` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[strum(
+    serialize_all = "kebab-case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_ssl_mode
+)]
 pub enum SslMode {
     /// Never.
     Disable,
@@ -145,27 +160,14 @@ pub enum SslMode {
     VerifyFull,
 }
 
-impl SslMode {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "disable" => Self::Disable,
-            "prefer" => Self::Prefer,
-            "require" => Self::Require,
-            "verify-ca" => Self::VerifyCa,
-            "verify-full" => Self::VerifyFull,
-            _ => return None,
-        })
-    }
+fn unknown_ssl_mode(s: &str) -> String {
+    format!("sslmode must be disable, prefer, require, verify-ca or verify-full, not {s:?}")
+}
 
+impl SslMode {
     /// The libpq name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Disable => "disable",
-            Self::Prefer => "prefer",
-            Self::Require => "require",
-            Self::VerifyCa => "verify-ca",
-            Self::VerifyFull => "verify-full",
-        }
+        self.into()
     }
 
     pub(crate) fn driver(self) -> tokio_postgres::config::SslMode {
@@ -853,9 +855,15 @@ mod tests {
             SslMode::VerifyCa,
             SslMode::VerifyFull,
         ] {
-            assert_eq!(SslMode::parse(mode.as_str()), Some(mode));
+            assert_eq!(mode.as_str().parse::<SslMode>(), Ok(mode));
         }
-        assert_eq!(SslMode::parse("allow"), None);
+        assert_eq!(
+            "allow".parse::<SslMode>(),
+            Err(
+                "sslmode must be disable, prefer, require, verify-ca or verify-full, not \"allow\""
+                    .to_owned()
+            )
+        );
         assert_eq!(SslMode::default(), SslMode::Prefer);
     }
 

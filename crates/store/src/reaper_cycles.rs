@@ -3,7 +3,6 @@
 //! the "collect now" requests it served, in the same transaction.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -45,6 +44,12 @@ impl fmt::Display for CycleId {
 /// What started a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = StoreError,
+    parse_err_fn = unknown_trigger
+)]
 pub enum CycleTrigger {
     /// The first cycle after the reaper started.
     Startup,
@@ -58,27 +63,17 @@ pub enum CycleTrigger {
 
 impl CycleTrigger {
     /// Every trigger.
-    pub const ALL: [CycleTrigger; 4] = [Self::Startup, Self::Timer, Self::Wakeup, Self::Collect];
+    pub const ALL: [CycleTrigger; <CycleTrigger as strum::EnumCount>::COUNT] =
+        [Self::Startup, Self::Timer, Self::Wakeup, Self::Collect];
 
     /// Lowercase name, as stored.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Startup => "startup",
-            Self::Timer => "timer",
-            Self::Wakeup => "wakeup",
-            Self::Collect => "collect",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl FromStr for CycleTrigger {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| StoreError::corrupt("trigger", format!("unknown trigger {s:?}")))
-    }
+fn unknown_trigger(s: &str) -> StoreError {
+    StoreError::corrupt("trigger", format!("unknown trigger {s:?}"))
 }
 
 /// One of the reaper's directions.

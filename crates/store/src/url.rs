@@ -58,11 +58,7 @@ impl DbUrl {
         let mut tls = TlsSettings::default();
         for (key, value) in ssl {
             if key == "sslmode" {
-                tls.mode = SslMode::parse(&value).ok_or_else(|| {
-                    invalid(format!(
-                        "sslmode must be disable, prefer, require, verify-ca or verify-full, not {value:?}"
-                    ))
-                })?;
+                tls.mode = value.parse().map_err(invalid)?;
             } else {
                 tls.root_cert = Some(PathBuf::from(value));
             }

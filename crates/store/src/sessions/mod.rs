@@ -22,9 +22,6 @@
 //! the reaper's listings and transitions (expiry, stuck starts, ghosts, its next deadline);
 //! `admin` the admin pages' history and lingering objects.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
@@ -99,6 +96,12 @@ pub struct SessionTimes {
 /// Which root disk a session got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_ty = StoreError,
+    parse_err_fn = unknown_disk_kind
+)]
 pub enum DiskKind {
     /// The golden PVC as a read-only base with a per-VM copy-on-write layer.
     Golden,
@@ -107,33 +110,18 @@ pub enum DiskKind {
 }
 
 impl DiskKind {
+    /// Every kind.
+    pub const ALL: [DiskKind; <DiskKind as strum::EnumCount>::COUNT] =
+        [Self::Golden, Self::Container];
+
     /// Lowercase name, as stored.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Golden => "golden",
-            Self::Container => "container",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for DiskKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DiskKind {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "golden" => Ok(Self::Golden),
-            "container" => Ok(Self::Container),
-            other => Err(StoreError::corrupt(
-                "disk_kind",
-                format!("unknown disk kind {other:?}"),
-            )),
-        }
-    }
+fn unknown_disk_kind(s: &str) -> StoreError {
+    StoreError::corrupt("disk_kind", format!("unknown disk kind {s:?}"))
 }
 
 /// One VM (or pod) of a session.
