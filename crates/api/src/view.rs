@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use ttlab_lifespan::{Lifespan, Policy};
+use ttlab_lifespan::Policy;
 use ttlab_model::{SessionStatus, UserId};
 use ttlab_store::Session;
 
@@ -237,11 +237,7 @@ impl SessionView {
 
     /// The view of `s` at `now` (the database clock) under `policy`.
     pub fn new(s: &Session, policy: &Policy, now: DateTime<Utc>) -> Self {
-        let lifespan = Lifespan {
-            started_at: s.started_at,
-            expires_at: s.expires_at,
-            extensions_used: s.extensions_used,
-        };
+        let lifespan = s.lifespan();
         let offer = lifespan.offer(now, policy);
         let extend = ExtendView {
             available: offer.available && s.status == SessionStatus::Running,

@@ -10,7 +10,6 @@ use futures::StreamExt as _;
 use std::time::Duration;
 
 use ttlab_cluster::{Kind, SessionTarget, named_objects, teardown_session_within};
-use ttlab_lifespan::Lifespan;
 use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{Direction, Session};
 
@@ -333,12 +332,7 @@ pub(crate) async fn expired(ctx: &ReaperContext, report: &mut CycleReport, now: 
             .filter(|s| seen.insert(s.id))
             .filter(|s| {
                 // The one lifespan rule, the same the student's countdown uses.
-                Lifespan {
-                    started_at: s.started_at,
-                    expires_at: s.expires_at,
-                    extensions_used: s.extensions_used,
-                }
-                .is_expired(now)
+                s.lifespan().is_expired(now)
             })
             .map(|s| {
                 let seen_expires_at = s.expires_at;

@@ -7,9 +7,9 @@
 //! and speaks TLS as `sslmode` in the URL says ([`SslMode`]).
 //!
 //! It owns persistence and nothing else: it never decides *when* a session expires (that is
-//! `ttlab-lifespan`, fed with [`Store::db_now`]), never talks to Kubernetes, and refuses any
-//! status change the model's state machine ([`SessionStatus::can_become`]) forbids — such a
-//! request fails before a statement is sent. Status changes are conditional and report whether
+//! `ttlab-lifespan`, fed with [`Store::db_now`] and a row's [`Session::lifespan`]), never
+//! talks to Kubernetes, and refuses any status change the model's state machine
+//! ([`SessionStatus::can_become`]) forbids — such a request fails before a statement is sent. Status changes are conditional and report whether
 //! they applied, so two writers racing for the same row can both retry safely.
 //!
 //! Test support sits behind the `test-support` feature, which no shipped binary enables:

@@ -553,12 +553,8 @@ async fn extend(
             });
         }
         let now = state.store().db_now().await?;
-        let lifespan = ttlab_lifespan::Lifespan {
-            started_at: s.started_at,
-            expires_at: s.expires_at,
-            extensions_used: s.extensions_used,
-        };
-        let next = lifespan
+        let next = s
+            .lifespan()
             .extend_by_operator(now, by, &policy)
             .map_err(ApiError::Extend)?;
         let next_expires_at = next.expires_at.min(s.max_expires_at);

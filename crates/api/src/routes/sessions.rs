@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use ttlab_agent::AgentClient;
 use ttlab_cluster::ClusterError;
-use ttlab_lifespan::Lifespan;
 use ttlab_model::{LessonId, Runtime, SessionStatus};
 use ttlab_store::Session;
 
@@ -218,12 +217,10 @@ async fn extend(
             });
         }
         let now = state.store().db_now().await?;
-        let lifespan = Lifespan {
-            started_at: s.started_at,
-            expires_at: s.expires_at,
-            extensions_used: s.extensions_used,
-        };
-        let next = lifespan.extend(now, &policy).map_err(ApiError::Extend)?;
+        let next = s
+            .lifespan()
+            .extend(now, &policy)
+            .map_err(ApiError::Extend)?;
         // Conditional on what was read: a concurrent extension or expiry makes it `None`,
         // and the rules are applied again to the fresh row.
         if let Some(row) = state

@@ -11,7 +11,6 @@ use ttlab_agent::protocol::AgentToken;
 use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
 use ttlab_cluster::{ClusterError, Created};
 use ttlab_lesson::Lesson;
-use ttlab_lifespan::Lifespan;
 use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
@@ -96,12 +95,7 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     )
     .map_err(|e| Stop::Failed(format!("the lesson cannot be turned into a VM: {e}")))?;
 
-    let lifespan = Lifespan {
-        started_at: session.started_at,
-        expires_at: session.expires_at,
-        extensions_used: session.extensions_used,
-    };
-    let power_off_at = lifespan.hard_deadline(&state.config().policy);
+    let power_off_at = session.lifespan().hard_deadline(&state.config().policy);
 
     // ③ a fresh agent token per VM (those already stored, for a resumed session), stored
     // before any Secret carries it.

@@ -25,6 +25,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
+use ttlab_lifespan::Lifespan;
 use ttlab_model::{
     EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, UserId,
 };
@@ -195,6 +196,16 @@ impl Session {
             started_at: self.started_at,
             expires_at: self.expires_at,
             max_expires_at: self.max_expires_at,
+        }
+    }
+
+    /// Its lifespan as `ttlab-lifespan` judges it (expired, extensions offered, the hard
+    /// deadline): the one rule the countdown, the extend button and the reaper share.
+    pub fn lifespan(&self) -> Lifespan {
+        Lifespan {
+            started_at: self.started_at,
+            expires_at: self.expires_at,
+            extensions_used: self.extensions_used,
         }
     }
 

@@ -266,6 +266,18 @@ async fn extension_is_conditional_on_what_the_caller_saw() {
     let extended = s.extend(row.id, 0, later).await.unwrap().unwrap();
     assert_eq!(extended.expires_at, later);
     assert_eq!(extended.extensions_used, 1);
+    // The lifespan the countdown, the extend button and the reaper judge is the row's.
+    let lifespan = extended.lifespan();
+    assert_eq!(
+        (
+            lifespan.started_at,
+            lifespan.expires_at,
+            lifespan.extensions_used
+        ),
+        (row.started_at, later, 1)
+    );
+    assert!(!lifespan.is_expired(later - Duration::seconds(1)));
+    assert!(lifespan.is_expired(later));
     // A second click computed from the same old row does not use another extension.
     assert_eq!(s.extend(row.id, 0, later).await.unwrap(), None);
     // Past the hard cap, or backwards: refused.
