@@ -1,5 +1,5 @@
 //! The PostgreSQL store: the schema (embedded migrations), the queries — one module per table —
-//! the LISTEN/NOTIFY channels, the [warm pools](pools), the [leases](leases) (the reaper's
+//! the LISTEN/NOTIFY channels, the [warm pools](pools), the [leases] (the reaper's
 //! leadership, a server's provisioning of a session) and the transaction-scoped locks through
 //! which the server and the reaper talk. It is the only channel between them, and the only crate that holds SQL.
 //! Every connection it opens is bounded (keepalives, `TCP_USER_TIMEOUT`, statement, lock and
