@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use ttlab_model::{QuantityFault, QuantityParts};
 
 /// The smallest guest memory a lesson may ask for: a stock cloud image does not boot in less.
 pub const MIN_MEMORY_BYTES: u64 = 128 * 1024 * 1024;
@@ -11,10 +12,11 @@ pub const MIN_MEMORY_BYTES: u64 = 128 * 1024 * 1024;
 /// Guest memory: the exact quantity text the lesson author wrote (used verbatim in manifests)
 /// and its value in bytes.
 ///
-/// Accepts the Kubernetes quantity forms that make sense for memory: a decimal number
-/// (optionally with a fraction) followed by a binary suffix (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`,
-/// `Ei`), a decimal suffix (`k`, `M`, `G`, `T`, `P`, `E`), a decimal exponent (`e9`) or none
-/// (bytes). The value must be a whole number of bytes, at least [`MIN_MEMORY_BYTES`].
+/// Accepts the Kubernetes quantity forms ([`ttlab_model::Quantity`]) that make sense for
+/// memory: a decimal number (optionally with a fraction) followed by a binary suffix (`Ki`,
+/// `Mi`, `Gi`, `Ti`, `Pi`, `Ei`), a decimal suffix (`k`, `M`, `G`, `T`, `P`, `E`), a decimal
+/// exponent (`e9`) or none (bytes); no sign. The value must be a whole number of bytes, at
+/// least [`MIN_MEMORY_BYTES`].
 ///
 /// ```
 /// use ttlab_lesson::Memory;
@@ -56,75 +58,23 @@ impl fmt::Display for Memory {
     }
 }
 
-/// Why a memory quantity was refused (the message of a load error).
+/// The bytes of a memory quantity, or why it was refused (the message of a load error).
 fn parse_quantity(text: &str) -> Result<u64, String> {
-    let bad = |why: &str| Err(format!("memory {text:?} is not a valid quantity: {why}"));
-    if text.is_empty() {
-        return bad("it is empty");
-    }
+    let bad =
+        |why: &dyn fmt::Display| Err(format!("memory {text:?} is not a valid quantity: {why}"));
     if text.starts_with(['-', '+']) {
-        return bad("a sign is not allowed");
+        return bad(&"a sign is not allowed");
     }
-    let number_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(number_end);
-    let (int_part, frac_part) = match number.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (number, ""),
+    let quantity = match QuantityParts::lex(text).and_then(QuantityParts::value) {
+        Ok(q) => q,
+        Err(QuantityFault::TooFine) => return bad(&"it is not a whole number of bytes"),
+        Err(QuantityFault::TooLarge) => return Err(format!("memory {text:?} is too large")),
+        Err(fault) => return bad(&fault),
     };
-    if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
-        return bad("expected a number such as 4, 512 or 1.5 before the unit");
-    }
-    // value = mantissa / 10^frac_digits * multiplier, computed exactly in u128.
-    let digits = format!("{int_part}{frac_part}");
-    if digits.len() > 30 {
-        return bad("the number is too long");
-    }
-    let mantissa: u128 = digits.parse().map_err(|_| "not a number".to_owned())?;
-    let frac_digits = u32::try_from(frac_part.len()).unwrap_or(u32::MAX);
-    let (numerator, denominator): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
-        "k" => (10u128.pow(3), 1),
-        "M" => (10u128.pow(6), 1),
-        "G" => (10u128.pow(9), 1),
-        "T" => (10u128.pow(12), 1),
-        "P" => (10u128.pow(15), 1),
-        "E" => (10u128.pow(18), 1),
-        "m" => (1, 1000),
-        s if s.starts_with(['e', 'E']) => {
-            let exp = &s[1..];
-            match exp.parse::<i32>() {
-                Ok(e) if (0..=18).contains(&e) => (10u128.pow(e.unsigned_abs()), 1),
-                Ok(e) if (-3..0).contains(&e) => (1, 10u128.pow(e.unsigned_abs())),
-                _ => return bad("the exponent must be an integer from -3 to 18"),
-            }
-        }
-        _ => {
-            return bad(
-                "unknown unit (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E; \
-                 note that `GB` and `gi` are not Kubernetes units)",
-            );
-        }
+    let Some(bytes) = quantity.whole_units() else {
+        return bad(&"it is not a whole number of bytes");
     };
-    let scaled = mantissa
-        .checked_mul(numerator)
-        .ok_or_else(|| format!("memory {text:?} is too large"))?;
-    let divisor = 10u128
-        .checked_pow(frac_digits)
-        .and_then(|p| p.checked_mul(denominator))
-        .ok_or_else(|| format!("memory {text:?} has too many decimals"))?;
-    if scaled % divisor != 0 {
-        return bad("it is not a whole number of bytes");
-    }
-    let bytes =
-        u64::try_from(scaled / divisor).map_err(|_| format!("memory {text:?} is too large"))?;
+    let bytes = u64::try_from(bytes).map_err(|_| format!("memory {text:?} is too large"))?;
     if bytes < MIN_MEMORY_BYTES {
         return Err(format!(
             "memory {text:?} is {bytes} bytes; a lab VM needs at least 128Mi"

@@ -23,4 +23,12 @@ pub enum ModelError {
     /// The text is not one of the known runtimes (`vm`, `pod`).
     #[error("unknown runtime {0:?}: expected `vm` or `pod`")]
     UnknownRuntime(String),
+    /// The text is not a Kubernetes quantity ttlab can hold exactly.
+    #[error("invalid quantity {value:?}: {fault}")]
+    InvalidQuantity {
+        /// The rejected text.
+        value: String,
+        /// What is wrong with it.
+        fault: crate::QuantityFault,
+    },
 }

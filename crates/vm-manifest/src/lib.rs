@@ -68,7 +68,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use ttlab_disk_select::DiskDecision;
 use ttlab_model::labels::{self, ObjectLabels};
-use ttlab_model::{EnvName, LessonId, NodeName, SessionId};
+use ttlab_model::{EnvName, LessonId, NodeName, Quantity, QuantityParts, SessionId, Suffix};
 
 pub use names::{NAME_PREFIX, network_policy_name, pod_name, secret_name, service_name, vm_name};
 pub use network::{network_policy, service};
@@ -320,21 +320,17 @@ fn is_subdomain(name: &str) -> bool {
         })
 }
 
-/// A plain positive Kubernetes quantity: digits, an optional fraction, an optional suffix.
+/// A plain positive Kubernetes quantity ([`Quantity`]): digits with an optional fraction
+/// (never `1.` or `.5`), a binary or decimal suffix or none; no sign, exponent or milli.
 fn is_quantity(s: &str) -> bool {
-    const SUFFIXES: [&str; 12] = [
-        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
-    ];
-    let number = SUFFIXES
-        .iter()
-        .find_map(|suffix| s.strip_suffix(suffix))
-        .unwrap_or(s);
-    let (int, frac) = number.split_once('.').unwrap_or((number, "0"));
-    !int.is_empty()
-        && !frac.is_empty()
-        && int.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
-        && number.bytes().any(|b| b.is_ascii_digit() && b != b'0')
+    let Ok(parts) = QuantityParts::lex(s) else {
+        return false;
+    };
+    let plain = !parts.signed
+        && !parts.integer.is_empty()
+        && parts.fraction != Some("")
+        && matches!(parts.suffix, Suffix::Binary(_) | Suffix::Decimal(0..));
+    plain && parts.value().is_ok_and(|q| q > Quantity::ZERO)
 }
 
 fn render_vm(

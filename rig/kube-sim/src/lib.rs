@@ -65,7 +65,6 @@ pub mod faults;
 pub mod guest;
 mod metadata;
 mod patch;
-pub mod quantity;
 mod quota;
 mod rbac;
 pub mod resources;

@@ -12,12 +12,12 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use crate::quantity::Milli;
 use crate::resources::{
     self, CONFIG_MAPS, NAMESPACES, PODS, PVCS, QUOTAS, SECRETS, TYPES, TypeId, VMIS, VMS,
 };
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
+use ttlab_model::Quantity;
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
 pub type Key = (String, String);
@@ -73,12 +73,12 @@ struct Snapshot {
 }
 
 /// A quota resource a request would exceed: (resource, requested, used, limit).
-type Exceeded<'a> = (&'a str, Milli, Milli, Milli);
+type Exceeded<'a> = (&'a str, Quantity, Quantity, Quantity);
 
 /// What admission adds to one quota's `status.used`: the new totals.
 struct QuotaCharge {
     quota: String,
-    used: Vec<(String, Milli)>,
+    used: Vec<(String, Quantity)>,
 }
 
 /// Propagation policy of a delete.
@@ -1024,36 +1024,33 @@ impl Store {
 
     /// What is in use in `ns` of the quota resource `resource`, counted as the quota
     /// controller counts it (`None`: nothing it can count).
-    fn quota_usage(&self, ns: &str, resource: &str) -> Option<Milli> {
-        let count =
-            |t: TypeId| Milli(self.tables[t].per_ns.get(ns).copied().unwrap_or(0) as i128 * 1000);
+    fn quota_usage(&self, ns: &str, resource: &str) -> Option<Quantity> {
+        let count = |t: TypeId| {
+            Quantity::from_units(self.tables[t].per_ns.get(ns).copied().unwrap_or(0) as i64)
+        };
         let live_pods = || {
             self.all(PODS, Some(ns))
                 .into_iter()
                 .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
         };
         match resource {
-            "pods" | "count/pods" => Some(Milli(live_pods().count() as i128 * 1000)),
+            "pods" | "count/pods" => Some(Quantity::from_units(live_pods().count() as i64)),
             "requests.memory" | "memory" => Some(
                 live_pods()
                     .map(|p| pod_request(&p, "requests", "memory"))
-                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+                    .sum(),
             ),
             "limits.memory" => Some(
                 live_pods()
                     .map(|p| pod_request(&p, "limits", "memory"))
-                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+                    .sum(),
             ),
             "requests.cpu" | "cpu" => Some(
                 live_pods()
                     .map(|p| pod_request(&p, "requests", "cpu"))
-                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
+                    .sum(),
             ),
-            "limits.cpu" => Some(
-                live_pods()
-                    .map(|p| pod_request(&p, "limits", "cpu"))
-                    .fold(Milli(0), |a, b| Milli(a.0 + b.0)),
-            ),
+            "limits.cpu" => Some(live_pods().map(|p| pod_request(&p, "limits", "cpu")).sum()),
             other => {
                 let plural = other.strip_prefix("count/").unwrap_or(other);
                 resources::find_by_resource(plural)
@@ -1080,14 +1077,14 @@ impl Store {
     }
 
     /// What creating (or changing `old` into) `obj` adds to a quota resource it covers.
-    fn quota_delta(t: TypeId, resource: &str, obj: &Value, old: Option<&Value>) -> Milli {
+    fn quota_delta(t: TypeId, resource: &str, obj: &Value, old: Option<&Value>) -> Quantity {
         match compute_resource(resource) {
             Some((kind, res)) if t == PODS => {
                 let new = pod_request(obj, kind, res);
-                let before = old.map_or(Milli(0), |o| pod_request(o, kind, res));
-                Milli(new.0 - before.0)
+                let before = old.map_or(Quantity::ZERO, |o| pod_request(o, kind, res));
+                new - before
             }
-            _ => Milli(if old.is_none() { 1000 } else { 0 }),
+            _ => Quantity::from_units(if old.is_none() { 1 } else { 0 }),
         }
     }
 
@@ -1144,28 +1141,28 @@ impl Store {
             let mut exceeded = Vec::new();
             for res in covered {
                 let delta = Self::quota_delta(t, res, obj, old);
-                if delta.0 <= 0 {
+                if delta <= Quantity::ZERO {
                     continue;
                 }
                 let cur = used
                     .and_then(|u| u.get(res.as_str()))
-                    .and_then(Milli::from_json)
+                    .and_then(quantity)
                     .unwrap_or_default();
                 let limit = hard
                     .get(res.as_str())
-                    .and_then(Milli::from_json)
+                    .and_then(quantity)
                     .unwrap_or_default();
-                if cur.0 + delta.0 > limit.0 {
+                if cur + delta > limit {
                     exceeded.push((res.as_str(), delta, cur, limit));
                 }
-                charge.used.push((res.clone(), Milli(cur.0 + delta.0)));
+                charge.used.push((res.clone(), cur + delta));
             }
             if !exceeded.is_empty() {
                 exceeded.sort_unstable_by_key(|e| e.0);
-                let list = |pick: fn(&Exceeded<'_>) -> Milli| {
+                let list = |pick: fn(&Exceeded<'_>) -> Quantity| {
                     exceeded
                         .iter()
-                        .map(|e| format!("{}={}", e.0, pick(e).render()))
+                        .map(|e| format!("{}={}", e.0, pick(e)))
                         .collect::<Vec<_>>()
                         .join(",")
                 };
@@ -1193,7 +1190,7 @@ impl Store {
             };
             let mut new = (*q).clone();
             for (res, total) in charge.used {
-                new["status"]["used"][res] = Value::from(total.render());
+                new["status"]["used"][res] = Value::from(total.to_string());
             }
             let rv = self.bump();
             new["metadata"]["resourceVersion"] = Value::from(rv.to_string());
@@ -1216,7 +1213,7 @@ impl Store {
                 let counted = counts(res)
                     .then(|| self.quota_usage(ns, res))
                     .flatten()
-                    .map(|u| Value::from(u.render()));
+                    .map(|u| Value::from(u.to_string()));
                 if let Some(u) = counted.or_else(|| q["status"]["used"].get(res).cloned()) {
                     used.insert(res.clone(), u);
                 }
@@ -1351,31 +1348,32 @@ fn add_finalizer(meta: &mut serde_json::Map<String, Value>, f: &str) {
     }
 }
 
-fn pod_request(pod: &Value, kind: &str, res: &str) -> Milli {
-    let sum = |list: &Value| -> Milli {
-        Milli(
-            list.as_array()
-                .map(|cs| {
-                    cs.iter()
-                        .filter_map(|c| Milli::from_json(&c["resources"][kind][res]))
-                        .map(|m| m.0)
-                        .sum()
-                })
-                .unwrap_or(0),
-        )
+/// What a pod asks for of a compute resource (`kind` `requests` or `limits`, `res` `cpu` or
+/// `memory`): its containers' sum, or its largest init container's if that is more.
+fn pod_request(pod: &Value, kind: &str, res: &str) -> Quantity {
+    let requests = |list: &Value| -> Vec<Quantity> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| quantity(&c["resources"][kind][res]))
+            .collect()
     };
-    let main = sum(&pod["spec"]["containers"]);
-    let init_max = pod["spec"]["initContainers"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| Milli::from_json(&c["resources"][kind][res]))
-                .map(|m| m.0)
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0);
-    Milli(main.0.max(init_max))
+    let main: Quantity = requests(&pod["spec"]["containers"]).into_iter().sum();
+    let init_max = requests(&pod["spec"]["initContainers"])
+        .into_iter()
+        .max()
+        .unwrap_or_default();
+    main.max(init_max)
+}
+
+/// A quantity in an object: a string (surrounding spaces ignored, as the API server reads
+/// it) or a JSON number.
+fn quantity(v: &Value) -> Option<Quantity> {
+    match v {
+        Value::String(s) => s.trim().parse().ok(),
+        Value::Number(n) => n.to_string().parse().ok(),
+        _ => None,
+    }
 }
 
 /// `(requests|limits, memory|cpu)` of a quota compute resource.
@@ -1447,6 +1445,30 @@ fn decode_continue(tok: &str) -> Option<(u64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_and_renders_common_quantities() {
+        let parse = |s: &str| quantity(&Value::from(s));
+        let milli = |m: i128| Some(Quantity::from_milli(m));
+        assert_eq!(parse("1Gi"), milli(1_073_741_824_000));
+        assert_eq!(parse("500m"), milli(500));
+        assert_eq!(
+            parse("1.5Gi").map(|q| q.to_string()).as_deref(),
+            Some("1536Mi")
+        );
+        assert_eq!(parse("2").map(|q| q.to_string()).as_deref(), Some("2"));
+        assert_eq!(parse("1e3"), milli(1_000_000));
+        assert_eq!(parse("1k"), milli(1_000_000));
+        assert_eq!(parse("abc"), None);
+        assert_eq!(parse("1Xi"), None);
+        assert_eq!(
+            Quantity::from_milli(48 * (1 << 30) * 1000).to_string(),
+            "48Gi"
+        );
+        assert_eq!(parse(" 2Gi "), parse("2Gi"));
+        assert_eq!(quantity(&json!(3)), milli(3000));
+        assert_eq!(quantity(&json!(0.5)), milli(500));
+    }
 
     fn store_with_ns() -> Store {
         let mut s = Store::new();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
+use ttlab_model::Quantity;
 use ttlab_qemu_guest::{Accel, Exit, Guest, GuestSpec, QemuSettings, RootDisk};
 
 use crate::Triggers;
@@ -71,24 +72,10 @@ impl Boot {
     }
 }
 
-/// A Kubernetes memory quantity (`2Gi`, `512Mi`, `1G`, bytes) in MiB, rounded down.
+/// A Kubernetes memory quantity (`2Gi`, `512Mi`, `1G`, `1.5Gi`, bytes) in MiB, rounded down.
 fn mebibytes(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
-    let (n, unit) = q.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let bytes = match unit {
-        "" => n,
-        "Ki" => n.checked_mul(1 << 10)?,
-        "Mi" => n.checked_mul(1 << 20)?,
-        "Gi" => n.checked_mul(1 << 30)?,
-        "Ti" => n.checked_mul(1 << 40)?,
-        "k" | "K" => n.checked_mul(1_000)?,
-        "M" => n.checked_mul(1_000_000)?,
-        "G" => n.checked_mul(1_000_000_000)?,
-        "T" => n.checked_mul(1_000_000_000_000)?,
-        _ => return None,
-    };
+    let q: Quantity = q.trim().parse().ok()?;
+    let bytes = u64::try_from(q.milli().div_euclid(1000)).ok()?;
     Some(bytes >> 20)
 }
 
@@ -274,6 +261,8 @@ mod tests {
         assert_eq!(mebibytes("1048576"), Some(1));
         assert_eq!(mebibytes("lots"), None);
         assert_eq!(mebibytes("2Zi"), None);
+        assert_eq!(mebibytes("1.5Gi"), Some(1536));
+        assert_eq!(mebibytes("-1Gi"), None);
     }
 
     #[test]
