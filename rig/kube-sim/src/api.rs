@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::Sim;
 use crate::faults::{CallKey, FaultAction, Verb};
 use crate::metadata::{self, Shape};
+use crate::patch::JsonPatchError;
 use crate::resources::{self, PODS, TYPES, TypeId};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{self, ApiError};
@@ -912,8 +913,11 @@ impl Call<'_> {
             let mut next = cur.clone();
             match ct.as_str() {
                 "application/json-patch+json" => crate::patch::json_patch(&mut next, &patch_body)
-                    .map_err(|e| ApiError::new(422, "Invalid", e))?,
-                "application/merge-patch+json" => crate::patch::merge(&mut next, &patch_body),
+                    .map_err(|e| match e {
+                    JsonPatchError::Malformed(why) => ApiError::bad_request(why),
+                    JsonPatchError::Failed(why) => ApiError::new(422, "Invalid", why),
+                })?,
+                "application/merge-patch+json" => json_patch::merge(&mut next, &patch_body),
                 _ => crate::patch::strategic(&mut next, &patch_body),
             }
             if status_only {

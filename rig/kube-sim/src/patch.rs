@@ -1,32 +1,11 @@
-//! The patch formats the API server accepts: JSON merge patch (RFC 7386), strategic merge
-//! patch (merge patch plus merging of lists of named items, as kubectl's client-side apply
-//! sends it for built-in types), and JSON patch (RFC 6902).
+//! The patch formats the API server accepts: JSON merge patch (RFC 7386, `json_patch::merge`),
+//! strategic merge patch (merge patch plus merging of lists of named items, as kubectl's
+//! client-side apply sends it for built-in types), and JSON patch (RFC 6902, by the
+//! `json-patch` crate).
 
 use serde_json::{Map, Value};
 
-/// RFC 7386 JSON merge patch: objects merge recursively, `null` deletes, anything else
-/// replaces.
-pub fn merge(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = Value::Object(Map::new());
-            }
-            if let Value::Object(t) = target {
-                for (k, v) in p {
-                    if v.is_null() {
-                        t.remove(k);
-                    } else {
-                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                    }
-                }
-            }
-        }
-        other => *target = other.clone(),
-    }
-}
-
-/// Strategic merge patch, for the shapes kubectl sends: like [`merge`], but lists whose items
+/// Strategic merge patch, for the shapes kubectl sends: like a merge patch, but lists whose items
 /// are objects with a `name` (containers, volumes, ports, env) or `type` (conditions) merge
 /// item by item; `$patch: delete` items are removed, `$setElementOrder/…`, `$retainKeys` and
 /// `$deleteFromPrimitiveList/…` directives are honoured or dropped.
@@ -118,111 +97,30 @@ fn list_key(items: &[Value]) -> Option<&'static str> {
     .find(|k| first.contains_key(*k))
 }
 
-/// RFC 6902 JSON patch (`add`, `remove`, `replace`, `move`, `copy`, `test`).
-pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
-    let ops = ops
+/// Why a JSON patch was refused, as the API server answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonPatchError {
+    /// The body is not a list of objects (`400 BadRequest`: the API server cannot decode it).
+    Malformed(String),
+    /// An operation is unknown, lacks a field, or does not apply to the object (`422
+    /// Invalid`); nothing was changed.
+    Failed(String),
+}
+
+/// RFC 6902 JSON patch (`add`, `remove`, `replace`, `move`, `copy`, `test`), by `json-patch`:
+/// all operations or none.
+pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), JsonPatchError> {
+    if !ops
         .as_array()
-        .ok_or("the JSON patch must be an array of operations")?;
-    for (i, op) in ops.iter().enumerate() {
-        let kind = op["op"]
-            .as_str()
-            .ok_or(format!("operation {i} has no \"op\""))?;
-        let path = op["path"]
-            .as_str()
-            .ok_or(format!("operation {i} has no \"path\""))?;
-        match kind {
-            "add" => add(
-                target,
-                path,
-                op.get("value").cloned().ok_or("add without value")?,
-            )?,
-            "remove" => {
-                remove(target, path)?;
-            }
-            "replace" => {
-                remove(target, path)?;
-                add(
-                    target,
-                    path,
-                    op.get("value").cloned().ok_or("replace without value")?,
-                )?;
-            }
-            "move" => {
-                let from = op["from"].as_str().ok_or("move without from")?;
-                let v = remove(target, from)?;
-                add(target, path, v)?;
-            }
-            "copy" => {
-                let from = op["from"].as_str().ok_or("copy without from")?;
-                let v = target
-                    .pointer(from)
-                    .cloned()
-                    .ok_or(format!("path {from} not found"))?;
-                add(target, path, v)?;
-            }
-            "test" => {
-                if target.pointer(path) != op.get("value") {
-                    return Err(format!("test operation at {path} failed"));
-                }
-            }
-            other => return Err(format!("unexpected operation {other:?}")),
-        }
+        .is_some_and(|list| list.iter().all(Value::is_object))
+    {
+        return Err(JsonPatchError::Malformed(
+            "the JSON patch must be a list of operations".to_owned(),
+        ));
     }
-    Ok(())
-}
-
-fn split(path: &str) -> Result<(String, String), String> {
-    let idx = path.rfind('/').ok_or(format!("invalid path {path:?}"))?;
-    let last = path[idx + 1..].replace("~1", "/").replace("~0", "~");
-    Ok((path[..idx].to_owned(), last))
-}
-
-fn add(target: &mut Value, path: &str, v: Value) -> Result<(), String> {
-    if path.is_empty() {
-        *target = v;
-        return Ok(());
-    }
-    let (parent, last) = split(path)?;
-    match target.pointer_mut(&parent) {
-        Some(Value::Object(o)) => {
-            o.insert(last, v);
-            Ok(())
-        }
-        Some(Value::Array(a)) => {
-            if last == "-" {
-                a.push(v);
-                return Ok(());
-            }
-            let i: usize = last
-                .parse()
-                .map_err(|_| format!("invalid index {last:?}"))?;
-            if i > a.len() {
-                return Err(format!("index {i} out of range"));
-            }
-            a.insert(i, v);
-            Ok(())
-        }
-        _ => Err(format!("doc is missing path: {path:?}")),
-    }
-}
-
-fn remove(target: &mut Value, path: &str) -> Result<Value, String> {
-    let (parent, last) = split(path)?;
-    match target.pointer_mut(&parent) {
-        Some(Value::Object(o)) => o
-            .remove(&last)
-            .ok_or(format!("doc is missing key: {path:?}")),
-        Some(Value::Array(a)) => {
-            let i: usize = last
-                .parse()
-                .map_err(|_| format!("invalid index {last:?}"))?;
-            if i >= a.len() {
-                return Err(format!("index {i} out of range"));
-            }
-            Ok(a.remove(i))
-        }
-        _ => Err(format!("doc is missing path: {path:?}")),
-    }
+    let ops: json_patch::Patch = serde_json::from_value(ops.clone())
+        .map_err(|e| JsonPatchError::Failed(format!("invalid JSON patch operation: {e}")))?;
+    json_patch::patch(target, &ops).map_err(|e| JsonPatchError::Failed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -233,7 +131,7 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc7386() {
         let mut t = json!({"a": 1, "b": {"c": 2, "d": 3}, "l": [1, 2]});
-        merge(&mut t, &json!({"a": null, "b": {"c": 5}, "l": [3]}));
+        json_patch::merge(&mut t, &json!({"a": null, "b": {"c": 5}, "l": [3]}));
         assert_eq!(t, json!({"b": {"c": 5, "d": 3}, "l": [3]}));
     }
 

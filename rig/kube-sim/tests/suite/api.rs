@@ -252,6 +252,60 @@ async fn watch_from_a_resource_version_sees_later_changes_only() {
 }
 
 #[tokio::test]
+async fn a_json_patch_applies_whole_or_is_refused_as_the_api_server_refuses_it() {
+    let sim = start().await;
+    let h = Http::new(&sim);
+    h.post(SECRETS, &secret("p", json!({"a": "1"}), json!({})))
+        .await;
+    let path = format!("{SECRETS}/p");
+    let patch = |ops: Value| {
+        h.raw(
+            "PATCH",
+            &path,
+            "application/json-patch+json",
+            serde_json::to_vec(&ops).unwrap(),
+        )
+    };
+    let (code, body) = patch(json!([
+        {"op": "add", "path": "/metadata/labels/b~1c", "value": "2"},
+        {"op": "remove", "path": "/metadata/labels/a"},
+    ]))
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["metadata"]["labels"], json!({"b/c": "2"}));
+
+    // An operation that does not apply: 422 Invalid, and the operations before it are undone.
+    let (code, body) = patch(json!([
+        {"op": "add", "path": "/metadata/labels/d", "value": "4"},
+        {"op": "test", "path": "/metadata/labels/b~1c", "value": "not 2"},
+    ]))
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(
+        (body["kind"].as_str(), body["reason"].as_str()),
+        (Some("Status"), Some("Invalid")),
+        "{body}"
+    );
+    for bad in [
+        json!([{"op": "remove", "path": "/metadata/labels/nope"}]),
+        json!([{"op": "frobnicate", "path": "/metadata/labels/x"}]),
+        json!([{"op": "add", "path": "/metadata/labels/x"}]),
+    ] {
+        let (code, body) = patch(bad.clone()).await;
+        assert_eq!(code, 422, "{bad} → {body}");
+    }
+    let (_, now) = h.get(&format!("{SECRETS}/p")).await;
+    assert_eq!(now["metadata"]["labels"], json!({"b/c": "2"}));
+
+    // A body that is not a list of operations: 400 BadRequest.
+    for bad in [json!({"op": "add"}), json!(["add"])] {
+        let (code, body) = patch(bad.clone()).await;
+        assert_eq!(code, 400, "{bad} → {body}");
+        assert_eq!(body["reason"].as_str(), Some("BadRequest"), "{body}");
+    }
+}
+
+#[tokio::test]
 async fn garbage_collection_follows_owner_references() {
     let sim = start().await;
     let h = Http::new(&sim);
