@@ -1,14 +1,35 @@
 //! A lesson's instructions: Markdown written by the lesson's author, rendered to HTML that can
-//! hold nothing the author did not write as text.
+//! hold nothing the author did not write as text or as Markdown.
 //!
-//! The renderer knows a small, fixed part of Markdown — headings, paragraphs, bulleted and
-//! numbered lists, fenced code blocks, inline code, bold, italics and links — and emits only
-//! its own tags. Everything the author wrote is HTML-escaped first, so HTML in a lesson file
-//! (`<script>`, `<img onerror=…>`, an `<a href="javascript:…">`) shows as text; a link's
-//! target must be `http:`, `https:` or `mailto:` (anything else is shown as plain text). The
-//! output is deterministic and safe to put into a page with `innerHTML`.
+//! The Markdown is CommonMark with the GitHub tables, strikethrough and task lists, parsed by
+//! `pulldown-cmark`: headings (`#` becomes `<h2>`, as the page has its own `<h1>`),
+//! paragraphs, bulleted and numbered lists (nested), block quotes, rules, fenced and indented
+//! code blocks, inline code, emphasis, strong emphasis, strikethrough, tables (column
+//! alignment is not kept), task list items (shown as ☐ and ☑), line breaks, links and images.
+//!
+//! What an author cannot do:
+//! - **Raw HTML is text.** HTML in the Markdown, block or inline (`<script>`, `<img
+//!   onerror=…>`, `<iframe>`, `<div style=…>`, comments), is shown as written, escaped, never
+//!   parsed as markup.
+//! - **Links** become links only to `http:`, `https:` or `mailto:` targets, judged as a browser
+//!   reads the URL (entities decoded, tabs and newlines dropped, any case); any other target
+//!   (`javascript:`, `vbscript:`, `data:`, a relative path) leaves the link's text, not a link.
+//!   Links open in a new tab with `rel="noopener noreferrer"`.
+//! - **Images** are shown only from `https:` sources; any other leaves the image's
+//!   description as text.
+//!
+//! The HTML then passes through `ammonia` with an explicit allow-list ([`ALLOWED_TAGS`], the
+//! attributes `href` and `title` on links, `src`, `alt` and `title` on images, `start` on
+//! numbered lists; no `style`, no `class`, no event handler, the same URL rules), so that
+//! nothing the renderer might let through can become active markup. The output is
+//! deterministic and safe to put into a page with `innerHTML`.
 
-use std::fmt::Write as _;
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
+
+use pulldown_cmark::{
+    Alignment, CowStr, Event, HeadingLevel, LinkType, Options, Parser, Tag, TagEnd,
+};
 
 /// The longest instructions a lesson may carry, in bytes of Markdown.
 pub const MAX_INSTRUCTIONS_BYTES: usize = 64 * 1024;
@@ -53,249 +74,194 @@ impl Instructions {
     }
 }
 
-/// Renders `markdown` (the subset of the [module docs](self)) to safe HTML.
+/// The elements the rendered HTML may hold: everything else is removed by the sanitiser.
+pub const ALLOWED_TAGS: [&str; 25] = [
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "p",
+    "br",
+    "hr",
+    "blockquote",
+    "ul",
+    "ol",
+    "li",
+    "pre",
+    "code",
+    "em",
+    "strong",
+    "del",
+    "a",
+    "img",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+];
+
+/// The URL schemes a link may have.
+const LINK_SCHEMES: [&str; 3] = ["http", "https", "mailto"];
+
+/// The URL scheme an image may have.
+const IMAGE_SCHEME: &str = "https";
+
+/// Renders `markdown` (CommonMark and the extensions of the [module docs](self)) to safe HTML.
 pub fn render(markdown: &str) -> String {
-    let mut out = String::new();
-    let mut paragraph: Vec<&str> = Vec::new();
-    let mut list: Option<(&'static str, Vec<String>)> = None;
-    let mut lines = markdown.lines().peekable();
-
-    fn flush_paragraph(out: &mut String, paragraph: &mut Vec<&str>) {
-        if !paragraph.is_empty() {
-            let text = paragraph
-                .iter()
-                .map(|l| l.trim())
-                .collect::<Vec<_>>()
-                .join(" ");
-            let _ = writeln!(out, "<p>{}</p>", inline(&text));
-            paragraph.clear();
-        }
-    }
-    fn flush_list(out: &mut String, list: &mut Option<(&'static str, Vec<String>)>) {
-        if let Some((tag, items)) = list.take() {
-            let _ = write!(out, "<{tag}>");
-            for item in items {
-                let _ = write!(out, "<li>{}</li>", inline(item.trim()));
-            }
-            let _ = writeln!(out, "</{tag}>");
-        }
-    }
-
-    while let Some(line) = lines.next() {
-        let trimmed = line.trim_start();
-        if let Some(fence) = trimmed.strip_prefix("```") {
-            let _ = fence; // the info string (a language) is not used
-            flush_paragraph(&mut out, &mut paragraph);
-            flush_list(&mut out, &mut list);
-            let mut code = String::new();
-            for inner in lines.by_ref() {
-                if inner.trim_start().starts_with("```") {
-                    break;
-                }
-                code.push_str(inner);
-                code.push('\n');
-            }
-            let _ = writeln!(out, "<pre><code>{}</code></pre>", escape(&code));
-            continue;
-        }
-        if trimmed.is_empty() {
-            flush_paragraph(&mut out, &mut paragraph);
-            // A list goes on over a blank line only if the next line is one of its items.
-            let next_is_item = lines
-                .peek()
-                .is_some_and(|next| list_item(next.trim_start()).is_some());
-            if !next_is_item {
-                flush_list(&mut out, &mut list);
-            }
-            continue;
-        }
-        if let Some((level, text)) = heading(trimmed) {
-            flush_paragraph(&mut out, &mut paragraph);
-            flush_list(&mut out, &mut list);
-            // `#` is the panel's top level (h2: the page has its own h1).
-            let tag = (level + 1).min(6);
-            let _ = writeln!(out, "<h{tag}>{}</h{tag}>", inline(text));
-            continue;
-        }
-        if let Some((tag, text)) = list_item(trimmed) {
-            flush_paragraph(&mut out, &mut paragraph);
-            match &mut list {
-                Some((current, items)) if *current == tag => items.push(text.to_owned()),
-                _ => {
-                    flush_list(&mut out, &mut list);
-                    list = Some((tag, vec![text.to_owned()]));
-                }
-            }
-            continue;
-        }
-        // An indented line right after an item continues it.
-        if let Some((_, items)) = &mut list
-            && line.starts_with("  ")
-            && paragraph.is_empty()
-        {
-            if let Some(last) = items.last_mut() {
-                last.push(' ');
-                last.push_str(trimmed);
-            }
-            continue;
-        }
-        flush_list(&mut out, &mut list);
-        paragraph.push(line);
-    }
-    flush_paragraph(&mut out, &mut paragraph);
-    flush_list(&mut out, &mut list);
-    out
+    let options =
+        Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    let mut html = String::with_capacity(markdown.len() * 3 / 2);
+    pulldown_cmark::html::push_html(&mut html, Author::new(Parser::new_ext(markdown, options)));
+    SANITISER.clean(&html).to_string()
 }
 
-/// `# Title` → (1, "Title").
-fn heading(line: &str) -> Option<(usize, &str)> {
-    let level = line.bytes().take_while(|&b| b == b'#').count();
-    if !(1..=6).contains(&level) {
-        return None;
-    }
-    let rest = &line[level..];
-    if rest.is_empty() {
-        return Some((level, ""));
-    }
-    rest.strip_prefix(' ')
-        .map(|t| (level, t.trim().trim_end_matches('#').trim_end()))
+/// The author's Markdown events, with what an author may not do taken out (see the
+/// [module docs](self)): raw HTML becomes text, links and images with a target they may not
+/// have lose their tags and keep their text, headings move one level down, tables lose their
+/// column alignment and task list markers become characters.
+struct Author<'a, I> {
+    events: I,
+    /// Events to give before reading on, last first (an HTML block's text and end).
+    pending: Vec<Event<'a>>,
+    /// For each link or image open, whether its tags were kept.
+    targets: Vec<bool>,
 }
 
-/// `- item`, `* item`, `+ item` → ("ul", "item"); `1. item` or `1) item` → ("ol", "item").
-fn list_item(line: &str) -> Option<(&'static str, &str)> {
-    for bullet in ["- ", "* ", "+ "] {
-        if let Some(rest) = line.strip_prefix(bullet) {
-            return Some(("ul", rest));
+impl<'a, I> Author<'a, I> {
+    fn new(events: I) -> Self {
+        Self {
+            events,
+            pending: Vec::new(),
+            targets: Vec::new(),
         }
     }
-    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
-    if (1..=9).contains(&digits) {
-        let rest = &line[digits..];
-        if let Some(text) = rest.strip_prefix(". ").or_else(|| rest.strip_prefix(") ")) {
-            return Some(("ol", text));
-        }
-    }
-    None
 }
 
-/// Inline Markdown: `code`, **bold**, *italics* or _italics_, [text](url).
-fn inline(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(c) = rest.chars().next() {
-        match c {
-            '`' => {
-                let ticks = rest.bytes().take_while(|&b| b == b'`').count();
-                let fence = &rest[..ticks];
-                if let Some(end) = rest[ticks..].find(fence) {
-                    let code = &rest[ticks..ticks + end];
-                    let _ = write!(out, "<code>{}</code>", escape(code.trim()));
-                    rest = &rest[ticks + end + ticks..];
-                } else {
-                    out.push_str(&escape(fence));
-                    rest = &rest[ticks..];
-                }
+impl<'a, I: Iterator<Item = Event<'a>>> Iterator for Author<'a, I> {
+    type Item = Event<'a>;
+
+    fn next(&mut self) -> Option<Event<'a>> {
+        loop {
+            if let Some(event) = self.pending.pop() {
+                return Some(event);
             }
-            '*' | '_' if rest.starts_with("**") || rest.starts_with("__") => {
-                let mark = &rest[..2];
-                match rest[2..].find(mark) {
-                    Some(end) if end > 0 => {
-                        let _ = write!(out, "<strong>{}</strong>", inline(&rest[2..2 + end]));
-                        rest = &rest[2 + end + 2..];
+            let event = match self.events.next()? {
+                Event::InlineHtml(text) => Event::Text(text),
+                // A block of HTML: a paragraph of its text, as written.
+                Event::Start(Tag::HtmlBlock) => {
+                    let mut text = String::new();
+                    let mut after = None;
+                    for inner in self.events.by_ref() {
+                        match inner {
+                            Event::Html(line) | Event::Text(line) => text.push_str(&line),
+                            Event::End(TagEnd::HtmlBlock) => break,
+                            other => {
+                                after = Some(other);
+                                break;
+                            }
+                        }
                     }
-                    _ => {
-                        out.push_str(&escape(mark));
-                        rest = &rest[2..];
-                    }
+                    text.truncate(text.trim_end().len());
+                    self.pending.extend(after);
+                    self.pending.push(Event::End(TagEnd::Paragraph));
+                    self.pending.push(Event::Text(text.into()));
+                    Event::Start(Tag::Paragraph)
                 }
-            }
-            '*' | '_' => {
-                let mark = &rest[..1];
-                // `snake_case` words keep their underscores.
-                let closing = rest[1..].find(mark).filter(|&end| {
-                    end > 0
-                        && !rest[1..].starts_with(' ')
-                        && !(c == '_' && out.chars().last().is_some_and(char::is_alphanumeric))
-                });
-                match closing {
-                    Some(end) => {
-                        let _ = write!(out, "<em>{}</em>", inline(&rest[1..1 + end]));
-                        rest = &rest[1 + end + 1..];
-                    }
-                    None => {
-                        out.push_str(&escape(mark));
-                        rest = &rest[1..];
-                    }
+                Event::Html(text) => Event::Text(text),
+                Event::Start(Tag::Heading { level, .. }) => Event::Start(Tag::Heading {
+                    level: lower(level),
+                    id: None,
+                    classes: Vec::new(),
+                    attrs: Vec::new(),
+                }),
+                Event::End(TagEnd::Heading(level)) => Event::End(TagEnd::Heading(lower(level))),
+                Event::Start(Tag::Table(columns)) => {
+                    Event::Start(Tag::Table(vec![Alignment::None; columns.len()]))
                 }
-            }
-            '[' => match link(rest) {
-                Some((label, target, used)) => {
-                    if safe_target(target) {
-                        let _ = write!(
-                            out,
-                            "<a href=\"{}\" rel=\"noopener noreferrer\" target=\"_blank\">{}</a>",
-                            escape(target),
-                            inline(label)
-                        );
-                    } else {
-                        out.push_str(&inline(label));
+                Event::TaskListMarker(done) => {
+                    Event::Text(CowStr::Borrowed(if done { "☑ " } else { "☐ " }))
+                }
+                // Links and images nest properly: one stack says whose tags were kept.
+                Event::Start(tag @ (Tag::Link { .. } | Tag::Image { .. })) => {
+                    let keep = allowed(&tag);
+                    self.targets.push(keep);
+                    if !keep {
+                        continue;
                     }
-                    rest = &rest[used..];
+                    Event::Start(tag)
                 }
-                None => {
-                    out.push('[');
-                    rest = &rest[1..];
+                Event::End(end @ (TagEnd::Link | TagEnd::Image)) => {
+                    if !self.targets.pop().unwrap_or(false) {
+                        continue;
+                    }
+                    Event::End(end)
                 }
-            },
-            _ => {
-                let n = c.len_utf8();
-                out.push_str(&escape(&rest[..n]));
-                rest = &rest[n..];
-            }
+                other => other,
+            };
+            return Some(event);
         }
     }
-    out
 }
 
-/// `[label](target)` at the start of `text`: (label, target, bytes used).
-fn link(text: &str) -> Option<(&str, &str, usize)> {
-    let close = text.find("](")?;
-    let label = &text[1..close];
-    if label.contains('[') {
-        return None;
+/// `#` is the panel's top level: one level down (the page has its own `<h1>`).
+fn lower(level: HeadingLevel) -> HeadingLevel {
+    match level {
+        HeadingLevel::H1 => HeadingLevel::H2,
+        HeadingLevel::H2 => HeadingLevel::H3,
+        HeadingLevel::H3 => HeadingLevel::H4,
+        HeadingLevel::H4 => HeadingLevel::H5,
+        HeadingLevel::H5 | HeadingLevel::H6 => HeadingLevel::H6,
     }
-    let after = &text[close + 2..];
-    let end = after.find(')')?;
-    let target = after[..end].trim();
-    if target.is_empty() || target.contains(char::is_whitespace) {
-        return None;
-    }
-    Some((label, target, close + 2 + end + 1))
 }
 
-/// Only web and mail links: never `javascript:`, `data:` or anything a browser would run.
-fn safe_target(target: &str) -> bool {
-    let lower = target.to_ascii_lowercase();
-    ["https://", "http://", "mailto:"]
-        .iter()
-        .any(|p| lower.starts_with(p))
+/// Whether a link or an image may keep its tags: a link to `http:`, `https:` or `mailto:`, an
+/// image from `https:`.
+fn allowed(tag: &Tag<'_>) -> bool {
+    match tag {
+        Tag::Link {
+            link_type: LinkType::Email,
+            dest_url,
+            ..
+        } => has_scheme(&format!("mailto:{dest_url}"), &LINK_SCHEMES),
+        Tag::Link { dest_url, .. } => has_scheme(dest_url, &LINK_SCHEMES),
+        Tag::Image { dest_url, .. } => has_scheme(dest_url, &[IMAGE_SCHEME]),
+        _ => true,
+    }
 }
 
-/// HTML-escapes text for element content and double-quoted attributes.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+/// Whether `url`, read as a browser reads it, is absolute with one of `schemes`.
+fn has_scheme(url: &str, schemes: &[&str]) -> bool {
+    ammonia::Url::parse(url).is_ok_and(|u| schemes.contains(&u.scheme()))
 }
+
+/// The sanitiser every rendering passes through: the allow-list of the [module docs](self).
+static SANITISER: LazyLock<ammonia::Builder<'static>> = LazyLock::new(|| {
+    let mut builder = ammonia::Builder::empty();
+    builder
+        .tags(ALLOWED_TAGS.into_iter().collect())
+        .generic_attributes(HashSet::new())
+        .tag_attributes(HashMap::from([
+            ("a", HashSet::from(["href", "title"])),
+            ("img", HashSet::from(["src", "alt", "title"])),
+            ("ol", HashSet::from(["start"])),
+        ]))
+        .url_schemes(LINK_SCHEMES.into_iter().collect())
+        .url_relative(ammonia::UrlRelative::Deny)
+        .attribute_filter(|element, attribute, value| {
+            let allowed = match (element, attribute) {
+                ("img", "src") => has_scheme(value, &[IMAGE_SCHEME]),
+                _ => true,
+            };
+            allowed.then(|| value.into())
+        })
+        .link_rel(Some("noopener noreferrer"))
+        .set_tag_attribute_value("a", "target", "_blank")
+        .strip_comments(true);
+    builder
+});
 
 #[cfg(test)]
 mod tests {
@@ -303,15 +269,17 @@ mod tests {
 
     #[test]
     fn the_markdown_subset_renders() {
+        // CommonMark keeps a paragraph's line breaks (a browser shows them as spaces) and puts
+        // each list item on a line of its own.
         let md = "# Restart a service\n\nStart **nginx** with `systemctl start nginx`,\nthen check it.\n\n- one\n- two `x<y`\n  continued\n\n1. first\n2. second\n\n```sh\necho <hi> & bye\n```\nSee [the docs](https://example.org/a?b=1&c=2).\n";
         assert_eq!(
             render(md),
             "<h2>Restart a service</h2>\n\
-             <p>Start <strong>nginx</strong> with <code>systemctl start nginx</code>, then check it.</p>\n\
-             <ul><li>one</li><li>two <code>x&lt;y</code> continued</li></ul>\n\
-             <ol><li>first</li><li>second</li></ol>\n\
+             <p>Start <strong>nginx</strong> with <code>systemctl start nginx</code>,\nthen check it.</p>\n\
+             <ul>\n<li>one</li>\n<li>two <code>x&lt;y</code>\ncontinued</li>\n</ul>\n\
+             <ol>\n<li>first</li>\n<li>second</li>\n</ol>\n\
              <pre><code>echo &lt;hi&gt; &amp; bye\n</code></pre>\n\
-             <p>See <a href=\"https://example.org/a?b=1&amp;c=2\" rel=\"noopener noreferrer\" target=\"_blank\">the docs</a>.</p>\n"
+             <p>See <a href=\"https://example.org/a?b=1&amp;c=2\" target=\"_blank\" rel=\"noopener noreferrer\">the docs</a>.</p>\n"
         );
     }
 
@@ -344,6 +312,43 @@ mod tests {
             "<p>x</p>\n",
             "an unsafe link keeps its text"
         );
+    }
+
+    #[test]
+    fn the_sanitiser_alone_keeps_only_the_allow_list() {
+        // Raw HTML never reaches it from Markdown; should a renderer ever let some through,
+        // the sanitiser still removes everything that is not inert.
+        for (html, clean) in [
+            ("<script>alert(1)</script><p>x</p>", "<p>x</p>"),
+            ("<img src=x onerror=alert(1)>", "<img>"),
+            ("<img src=\"http://a.example/x.png\">", "<img>"),
+            ("<img src=\"data:image/png;base64,AAAA\">", "<img>"),
+            (
+                "<img src=\"https://a.example/x.png\" style=\"width:9999px\">",
+                "<img src=\"https://a.example/x.png\">",
+            ),
+            (
+                "<a href=\"jav&#x61;script:alert(1)\">x</a>",
+                "<a target=\"_blank\" rel=\"noopener noreferrer\">x</a>",
+            ),
+            (
+                "<a href=\" JavaScript:alert(1)\" onclick=\"x\">x</a>",
+                "<a target=\"_blank\" rel=\"noopener noreferrer\">x</a>",
+            ),
+            (
+                "<a href=\"vbscript:x\" target=\"_self\">x</a>",
+                "<a target=\"_blank\" rel=\"noopener noreferrer\">x</a>",
+            ),
+            ("<iframe src=\"https://a.example/\"></iframe>t", "t"),
+            ("<svg onload=alert(1)><circle r=5></circle></svg>t", "t"),
+            (
+                "<p style=\"color:red\" class=\"c\" id=\"i\">x</p>",
+                "<p>x</p>",
+            ),
+            ("<h1>x</h1><div>y</div><!-- z -->", "xy"),
+        ] {
+            assert_eq!(SANITISER.clean(html).to_string(), clean, "{html}");
+        }
     }
 
     #[test]

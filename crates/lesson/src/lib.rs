@@ -53,7 +53,7 @@
 //! | `readiness_timeout_seconds` | wait for the VMI to run | 150 |
 //! | `setup_timeout_seconds` | the setup script is killed after this | 600 |
 //! | `grading` | `name`, `command`, `expect_exit` (0), `timeout_seconds` (30), `node` (first node) | none |
-//! | `instructions` | Markdown shown beside the terminal ([`instructions`]: a safe subset, HTML in it shown as text), ≤ 64 KiB | none |
+//! | `instructions` | Markdown shown beside the terminal ([`instructions`]: CommonMark with tables, strikethrough and task lists; HTML in it shown as text; links `http:`, `https:`, `mailto:`; images `https:`), ≤ 64 KiB | none |
 //! | `pool` | VM lessons only: prepared labs kept ready ([`PoolSpec`]): `size` (required), `min` (0), `max` (`size`), `max_age_minutes` (240, 10–1440), `demand` (false), `paused` (false); `min <= size <= max <= 50` | none |
 //!
 //! Every mapping refuses unknown fields.

@@ -424,3 +424,42 @@ async fn pages_static_files_and_api_answers_carry_the_security_headers() {
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_lessons_instructions_reach_the_page_rendered_and_with_nothing_that_runs() {
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 7200, 3), 8).await;
+    let showcase = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../web/tests/lessons");
+    config.lessons = ttlab_lesson::LessonSet::load(&showcase).unwrap();
+    let s = w.serve(config).await;
+    let (status, lessons) = s.get("/api/lessons", &token("alice", Role::Student)).await;
+    assert_eq!(status, 200, "{lessons}");
+    let html = lessons[0]["instructions_html"].as_str().unwrap();
+    for shown in [
+        "<table><thead><tr><th>service</th>",
+        "<ol>\n<li>\n<p>Prepare the machine:</p>\n<ul>\n<li>",
+        "&lt;script&gt;window.__pwned",
+        "<a href=\"https://nginx.org/en/docs/\" target=\"_blank\" rel=\"noopener noreferrer\">",
+    ] {
+        assert!(html.contains(shown), "{shown:?} is not in {html}");
+    }
+    for never in ["<script", "<iframe", "<svg", "<div", "<b ", "<!--"] {
+        assert!(!html.contains(never), "{never:?} is in {html}");
+    }
+    // Every attribute is one of the links' or the image's, with a target they may have.
+    let attributes: Vec<&str> = html
+        .split('<')
+        .skip(1)
+        .filter_map(|tag| tag.split_once('>').map(|(inside, _)| inside))
+        .filter_map(|inside| inside.split_once(' ').map(|(_, attributes)| attributes))
+        .collect();
+    assert_eq!(
+        attributes,
+        [
+            "href=\"https://nginx.org/en/docs/\" target=\"_blank\" rel=\"noopener noreferrer\"",
+            "href=\"mailto:teacher@ttlab.example\" target=\"_blank\" rel=\"noopener noreferrer\"",
+            "src=\"https://ttlab.invalid/diagram.png\" alt=\"A diagram of the lab\"",
+        ]
+    );
+    s.stop().await;
+}
