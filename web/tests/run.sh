@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Browser tests of the student and admin pages (browser.mjs), of the student's terminal
-# (terminal.mjs, against the same demo afterwards) and of the waitlist (waitlist.mjs, against a
-# demo of its own with room for one VM): headless Chromium (Debian's `chromium`, driven
-# by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim, ttlab-server, ttlab-reaper).
+# (terminal.mjs, against the same demo afterwards), of the waitlist (waitlist.mjs, against a
+# demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
+# against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
+# `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
+# ttlab-server, ttlab-reaper).
 # Beside them, from the start, qemu.mjs against `ttlabctl demo --guest qemu --no-reaper`: a real
 # guest of TTLAB_GUEST_IMAGE, from Start lab to its own power-off at the hard deadline (about
 # 5½ minutes); without qemu or the image it is SKIPPED, and fails under CI=true.
@@ -167,12 +169,26 @@ fi
 # The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once,
 # and an extend window that opens 40 s into it.
 log="$(mktemp -d)"
+# Stops the demo of pid $1 if it runs: SIGTERM, then up to 20 s for it to end.
+stop_pid() {
+  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.2; done
+  fi
+}
+# Waits up to 120 s for the demo of pid $1 to print its ready line into the file $2; fails
+# when the demo stops first.
+wait_ready() {
+  for _ in $(seq 1 600); do
+    grep -q '^ttlab demo ready:' "$2" 2>/dev/null && return 0
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
 demo_pid=""
 stop_demo() {
-  if [ -n "$demo_pid" ] && kill -0 "$demo_pid" 2>/dev/null; then
-    kill -TERM "$demo_pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.2; done
-  fi
+  stop_pid "$demo_pid"
   rm -rf "$log"
 }
 trap 'stop_demo; stop_qemu_job' EXIT
@@ -215,29 +231,16 @@ fi
 
 # The waitlist (waitlist.mjs): a demo of its own with room for one VM, and a second student
 # whose token is minted with that demo's secret. The first demo is stopped first.
-if kill -0 "$demo_pid" 2>/dev/null; then
-  kill -TERM "$demo_pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.2; done
-fi
+stop_pid "$demo_pid"
 wl_pid=""
-stop_waitlist_demo() {
-  if [ -n "$wl_pid" ] && kill -0 "$wl_pid" 2>/dev/null; then
-    kill -TERM "$wl_pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$wl_pid" 2>/dev/null || break; sleep 0.2; done
-  fi
-}
+stop_waitlist_demo() { stop_pid "$wl_pid"; }
 trap 'stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
 wl_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 say "starting ttlabctl demo with TTLAB_VM_LIMIT=1 (waitlist)"
 TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
   "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$wl_secret" >"$log/wl-out" 2>"$log/wl-err" &
 wl_pid=$!
-for _ in $(seq 1 600); do
-  grep -q '^ttlab demo ready:' "$log/wl-out" 2>/dev/null && break
-  kill -0 "$wl_pid" 2>/dev/null || break
-  sleep 0.2
-done
-if grep -q '^ttlab demo ready:' "$log/wl-out"; then
+if wait_ready "$wl_pid" "$log/wl-out"; then
   wl_first="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/wl-out" | head -n 1)"
   wl_token="$("$root/target/debug/ttlabctl" token --user second-student --auth-secret "$wl_secret")"
   wl_second="${wl_first%%\?*}?token=$wl_token"
@@ -255,6 +258,32 @@ else
   tail -n 30 "$log/wl-err" >&2
 fi
 stop_waitlist_demo
+
+# A lesson's instructions (instructions.mjs): a demo of its own serving the test lessons of
+# web/tests/lessons/ (the showcase of what authors write and of what must never run).
+ins_pid=""
+stop_instructions_demo() { stop_pid "$ins_pid"; }
+trap 'stop_instructions_demo; stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
+say "starting ttlabctl demo with the test lessons of web/tests/lessons (instructions)"
+TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+  "$root/target/debug/ttlabctl" demo --port 0 --lessons "$web/tests/lessons" >"$log/ins-out" 2>"$log/ins-err" &
+ins_pid=$!
+if wait_ready "$ins_pid" "$log/ins-out"; then
+  ins_student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/ins-out" | head -n 1)"
+  ins_status=0
+  TTLAB_STUDENT_URL="$ins_student" TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+    node "$web/tests/instructions.mjs" || ins_status=$?
+  if [ "$ins_status" != 0 ]; then
+    status=$ins_status
+    say "instructions demo's server and reaper log (last 40 lines):"
+    tail -n 40 "$log/ins-err" >&2
+  fi
+else
+  status=1
+  say "FAILED: the instructions demo did not start:"
+  tail -n 30 "$log/ins-err" >&2
+fi
+stop_instructions_demo
 
 # The qemu demo's test, started first: its result.
 if [ -n "$qemu_pid" ]; then
