@@ -19,7 +19,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
-targets="lesson cloudinit agent_http api_request console_relay"
+targets="lesson instructions cloudinit agent_http api_request console_relay"
 target=${1:-all}
 seconds=${2:-60}
 jobs=${FUZZ_JOBS:-1}
@@ -33,7 +33,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 case "$target" in
     all) set -- $targets ;;
-    lesson|cloudinit|agent_http|api_request|console_relay) set -- "$target" ;;
+    lesson|instructions|cloudinit|agent_http|api_request|console_relay) set -- "$target" ;;
     *) echo "unknown target $target (one of: $targets, all)" >&2; exit 2 ;;
 esac
 

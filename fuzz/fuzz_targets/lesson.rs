@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    // A memory quantity on its own (the hand-written parser in the lesson crate).
+    // A memory quantity on its own (the lesson's rules over ttlab_model::Quantity).
     if let Ok(m) = text.parse::<Memory>() {
         assert!(m.bytes() >= MIN_MEMORY_BYTES, "{text:?}");
         assert_eq!(m.as_str(), text);
