@@ -23,6 +23,10 @@
 //! | `ttlab_pool_preparing` | `lesson` | unclaimed members still being prepared, at its last look |
 //! | `ttlab_pool_target` | `lesson` | the size the pool is kept at (fixed, or from demand) |
 //! | `ttlab_objects_terminating` | `kind` | objects of sessions this server ended whose deletion was accepted but that were still there at its last look (their sessions stay `finishing`) |
+//! | `ttlab_task_activations_total` | `task` | activations of each background task ([`crate::tasks`]) |
+//! | `ttlab_task_failures_total` | `task` | activations that failed (an error or a panic) |
+//! | `ttlab_task_last_duration_seconds` | `task` | how long its last activation took |
+//! | `ttlab_task_last_success_timestamp_seconds` | `task` | Unix time of its last success |
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -153,6 +157,8 @@ pub struct Metrics {
     pub pool_preparing: Family<LessonLabels, Gauge>,
     /// Each pool's target size.
     pub pool_target: Family<LessonLabels, Gauge>,
+    /// The background tasks' activations, failures, durations and last successes.
+    pub tasks: ttlab_background::TaskMetrics,
 }
 
 /// The kinds of the objects still terminating, by session, and the kinds exported so far.
@@ -305,8 +311,11 @@ impl Metrics {
             "The size each pool is kept at",
             pool_target.clone(),
         );
+        let tasks = ttlab_background::TaskMetrics::new();
+        tasks.register(registry.sub_registry_with_prefix("ttlab"));
         Self {
             registry: Arc::new(registry),
+            tasks,
             pool_claims,
             pool_misses,
             pool_refills,

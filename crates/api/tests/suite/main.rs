@@ -16,5 +16,6 @@ mod provisioning;
 mod resilience;
 mod security;
 mod support;
+mod tasks;
 mod tokens;
 mod waitlist;
