@@ -235,19 +235,23 @@ impl TaskRecord {
                 self.succeeded();
                 0
             }
-            Err(message) => {
-                let in_a_row = {
-                    let mut s = self.lock();
-                    s.failures += 1;
-                    s.consecutive_failures = s.consecutive_failures.saturating_add(1);
-                    s.last_error = Some(message.to_owned());
-                    s.last_error_at = Some(Utc::now());
-                    s.consecutive_failures
-                };
-                self.metrics.failures(name).inc();
-                in_a_row
-            }
+            Err(message) => self.failed(message),
         }
+    }
+
+    /// A failure outside an activation — the connection a listener holds was lost: counted
+    /// and shown like a failed activation. Returns how many have failed in a row.
+    pub fn failed(&self, message: &str) -> u32 {
+        let (name, in_a_row) = {
+            let mut s = self.lock();
+            s.failures += 1;
+            s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+            s.last_error = Some(message.to_owned());
+            s.last_error_at = Some(Utc::now());
+            (s.name, s.consecutive_failures)
+        };
+        self.metrics.failures(name).inc();
+        in_a_row
     }
 
     /// The activation `began` was cut short because the process is stopping: neither a
@@ -306,6 +310,15 @@ mod tests {
         );
         assert_eq!(s.last_error, None);
         assert!(s.last_success_at.is_some());
+
+        // A listener's connection lost between activations counts as a failure too.
+        assert_eq!(record.failed("connection lost"), 1);
+        let s = record.status();
+        assert_eq!(
+            (s.activations, s.failures, s.consecutive_failures),
+            (3, 3, 1)
+        );
+        assert_eq!(s.last_error.as_deref(), Some("connection lost"));
     }
 
     #[test]
