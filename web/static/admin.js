@@ -1,4 +1,4 @@
-// The admin page: capacity, the warm pools (resize, pause, resume, reset), the reaper's last cycles with "Collect now", every live session
+// The admin page: capacity, the warm pools (resize, pause, resume, reset), the reaper's last cycles with "Collect now", the replica's background tasks, every live session
 // (open one to see its stages, console owner, objects and actions, and to end or extend it),
 // the operators' recent actions and readiness histograms per lesson and stage. Refreshes every
 // 5 seconds.
@@ -47,10 +47,11 @@ function handleError(e) {
 
 async function refresh() {
   try {
-    const [capacity, pools, cycles, sessions, actions, stats] = await Promise.all([
+    const [capacity, pools, cycles, tasks, sessions, actions, stats] = await Promise.all([
       api(token, 'GET', '/api/admin/capacity'),
       api(token, 'GET', '/api/admin/pools'),
       api(token, 'GET', '/api/admin/reaper?limit=10'),
+      api(token, 'GET', '/api/admin/tasks'),
       api(token, 'GET', '/api/admin/sessions?scope=live'),
       api(token, 'GET', '/api/admin/actions?limit=20'),
       api(token, 'GET', '/api/admin/stats'),
@@ -58,6 +59,7 @@ async function refresh() {
     renderCapacity(capacity);
     renderPools(pools.pools || []);
     renderCycles(cycles);
+    renderTasks(tasks);
     renderSessions(sessions);
     renderActions(actions);
     renderReadiness(stats.readiness || []);
@@ -190,6 +192,43 @@ function renderCycles(cycles) {
       el('td', {}, counts(c.ghosts)),
       el('td', {}, counts(c.stuck)),
       el('td', {}, failed ? `${failed}: ${c.errors.map((e) => `${e.subject}: ${e.message}`).join('; ')}` : '0')));
+  }
+}
+
+/** How long before `now` (both ISO timestamps of the server's clock) `iso` was. */
+function agoText(iso, now) {
+  if (!iso) return '—';
+  const s = Math.max(0, Math.round((new Date(now) - new Date(iso)) / 1000));
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min ago`;
+}
+
+function durationText(ms) {
+  if (ms === null || ms === undefined) return '—';
+  return ms < 10000 ? `${ms} ms` : `${(ms / 1000).toFixed(0)} s`;
+}
+
+/** The replica's background tasks: when each last ran, how long it took, its last success
+ *  and, until the next success, its last error. */
+function renderTasks(listing) {
+  document.getElementById('tasks-replica').textContent = `(replica ${listing.replica})`;
+  const now = listing.server_time;
+  const body = document.querySelector('#tasks tbody');
+  body.replaceChildren();
+  for (const t of listing.tasks) {
+    let run = t.last_started_at ? agoText(t.last_started_at, now) : 'not yet';
+    if (t.running) run = `running since ${agoText(t.last_started_at, now)}`;
+    else if (t.finished) run += ' (stopped)';
+    const error = t.last_error
+      ? `${t.last_error} (${t.consecutive_failures} in a row, ${agoText(t.last_error_at, now)})`
+      : '—';
+    body.append(el('tr', { 'data-task': t.name, class: t.last_error ? 'has-failures' : '' },
+      el('td', {}, t.name, el('div', { class: 'muted small' }, t.description)),
+      el('td', { 'data-field': 'last-run' }, run),
+      el('td', {}, t.running ? '—' : durationText(t.last_duration_ms)),
+      el('td', { 'data-field': 'last-success' }, agoText(t.last_success_at, now)),
+      el('td', { 'data-field': 'last-error', class: t.last_error ? 'error' : '' }, error)));
   }
 }
 

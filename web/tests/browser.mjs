@@ -293,7 +293,7 @@ try {
     await admin.close();
   });
 
-  await step('admin: capacity, cycles, sessions, and Collect now shows its report', async () => {
+  await step('admin: capacity, cycles, background tasks, sessions, and Collect now shows its report', async () => {
     const admin = await context.newPage();
     await admin.goto(adminUrl);
     await admin.locator('#capacity .stat').first().waitFor({ timeout: 15000 });
@@ -306,6 +306,16 @@ try {
     // The demo's namespace has no ResourceQuota: the card says so in words.
     const quota = await admin.locator('#capacity .stat', { hasText: 'Quota' }).locator('.stat-value').innerText();
     assert.equal(quota, 'none');
+    // The replica's background tasks, each with its last run; none failing. The console
+    // watchers run too: the student's page opened a console above.
+    for (const name of ['cluster_probe', 'hub', 'waitlist', 'pool_refill', 'adoption',
+      'console_sessions', 'console_takeovers', 'agent_keeper']) {
+      const row = admin.locator(`#tasks tbody tr[data-task="${name}"]`);
+      await row.waitFor({ timeout: 10000 });
+      assert.match(await row.locator('[data-field="last-run"]').innerText(), /ago/, name);
+      assert.equal(await row.locator('[data-field="last-error"]').innerText(), '—', name);
+    }
+    assert.match(await admin.locator('#tasks-replica').innerText(), /replica .+/);
     // Readiness histograms per lesson and stage, from the sessions above.
     const hist = admin.locator('.hist[data-lesson="systemd-basics"][data-stage="total"]');
     await hist.waitFor({ timeout: 10000 });

@@ -237,7 +237,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server = Server::bind(config, store, Arc::new(cluster)).await?;
     // The agent of this version: its ConfigMap made sure of now, its sighting recorded while
     // the server runs (the reaper keeps versions a server saw recently).
-    let agent_seen = tokio::spawn(ttlab_api::saga::keep_agent_seen(server.state().clone()));
+    ttlab_api::tasks::start_agent_keeper(server.state())?;
     tracing::info!(
         addr = %server.local_addr(),
         ops_addr = ?server.ops_addr(),
@@ -253,7 +253,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ttlab_api::saga::hand_over(&state).await;
         })
         .await?;
-    agent_seen.abort();
     Ok(())
 }
 

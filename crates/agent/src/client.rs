@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
+use ttlab_background::Backoff;
 
 use crate::Error;
 use crate::protocol::{
@@ -24,9 +25,9 @@ const MAX_RESPONSE_BYTES: usize = 2 * 6 * MAX_OUTPUT_BYTES + 64 * 1024;
 /// Added to a command's own timeout for the HTTP exchange of an exec (the agent's kill and
 /// output grace, and the transfer).
 const EXEC_MARGIN: Duration = Duration::from_secs(15);
-/// First and longest pause between readiness polls.
-const POLL_FIRST: Duration = Duration::from_millis(200);
-const POLL_MAX: Duration = Duration::from_secs(2);
+/// The pauses between readiness polls: 200 ms, doubling up to 2 s.
+const READY_POLL: Backoff =
+    Backoff::doubling(Duration::from_millis(200), Duration::from_secs(2)).without_jitter();
 
 /// A client for one agent.
 #[derive(Debug, Clone)]
@@ -98,7 +99,7 @@ impl AgentClient {
     /// `within`, [`Error::NotReady`] names the last answer or error.
     pub async fn wait_ready(&self, within: Duration) -> Result<ReadyResponse, Error> {
         let start = Instant::now();
-        let mut pause = POLL_FIRST;
+        let mut pauses = READY_POLL.pauses();
         loop {
             let last = match self.ready().await {
                 Ok(r) if r.ready || r.failed.is_some() => return Ok(r),
@@ -107,6 +108,7 @@ impl AgentClient {
                 Err(e) => return Err(e),
             };
             let elapsed = start.elapsed();
+            let pause = pauses.next_pause();
             if elapsed + pause > within {
                 return Err(Error::NotReady {
                     addr: self.addr,
@@ -115,7 +117,6 @@ impl AgentClient {
                 });
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(POLL_MAX);
         }
     }
 

@@ -61,6 +61,7 @@ mod pool;
 pub mod routes;
 pub mod saga;
 mod state;
+pub mod tasks;
 pub mod view;
 pub mod web;
 
@@ -97,9 +98,11 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// Validates the configuration, binds `config.listen` and `config.ops_listen` (port 0
-    /// picks one), starts the notification hub and the cluster probe, and cleans up sessions a previous run left half-provisioned
-    /// ([`saga::recover`]; a failure there is logged, not fatal, since the reaper also
-    /// cleans up). The database must be migrated.
+    /// picks one), starts the background tasks ([`tasks`]: the cluster probe, the
+    /// notification hub, the waitlist, the pool refiller), cleans up sessions a previous run
+    /// left half-provisioned ([`saga::recover`]; a failure there is logged, not fatal, since
+    /// the reaper also cleans up), then starts the adoption of abandoned sessions. The
+    /// database must be migrated.
     pub async fn bind(
         config: ApiConfig,
         store: Store,
@@ -133,14 +136,13 @@ impl Server {
             None => None,
         };
         let state = AppState::new(config, store, cluster);
-        state.start_hub();
-        state.start_cluster_probe();
-        state.start_pools();
+        tasks::start(&state)?;
         match saga::recover(&state).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
             Err(e) => tracing::warn!(error = %e, "could not look for abandoned sessions"),
         }
+        tasks::start_adoption(&state)?;
         Ok(Self {
             state,
             listener,
@@ -164,8 +166,9 @@ impl Server {
         &self.state
     }
 
-    /// Serves until `shutdown` completes, then stops accepting, finishes open requests and
-    /// stops background tasks (provisioning in progress is resumed or cleaned up by the next
+    /// Serves until `shutdown` completes, then stops accepting, finishes open requests, stops
+    /// the background tasks (an activation in progress gets [`tasks::SHUTDOWN_GRACE`]) and
+    /// the provisioning tasks (provisioning in progress is resumed or cleaned up by the next
     /// start).
     pub async fn run(
         self,
@@ -189,6 +192,7 @@ impl Server {
             None => public.await,
         }
         .map_err(|e| ApiError::Internal(format!("serving: {e}")));
+        self.state.background().shutdown().await;
         self.state.abort_tasks();
         result
     }

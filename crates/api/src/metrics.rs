@@ -38,6 +38,10 @@
 //!
 //! The families whose label values are a fixed set are created with every value at 0, so a
 //! rate over them starts at the first scrape, not at the first event.
+//! | `ttlab_task_activations_total` | `task` | activations of each background task ([`crate::tasks`]) |
+//! | `ttlab_task_failures_total` | `task` | activations that failed (an error or a panic) |
+//! | `ttlab_task_last_duration_seconds` | `task` | how long its last activation took |
+//! | `ttlab_task_last_success_timestamp_seconds` | `task` | Unix time of its last success |
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -324,6 +328,8 @@ pub struct Metrics {
     pub quota_hard: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     /// ResourceQuota usage (set at scrape).
     pub quota_used: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
+    /// The background tasks' activations, failures, durations and last successes.
+    pub tasks: ttlab_background::TaskMetrics,
 }
 
 /// The kinds of the objects still terminating, by session, and the kinds exported so far.
@@ -580,6 +586,8 @@ impl Metrics {
             "Usage of the VM namespace's ResourceQuotas (bytes for memory)",
             quota_used.clone(),
         );
+        let tasks = ttlab_background::TaskMetrics::new();
+        tasks.register(registry.sub_registry_with_prefix("ttlab"));
         Self {
             registry: Arc::new(registry),
             provisionings,
@@ -595,6 +603,7 @@ impl Metrics {
             capacity_used,
             quota_hard,
             quota_used,
+            tasks,
             pool_claims,
             pool_misses,
             pool_refills,

@@ -14,8 +14,8 @@
 //! and the agent token is rotated (the token the member booted with stops working) and the new
 //! one stored. A member that cannot be handed over is failed, never given half-done.
 //!
-//! **The refiller** ([`AppState::start_pools`]) runs on every replica, every [`POOL_TICK`] and
-//! on change hints. For each pooled lesson it takes the capacity lock, counts the VM places as
+//! **The refiller** (the `pool_refill` task, [`crate::tasks`]) runs on every replica, every
+//! 2 s and on change hints, calling [`refill`] for each VM lesson. For each pooled lesson it takes the capacity lock, counts the VM places as
 //! a start does, lists the unclaimed members and asks [`ttlab_pool::plan`] what to do; it
 //! opens at most one member per turn of the lock (so replicas take turns and never
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
@@ -26,7 +26,6 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use tokio::sync::broadcast;
 use ttlab_agent::AgentClient;
 use ttlab_lesson::Lesson;
 use ttlab_model::{FinalStatus, Runtime, SessionId, SessionStatus, UserId};
@@ -36,15 +35,6 @@ use ttlab_store::{NewPoolMember, PoolClaim, Session, SessionTimes};
 use crate::metrics::LessonLabels;
 use crate::saga::{self, with_db};
 use crate::{ApiError, AppState};
-
-/// How often each replica looks at its pools (change hints wake it sooner).
-pub const POOL_TICK: Duration = Duration::from_secs(2);
-
-/// The shortest pause between two rounds, however many change hints arrive.
-const MIN_ROUND_PAUSE: Duration = Duration::from_millis(250);
-
-/// How often a replica drops claim and miss events past their retention.
-const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// How long the hand-over of a claimed member may take, per VM.
 const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
@@ -229,66 +219,10 @@ fn cold_reserve(state: &AppState) -> u32 {
         .unwrap_or(1)
 }
 
-impl AppState {
-    /// Starts the refiller of this replica's pools (see the module documentation); it also
-    /// drops claim and miss events older than their retention, hourly.
-    pub(crate) fn start_pools(&self) {
-        let state = self.clone();
-        let mut rx = self.subscribe();
-        self.spawn(async move {
-            let mut pruned: Option<tokio::time::Instant> = None;
-            loop {
-                if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
-                    match state.store().pools().prune_events().await {
-                        Ok(n) => {
-                            pruned = Some(tokio::time::Instant::now());
-                            if n > 0 {
-                                tracing::debug!(events = n, "pruned old pool events");
-                            }
-                        }
-                        Err(e) => tracing::debug!(error = %e, "cannot prune pool events now"),
-                    }
-                }
-                if let Ok(Err(broadcast::error::RecvError::Closed)) =
-                    tokio::time::timeout(POOL_TICK, rx.recv()).await
-                {
-                    return;
-                }
-                if state.is_draining() {
-                    continue;
-                }
-                // Every VM lesson: those with a pool (in their file, or an operator's), and
-                // those whose pool was taken away, whose members are retired.
-                let overrides = match state.store().pools().list(&state.config().env).await {
-                    Ok(o) => o,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot read the pool settings now");
-                        continue;
-                    }
-                };
-                let lessons: Vec<Lesson> = state
-                    .config()
-                    .lessons
-                    .iter()
-                    .filter(|l| l.runtime == Runtime::Vm)
-                    .cloned()
-                    .collect();
-                for lesson in &lessons {
-                    let overridden = overrides.iter().find(|o| o.lesson == lesson.id);
-                    if let Err(e) = refill(&state, lesson, overridden.map(|o| &o.settings)).await {
-                        tracing::debug!(lesson = %lesson.id, error = %e, "cannot tend the pool now");
-                    }
-                }
-                tokio::time::sleep(MIN_ROUND_PAUSE).await;
-            }
-        });
-    }
-}
-
 /// One round for one pooled lesson: plan under the capacity lock, open at most one member per
 /// turn of the lock (again while the plan wants more), and retire what the first plan
 /// retires.
-async fn refill(
+pub(crate) async fn refill(
     state: &AppState,
     lesson: &Lesson,
     overridden: Option<&ttlab_store::PoolSettings>,

@@ -1,5 +1,5 @@
-//! The state every route shares, and the hub that turns Postgres notifications into an
-//! in-process broadcast for event streams.
+//! The state every route shares: configuration, database, cluster, metrics, the in-process
+//! broadcast of change hints (fed by the `hub` task) and the tasks of this process.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -7,9 +7,10 @@ use std::time::Duration;
 use axum::extract::FromRef;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
+use ttlab_background::Driver;
 use ttlab_cluster::Cluster;
 use ttlab_model::UserId;
-use ttlab_store::{Channel, Store};
+use ttlab_store::Store;
 
 use crate::auth::AuthConfig;
 use crate::limits::{Action, UserLimiter};
@@ -24,12 +25,7 @@ pub(crate) type ListedVms = (
     Result<Arc<Vec<crate::saga::ListedVm>>, String>,
 );
 
-/// How often the cluster is probed for `/healthz/cluster` and `ttlab_cluster_reachable`.
-pub const CLUSTER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
-/// How long a probe may take before the cluster counts as unreachable.
-pub const CLUSTER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What the last probe of the Kubernetes API found. Reported (`/healthz/cluster`, the
+/// What the last probe of the Kubernetes API found (`tasks::cluster_probe`). Reported (`/healthz/cluster`, the
 /// metrics), never used for readiness: a slow API server must not take every replica out of
 /// service at once, when most requests need only the database.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -67,6 +63,8 @@ struct Inner {
     cluster_health: Mutex<ClusterHealth>,
     limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
+    /// The long-lived loops ([`crate::tasks`]).
+    background: Driver,
     handover: HandOver,
     /// The last plan of each pool by this replica's refiller (for the admin page).
     pool_plans: Mutex<std::collections::BTreeMap<ttlab_model::LessonId, PoolPlanSeen>>,
@@ -92,8 +90,6 @@ pub(crate) struct HandOver {
     stop: tokio::sync::watch::Sender<bool>,
     /// Provisioning tasks running in this process.
     running: tokio::sync::watch::Sender<usize>,
-    /// Whether the background adoption of abandoned sessions was started.
-    pub(crate) adopting: std::sync::atomic::AtomicBool,
 }
 
 /// Counts one provisioning task while it lives.
@@ -111,7 +107,6 @@ impl HandOver {
         Self {
             stop: tokio::sync::watch::channel(false).0,
             running: tokio::sync::watch::channel(0).0,
-            adopting: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -167,17 +162,18 @@ pub enum HubEvent {
 }
 
 impl AppState {
-    /// Builds the state. Call [`AppState::start_hub`] inside a runtime to receive
-    /// notifications.
+    /// Builds the state, with no background task running yet ([`crate::tasks`] starts them).
     pub fn new(config: ApiConfig, store: Store, cluster: Arc<dyn Cluster>) -> Self {
         let (hub, _) = broadcast::channel(256);
         let limiter = UserLimiter::new(config.user_rate_limit);
+        let metrics = Metrics::new();
+        let background = crate::tasks::driver(&metrics);
         Self {
             inner: Arc::new(Inner {
                 config,
                 store,
                 cluster,
-                metrics: Metrics::new(),
+                metrics,
                 hub,
                 capacity: tokio::sync::Mutex::new(()),
                 listed_vms: tokio::sync::Mutex::new(None),
@@ -185,6 +181,7 @@ impl AppState {
                 cluster_health: Mutex::new(ClusterHealth::default()),
                 limiter,
                 tasks: Mutex::new(JoinSet::new()),
+                background,
                 handover: HandOver::new(),
                 pool_plans: Mutex::default(),
             }),
@@ -288,62 +285,6 @@ impl AppState {
             .clone()
     }
 
-    /// Starts the task that probes the Kubernetes API every [`CLUSTER_PROBE_INTERVAL`] (one
-    /// page of ttlab's VMs, within [`CLUSTER_PROBE_TIMEOUT`]) and records what it found.
-    pub fn start_cluster_probe(&self) {
-        let state = self.clone();
-        self.spawn(async move {
-            let selector = ttlab_model::labels::managed_selector();
-            loop {
-                let started = tokio::time::Instant::now();
-                let answer = tokio::time::timeout(
-                    CLUSTER_PROBE_TIMEOUT,
-                    state
-                        .cluster()
-                        .list_page(ttlab_cluster::Kind::VirtualMachine, &selector, None),
-                )
-                .await;
-                let took = started.elapsed();
-                let error = match answer {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(_) => Some(format!(
-                        "no answer within {} s",
-                        CLUSTER_PROBE_TIMEOUT.as_secs()
-                    )),
-                };
-                let metrics = state.metrics();
-                metrics.cluster_probe_seconds.set(took.as_secs_f64());
-                metrics
-                    .cluster_reachable
-                    .set(i64::from(error.is_none()));
-                {
-                    let mut health = state
-                        .inner
-                        .cluster_health
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if let Some(e) = &error {
-                        if health.consecutive_failures == 0 {
-                            tracing::warn!(error = %e, "the Kubernetes API does not answer the probe");
-                        }
-                        health.consecutive_failures = health.consecutive_failures.saturating_add(1);
-                    } else {
-                        if health.consecutive_failures > 0 {
-                            tracing::info!("the Kubernetes API answers the probe again");
-                        }
-                        health.consecutive_failures = 0;
-                    }
-                    health.reachable = Some(error.is_none());
-                    health.checked_at = Some(chrono::Utc::now());
-                    health.latency_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
-                    health.error = error;
-                }
-                tokio::time::sleep(CLUSTER_PROBE_INTERVAL.saturating_sub(took)).await;
-            }
-        });
-    }
-
     /// Whether this server is handing over (SIGTERM): it takes no new starts.
     pub fn is_draining(&self) -> bool {
         self.inner.handover.draining()
@@ -353,7 +294,8 @@ impl AppState {
         &self.inner.handover
     }
 
-    /// Runs `task` in the background, tracked so [`AppState::abort_tasks`] can stop it.
+    /// Runs `task` (a session's provisioning) in the background, tracked so
+    /// [`AppState::abort_tasks`] can stop it.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let mut tasks = self
             .inner
@@ -365,9 +307,11 @@ impl AppState {
         tasks.spawn(task);
     }
 
-    /// Stops every background task at once (provisioning, the hub), as a crash would: the
-    /// sessions they were provisioning stay `starting` and are resumed by the next start.
+    /// Stops every task at once (provisioning, and the background tasks: the hub, the
+    /// probe, …), as a crash would: the sessions they were provisioning stay `starting` and are
+    /// resumed by the next start.
     pub fn abort_tasks(&self) {
+        self.inner.background.abort();
         self.inner
             .tasks
             .lock()
@@ -375,87 +319,28 @@ impl AppState {
             .abort_all();
     }
 
-    /// Starts the task that listens on the sessions channel and broadcasts hints for this
-    /// environment. It reconnects with backoff when the database goes away.
-    pub fn start_hub(&self) {
-        self.start_waitlist();
-        let state = self.clone();
-        self.spawn(async move {
-            let env = state.config().env.as_str().to_owned();
-            let mut pause = Duration::from_millis(100);
-            loop {
-                match state.store().listen(&[Channel::SessionsChanged]).await {
-                    Ok(mut listener) => {
-                        pause = Duration::from_millis(100);
-                        let _ = state.inner.hub.send(HubEvent::Resync);
-                        loop {
-                            match listener.recv().await {
-                                Ok(n) if n.payload == env => {
-                                    let _ = state.inner.hub.send(HubEvent::Changed);
-                                }
-                                Ok(_) => {}
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "notification connection lost");
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot listen for notifications yet");
-                    }
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-        });
+    /// Tells this process's followers of the hub (event streams, the waitlist, the pools,
+    /// the consoles) that sessions may have changed.
+    pub(crate) fn hint(&self, event: HubEvent) {
+        let _ = self.inner.hub.send(event);
+    }
+
+    /// The driver of this server's background tasks (see [`crate::tasks`]).
+    pub fn background(&self) -> &Driver {
+        &self.inner.background
+    }
+
+    /// Records what a cluster probe found (see `tasks::cluster_probe`).
+    pub(crate) fn update_cluster_health(&self, update: impl FnOnce(&mut ClusterHealth)) {
+        update(
+            &mut self
+                .inner
+                .cluster_health
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
     }
 }
-
-impl AppState {
-    /// Starts the task that hands freed places to the waitlist: every
-    /// [`WAITLIST_TICK`] and on every change hint (a session ended on any replica), while
-    /// anybody waits, it grants holds ([`crate::saga::grant_waitlist`]). Every replica
-    /// runs one; the capacity lock makes their grants take turns.
-    fn start_waitlist(&self) {
-        let state = self.clone();
-        let mut rx = self.subscribe();
-        self.spawn(async move {
-            loop {
-                if let Ok(Err(broadcast::error::RecvError::Closed)) =
-                    tokio::time::timeout(WAITLIST_TICK, rx.recv()).await
-                {
-                    return;
-                }
-                match state.store().waitlist().any().await {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot read the waitlist");
-                        continue;
-                    }
-                }
-                match crate::saga::grant_waitlist(&state).await {
-                    Ok(report) => {
-                        let metrics = state.metrics();
-                        metrics.waitlist_granted.inc_by(report.granted.len() as u64);
-                        metrics.waitlist_lapsed.inc_by(report.lapsed.len() as u64);
-                        for user in &report.granted {
-                            tracing::info!(%user, "a place is held for the first on the waitlist");
-                        }
-                        for user in &report.lapsed {
-                            tracing::info!(%user, "a waitlist hold lapsed");
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "cannot grant waitlist holds now"),
-                }
-            }
-        });
-    }
-}
-
-/// How often each replica looks for freed places while anybody waits.
-pub const WAITLIST_TICK: Duration = Duration::from_secs(1);
 
 impl FromRef<AppState> for AuthConfig {
     fn from_ref(state: &AppState) -> Self {

@@ -21,6 +21,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use ttlab_background::Backoff;
 use ttlab_model::labels::session_selector;
 use ttlab_model::{EnvName, NodeName, Runtime, SessionId};
 
@@ -178,6 +179,10 @@ pub fn named_objects(target: &SessionTarget<'_>) -> Vec<(Kind, String)> {
     out
 }
 
+/// The pauses between looks at objects still terminating: 50 ms, doubling up to 250 ms.
+const LOOK_AGAIN: Backoff =
+    Backoff::doubling(Duration::from_millis(50), Duration::from_millis(250)).without_jitter();
+
 /// Deletes every object of one session, in the order described in the module docs, looks
 /// once more for each whose deletion was accepted, and reports each outcome. Never stops at a
 /// failure: every object is attempted.
@@ -207,10 +212,11 @@ pub async fn teardown_session_within(
     let mut report = delete_all(cluster, target, sweep).await;
     confirm_gone(cluster, &mut report, get_kinds).await;
     let start = tokio::time::Instant::now();
-    let mut pause = Duration::from_millis(50);
+    let mut pauses = LOOK_AGAIN.pauses();
+    let mut pause = pauses.next_pause();
     while report.terminating().next().is_some() && start.elapsed() + pause <= gone_within {
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
+        pause = pauses.next_pause();
         look_again(cluster, &mut report, get_kinds, |o| {
             matches!(o, Outcome::Terminating)
         })

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the reaper (counters per direction and outcome, cycle durations,
-//! leadership) and the small HTTP endpoint serving them with `/healthz`.
+//! leadership, and the status records of its loops: taking the leader lease and opening the
+//! notification listeners, `ttlab_reaper_task_*{task}`) and the small HTTP endpoint serving
+//! them with `/healthz`.
 //!
 //! `/healthz` is the loop's heartbeat, not just "the process answers": it fails (503) when
 //! the reaper's loop has not made progress for the configured stall time
@@ -18,6 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use ttlab_background::{TaskMetrics, TaskName, TaskRecord};
 use ttlab_store::{CycleTrigger, Direction};
 
 use crate::{CycleReport, ReaperError};
@@ -113,6 +116,12 @@ pub struct Metrics {
     /// Objects whose deletion was accepted but that were still there at the last cycle's look,
     /// by kind (their sessions stay finishing).
     pub objects_terminating: Family<KindLabels, Gauge>,
+    /// The attempts to take the environment's leader lease (`leader_lease`): each attempt the
+    /// database answered is a success, whether or not another reaper holds the lease.
+    pub leader_lease: TaskRecord,
+    /// The notification listeners (`notifications`): each attempt to open one, and each lost
+    /// connection.
+    pub notifications: TaskRecord,
     /// When the loop last made progress (start-up counts as progress).
     heartbeat: Mutex<Instant>,
     /// How long without progress `/healthz` tolerates; `None`: it always says ok.
@@ -174,8 +183,26 @@ impl Metrics {
              look (their sessions stay finishing), by kind",
             objects_terminating.clone(),
         );
+        let tasks = TaskMetrics::new();
+        tasks.register(&mut registry);
+        let leader_lease = TaskRecord::new(
+            TaskName::new("leader_lease"),
+            "Tries to take the environment's leader lease, every second while another reaper \
+             holds it",
+            Some(crate::LEADER_RETRY),
+            &tasks,
+        );
+        let notifications = TaskRecord::new(
+            TaskName::new("notifications"),
+            "Opens the LISTEN connections for collect requests and session changes, again \
+             while one is down",
+            None,
+            &tasks,
+        );
         Self {
             registry,
+            leader_lease,
+            notifications,
             items,
             cycles,
             cycles_not_run,

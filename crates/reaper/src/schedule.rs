@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use tokio::time::Instant;
+use ttlab_background::{Backoff, Reason, TaskRecord};
 use ttlab_store::{Channel, CollectRequestId, CycleTrigger, LeaderLock, Listener, ReaperCycle};
 
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,10 @@ pub const LEADER_RETRY: Duration = Duration::from_secs(1);
 pub const MIN_PAUSE: Duration = Duration::from_secs(1);
 /// How often a loop without a notification connection tries to open one again.
 const LISTEN_RETRY: Duration = Duration::from_secs(5);
+/// The pace of a standby's attempts to take the leader lease.
+const LEADER_PACE: Backoff = Backoff::constant(LEADER_RETRY);
+/// The pace of the deadline loop's attempts to open its notification connection again.
+const LISTEN_PACE: Backoff = Backoff::constant(LISTEN_RETRY);
 /// Slack added after a deadline, so the database clock has surely passed it on waking.
 const DEADLINE_SLACK: Duration = Duration::from_millis(2);
 /// At most this many deadline cycles run at once. A cycle can wait a few seconds for the
@@ -161,11 +166,23 @@ pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) 
 
 async fn wait_for_lock(ctx: &ReaperContext, metrics: &Metrics) -> Option<LeaderLock> {
     let mut announced = false;
+    let mut pauses = LEADER_PACE.pauses();
+    let mut reason = Reason::Start;
     loop {
+        let began = metrics.leader_lease.began(reason);
+        reason = Reason::Period;
         let tried = ctx.store.try_leader_lock(&ctx.env).await;
-        // The database answered: the standby's loop is alive (`/healthz`).
-        if tried.is_ok() {
-            metrics.beat();
+        match &tried {
+            // The database answered: the standby's loop is alive (`/healthz`).
+            Ok(_) => {
+                metrics.beat();
+                metrics.leader_lease.ended(began, Ok(()));
+            }
+            Err(e) => {
+                metrics
+                    .leader_lease
+                    .ended(began, Err(&format!("cannot try the leader lock: {e}")));
+            }
         }
         match tried {
             Ok(Some(lock)) => return Some(lock),
@@ -179,19 +196,41 @@ async fn wait_for_lock(ctx: &ReaperContext, metrics: &Metrics) -> Option<LeaderL
         }
         tokio::select! {
             () = ctx.shutdown.cancelled() => return None,
-            () = tokio::time::sleep(LEADER_RETRY) => {}
+            () = tokio::time::sleep(pauses.next_pause()) => {}
         }
     }
 }
 
-async fn open_listener(ctx: &ReaperContext, channel: Channel) -> Option<Listener> {
+/// Opens a listener on `channel`, recording the attempt in `record`.
+async fn open_listener(
+    ctx: &ReaperContext,
+    channel: Channel,
+    record: &TaskRecord,
+) -> Option<Listener> {
+    let began = record.began(Reason::Trigger);
     match ctx.store.listen(&[channel]).await {
-        Ok(l) => Some(l),
+        Ok(l) => {
+            record.ended(began, Ok(()));
+            Some(l)
+        }
         Err(e) => {
             tracing::warn!(error = %e, channel = channel.as_str(), "cannot listen for notifications; polling on the timer");
+            record.ended(
+                began,
+                Err(&format!("cannot listen on {}: {e}", channel.as_str())),
+            );
             None
         }
     }
+}
+
+/// Records that the listener of `channel` lost its connection.
+fn listener_lost(record: &TaskRecord, channel: Channel, error: &str) {
+    tracing::warn!(error = %error, "notification connection lost; reopening");
+    record.failed(&format!(
+        "the connection listening on {} was lost: {error}",
+        channel.as_str()
+    ));
 }
 
 /// The next notification of `listener` for this environment (`Err`: the connection was lost);
@@ -287,14 +326,15 @@ async fn sweeps(
     metrics: &Metrics,
     stop: &CancellationToken,
 ) {
-    let mut listener = open_listener(ctx, Channel::CollectRequested).await;
+    let record = &metrics.notifications;
+    let mut listener = open_listener(ctx, Channel::CollectRequested, record).await;
     let mut trigger = CycleTrigger::Startup;
     loop {
         if !still_leader(lock, stop).await {
             return;
         }
         if listener.is_none() {
-            listener = open_listener(ctx, Channel::CollectRequested).await;
+            listener = open_listener(ctx, Channel::CollectRequested, record).await;
         }
         let answers: Vec<CollectRequestId> =
             match ctx.store.collect_requests().pending(&ctx.env).await {
@@ -315,7 +355,7 @@ async fn sweeps(
             () = tokio::time::sleep_until(sweep_at) => CycleTrigger::Timer,
             n = notified(ctx, &mut listener) => {
                 if let Err(e) = n {
-                    tracing::warn!(error = %e, "notification connection lost; reopening");
+                    listener_lost(record, Channel::CollectRequested, &e);
                     listener = None;
                 }
                 drain(&mut listener);
@@ -386,20 +426,29 @@ async fn deadline_loop(
     stop: &CancellationToken,
     in_flight: &mut InFlight,
 ) {
-    let mut listener = open_listener(ctx, Channel::SessionsChanged).await;
+    let metrics = in_flight.metrics.clone();
+    let record = &metrics.notifications;
+    let mut listener = open_listener(ctx, Channel::SessionsChanged, record).await;
+    let mut listen_pauses = LISTEN_PACE.pauses();
     let mut last_run: LastRun = None;
     loop {
         if stop.is_cancelled() {
             return;
         }
         if listener.is_none() {
-            listener = open_listener(ctx, Channel::SessionsChanged).await;
+            listener = open_listener(ctx, Channel::SessionsChanged, record).await;
         }
         // Without a deadline (or a database to read it from), wait for a session change;
         // the sweeps' timer is the backstop.
         let next = next_wakeup(ctx, last_run).await;
         // Without a listener, look again every few seconds (and try to listen again).
-        let retry = listener.is_none().then(|| Instant::now() + LISTEN_RETRY);
+        let retry = match listener {
+            Some(_) => {
+                listen_pauses.reset();
+                None
+            }
+            None => Some(Instant::now() + listen_pauses.next_pause()),
+        };
         let wake = match (next, retry) {
             (Some((d, _)), Some(r)) if r < d => Some((r, None)),
             (Some((d, deadline)), _) => Some((d, Some(deadline))),
@@ -443,7 +492,7 @@ async fn deadline_loop(
             n = notified(ctx, &mut listener) => {
                 // A session changed: re-read the deadline (after what else is queued).
                 if let Err(e) = n {
-                    tracing::warn!(error = %e, "notification connection lost; reopening");
+                    listener_lost(record, Channel::SessionsChanged, &e);
                     listener = None;
                 }
                 drain(&mut listener);

@@ -333,3 +333,86 @@ async fn a_standby_reclaims_on_time_when_the_leaders_database_connection_goes_ha
         .expect("the blackholed leader stops too: its waits are bounded")
         .unwrap();
 }
+
+/// `metric{task="name"}`'s value in the rendered metrics.
+fn task_metric(text: &str, metric: &str, name: &str) -> Option<f64> {
+    let prefix = format!("{metric}{{task=\"{name}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (bounded: 30 s) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let began = Instant::now();
+    while !done() {
+        assert!(began.elapsed() < Duration::from_secs(30), "never {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_lease_attempts_and_the_listeners_are_recorded_with_their_errors_until_they_recover()
+ {
+    let h = Harness::start().await;
+    let proxy = proxy_for(&h);
+    let ctx = ttlab_reaper::ReaperContext {
+        store: store_behind(&h, &proxy).await,
+        ..h.ctx("dev")
+    };
+    // Cut off from its database from the start: no attempt at the lease gets an answer.
+    proxy.set_mode(ttlab_testkit::FaultMode::Blackhole);
+    let metrics = Arc::new(Metrics::new());
+    let task = tokio::spawn(ttlab_reaper::run(
+        ctx.clone(),
+        Duration::from_secs(5),
+        metrics.clone(),
+    ));
+    until("two failed attempts at the lease", || {
+        metrics.leader_lease.status().consecutive_failures >= 2
+    })
+    .await;
+    let lease = metrics.leader_lease.status();
+    let error = lease.last_error.clone().unwrap_or_default();
+    assert!(error.contains("cannot try the leader lock"), "{lease:?}");
+    assert!(lease.last_success_at.is_none(), "{lease:?}");
+    let text = metrics.render();
+    assert!(
+        task_metric(&text, "ttlab_reaper_task_failures_total", "leader_lease")
+            .is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    assert_eq!(metrics.leader.get(), 0);
+
+    // The database answers again: the lease is taken, the error is gone, the listeners open.
+    proxy.set_mode(ttlab_testkit::FaultMode::Pass);
+    until("leading", || metrics.leader.get() == 1).await;
+    let lease = metrics.leader_lease.status();
+    assert_eq!(lease.consecutive_failures, 0, "{lease:?}");
+    assert!(
+        lease.last_error.is_none() && lease.last_success_at.is_some(),
+        "{lease:?}"
+    );
+    assert!(lease.failures >= 2, "the failures stay counted: {lease:?}");
+    until("both listeners open", || {
+        let n = metrics.notifications.status();
+        n.activations >= 2 && n.consecutive_failures == 0 && n.last_success_at.is_some()
+    })
+    .await;
+    let text = metrics.render();
+    assert!(
+        task_metric(
+            &text,
+            "ttlab_reaper_task_activations_total",
+            "notifications"
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+
+    ctx.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the reaper stops")
+        .unwrap();
+}

@@ -83,6 +83,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use ttlab_background::{Backoff, Pauses};
 
 pub use console::{ConsoleServer, ConsoleSettings, Front};
 pub use guests::{GuestEnd, GuestInfo, GuestState};
@@ -334,7 +335,7 @@ pub(crate) struct Ctx {
     /// Writes the API server refused (see [`KubevirtSim::refused`]).
     refused: Mutex<Vec<String>>,
     /// Failed reconciles in a row, by object.
-    retries: Mutex<std::collections::HashMap<String, u32>>,
+    retries: Mutex<std::collections::HashMap<String, (u32, Pauses)>>,
     /// Setup outcomes by lesson, from [`SimSettings::setup_outcomes`] and
     /// [`KubevirtSim::set_setup_outcome`].
     setup_outcomes: Mutex<BTreeMap<String, SetupOutcome>>,
@@ -452,6 +453,8 @@ async fn reconcile_pod(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action,
 /// First and longest pause before a failed reconcile is retried.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// The pauses before a failed reconcile is retried (after anything but a conflict).
+const RETRY: Backoff = Backoff::doubling(RETRY_FIRST, RETRY_MAX).without_jitter();
 
 /// Retries a failed reconcile: soon after a conflict, with a doubling pause otherwise; records
 /// refusals.
@@ -473,18 +476,17 @@ fn error_policy(obj: Arc<DynamicObject>, e: &Error, ctx: Arc<Ctx>) -> Action {
         tracing::debug!(kind, ns, name, error = %e, "reconcile conflict; retrying");
         return Action::requeue(RETRY_FIRST);
     }
-    let n = {
+    let (n, pause) = {
         let mut retries = ctx
             .retries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = retries.entry(retry_key(&obj)).or_insert(0);
+        let (n, pauses) = retries
+            .entry(retry_key(&obj))
+            .or_insert_with(|| (0, RETRY.pauses()));
         *n = n.saturating_add(1);
-        *n
+        (*n, pauses.next_pause())
     };
-    let pause = RETRY_FIRST
-        .saturating_mul(1 << n.min(16).saturating_sub(1))
-        .min(RETRY_MAX);
     tracing::warn!(kind, ns, name, error = %e, attempt = n, ?pause, "reconcile failed; retrying");
     Action::requeue(pause)
 }

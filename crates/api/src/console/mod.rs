@@ -18,8 +18,10 @@
 //!   connects to KubeVirt (which drops the old connection).
 //! - Each console closes at the session's expiry (the instant the countdown shows, from the
 //!   database clock), follows extensions, and closes when the session is finished, expires or
-//!   fails. One task per server follows session changes (the notification hub, plus a re-read
-//!   every 10 s) for all open consoles with one query.
+//!   fails. One background task per server (`console_sessions`, [`crate::tasks`], started
+//!   with the first console ticket) follows session changes (the notification hub, plus a
+//!   re-read every 10 s) for all open consoles with one query; another
+//!   (`console_takeovers`) listens for other replicas' takeovers.
 //!
 //! - The page's terminal size (a text control message, see `ttlab_console::BrowserControl`)
 //!   is set on the VM's serial console through its agent, or on the pod shell's TTY through
@@ -52,11 +54,11 @@ use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
 use futures::{SinkExt as _, StreamExt as _, future};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use ttlab_console::{CloseReason, Controller, Frame, LabKind, RelayConfig, relay};
 use ttlab_model::{FinalStatus, NodeName, Runtime, SessionId, SessionStatus, UserId};
-use ttlab_store::{Channel, ConsoleClosedWhy, ConsoleTaken, Session};
+use ttlab_store::{ConsoleClosedWhy, ConsoleTaken, Session};
 use uuid::Uuid;
 
 use crate::auth::CurrentUser;
@@ -69,10 +71,6 @@ use upstream::{PodShell, VmConsole};
 
 /// Largest message accepted from the browser (keystrokes and pastes).
 const MAX_BROWSER_MESSAGE: usize = 64 * 1024;
-/// Re-read the sessions of open consoles at least this often.
-const FALLBACK: Duration = Duration::from_secs(10);
-/// Changes arriving together are applied once.
-const DEBOUNCE: Duration = Duration::from_millis(100);
 /// How long a new console waits for this replica to be listening for other replicas'
 /// takeovers before it connects anyway (the first console after a start, or while the
 /// database is unreachable).
@@ -94,7 +92,7 @@ type Key = (SessionId, String);
 
 /// The open consoles of one server.
 #[derive(Default)]
-struct Consoles {
+pub(crate) struct Consoles {
     open: Mutex<HashMap<Key, Open>>,
     watching: AtomicBool,
     /// This replica is listening for other replicas' takeovers.
@@ -171,6 +169,22 @@ impl Consoles {
             open.announced = true;
         } else if open.announced {
             open.controller.close(CloseReason::Replaced);
+        }
+    }
+
+    /// A connection (on any replica) announced that it took a console (see [`Self::taken`]).
+    pub(crate) fn taken_over(&self, taken: &ConsoleTaken) {
+        self.taken(
+            &(taken.session, taken.node.as_str().to_owned()),
+            taken.connection,
+        );
+    }
+
+    /// Whether this replica listens for takeovers now (the `console_takeovers` task).
+    pub(crate) fn set_listening(&self, listening: bool) {
+        self.listening.store(listening, Ordering::SeqCst);
+        if listening {
+            self.listening_changed.notify_waiters();
         }
     }
 
@@ -569,7 +583,7 @@ fn start(
 
 /// This server process as console records name it: its host name (a pod's name) and a random
 /// id drawn once per process, so two replicas on one host, or a restarted one, differ.
-fn replica() -> &'static str {
+pub(crate) fn replica() -> &'static str {
     static REPLICA: OnceLock<String> = OnceLock::new();
     REPLICA.get_or_init(|| {
         let id = Uuid::new_v4().simple().to_string();
@@ -642,93 +656,19 @@ fn frame_of(message: Message) -> Frame {
 // ---------------------------------------------------------------------------------------------
 // Following the sessions of open consoles
 
-/// Starts (once per registry) the task that applies session changes to open consoles.
+/// Starts (once per registry) the tasks that apply session changes to open consoles and
+/// follow other replicas' takeovers (`console_sessions`, `console_takeovers`: see
+/// [`crate::tasks`]).
 fn watch_sessions(state: &AppState, consoles: &Arc<Consoles>) {
     if consoles.watching.swap(true, Ordering::SeqCst) {
         return;
     }
-    follow_takeovers(state, consoles);
-    let weak = Arc::downgrade(consoles);
-    let mut hints = state.subscribe();
-    let task_state = state.clone();
-    state.spawn(async move {
-        // Stopped with the server: every console is told so.
-        let _guard = CloseAllOnDrop(weak.clone());
-        loop {
-            let hint = tokio::time::timeout(FALLBACK, hints.recv()).await;
-            if let Ok(Err(broadcast::error::RecvError::Closed)) = hint {
-                return;
-            }
-            tokio::time::sleep(DEBOUNCE).await;
-            while !matches!(
-                hints.try_recv(),
-                Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
-            ) {}
-            let Some(consoles) = weak.upgrade() else {
-                return;
-            };
-            if let Err(e) = apply_changes(&task_state, &consoles).await {
-                tracing::debug!(error = %e, "console sessions not re-read; trying again");
-            }
-        }
-    });
+    crate::tasks::start_console_watchers(state, consoles);
 }
 
-/// Listens for consoles opened on any replica (`ttlab_console_taken`) and closes this
-/// replica's other connections to them. Reconnects with backoff; while it is not listening, a
-/// takeover from another replica is noticed only when KubeVirt drops the connection (reported
-/// as lost, after the relay's takeover grace).
-fn follow_takeovers(state: &AppState, consoles: &Arc<Consoles>) {
-    let weak = Arc::downgrade(consoles);
-    let task_state = state.clone();
-    state.spawn(async move {
-        let mut pause = Duration::from_millis(100);
-        loop {
-            match task_state.store().listen(&[Channel::ConsoleTaken]).await {
-                Ok(mut listener) => {
-                    pause = Duration::from_millis(100);
-                    let Some(consoles) = weak.upgrade() else {
-                        return;
-                    };
-                    consoles.listening.store(true, Ordering::SeqCst);
-                    consoles.listening_changed.notify_waiters();
-                    drop(consoles);
-                    loop {
-                        let n = match listener.recv().await {
-                            Ok(n) => n,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "console takeover notifications lost; reconnecting");
-                                break;
-                            }
-                        };
-                        let Some(consoles) = weak.upgrade() else {
-                            return;
-                        };
-                        match ConsoleTaken::parse(&n.payload) {
-                            Some(t) => {
-                                consoles.taken(&(t.session, t.node.as_str().to_owned()), t.connection);
-                            }
-                            None => tracing::debug!(payload = %n.payload, "unreadable console takeover"),
-                        }
-                    }
-                    if let Some(consoles) = weak.upgrade() {
-                        consoles.listening.store(false, Ordering::SeqCst);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot listen for console takeovers yet");
-                }
-            }
-            if weak.strong_count() == 0 {
-                return;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
-        }
-    });
-}
-
-struct CloseAllOnDrop(Weak<Consoles>);
+/// Closes every console of a registry when dropped: the `console_sessions` task holds it, so
+/// every console is told when the server stops.
+pub(crate) struct CloseAllOnDrop(pub(crate) Weak<Consoles>);
 
 impl Drop for CloseAllOnDrop {
     fn drop(&mut self) {
@@ -739,7 +679,7 @@ impl Drop for CloseAllOnDrop {
 }
 
 /// Re-reads the sessions of open consoles (one query for all live ones) and applies them.
-async fn apply_changes(state: &AppState, consoles: &Consoles) -> Result<(), ApiError> {
+pub(crate) async fn apply_changes(state: &AppState, consoles: &Consoles) -> Result<(), ApiError> {
     let watched = consoles.sessions();
     if watched.is_empty() {
         return Ok(());

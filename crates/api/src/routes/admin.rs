@@ -1,6 +1,6 @@
 //! Admin routes: every session, one session in detail, ending and extending a session (each
 //! recorded in `admin_actions`), capacity, reaper reports, "collect now", statistics with
-//! readiness histograms per lesson and stage.
+//! readiness histograms per lesson and stage, and this replica's background tasks.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +30,44 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/api/admin/reaper", get(reaper))
         .route("/api/admin/reaper/collect", post(collect))
         .route("/api/admin/stats", get(stats))
+        .route("/api/admin/tasks", get(tasks))
+}
+
+/// Milliseconds of `d`, for JSON.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `GET /api/admin/tasks`: the status of each background task of the replica that answers.
+async fn tasks(State(state): State<AppState>, _admin: AdminUser) -> Json<Value> {
+    let tasks: Vec<Value> = state
+        .background()
+        .statuses()
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name.as_str(),
+                "description": t.description,
+                "period_seconds": t.period.map(|p| p.as_secs_f64()),
+                "running": t.running,
+                "finished": t.finished,
+                "activations": t.activations,
+                "failures": t.failures,
+                "consecutive_failures": t.consecutive_failures,
+                "last_started_at": t.last_started_at,
+                "last_reason": t.last_reason.map(|r| r.as_str()),
+                "last_duration_ms": t.last_duration.map(millis),
+                "last_success_at": t.last_success_at,
+                "last_error": t.last_error,
+                "last_error_at": t.last_error_at,
+            })
+        })
+        .collect();
+    Json(json!({
+        "replica": crate::console::replica(),
+        "server_time": Utc::now(),
+        "tasks": tasks,
+    }))
 }
 
 /// `GET /api/admin/sessions` query.

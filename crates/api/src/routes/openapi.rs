@@ -230,11 +230,16 @@ pub fn document() -> Value {
     if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), waitlist.as_object()) {
         paths.extend(more.clone());
     }
+    let tasks = task_paths(admin_errors);
+    if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), tasks.as_object()) {
+        paths.extend(more.clone());
+    }
     let pools = pool_paths(admin_errors);
     if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), pools.as_object()) {
         paths.extend(more.clone());
     }
     doc["components"]["schemas"]["Pool"] = pool_schema();
+    doc["components"]["schemas"]["Task"] = task_schema();
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -253,6 +258,35 @@ pub fn document() -> Value {
     session["expected_ready"] = json!({"type": "object", "description": "while starting, if measured: p50_seconds, p90_seconds and count of the lesson's recent starts (request to ready)", "properties": {
         "count": {"type": "integer"}, "p50_seconds": {"type": "number"}, "p90_seconds": {"type": "number"}}});
     doc
+}
+
+/// The background tasks' admin route (apart, to keep `json!`'s recursion in bounds).
+fn task_paths(admin_errors: impl Fn(Value) -> Value) -> Value {
+    json!({
+        "/api/admin/tasks": {"get": op("The background tasks of the replica that answers (the cluster probe, the notification hub, the waitlist, the pool refiller, the adoption of abandoned sessions, the console watchers once a console was opened there, the agent keeper): for each, when it last ran, how long it took, its last success and, until the next success, its last error", admin_errors(json!({"200": ok("the tasks", json!({"type": "object", "required": ["replica", "server_time", "tasks"], "properties": {
+            "replica": {"type": "string", "description": "the server replica that answered (each replica runs its own tasks)"},
+            "server_time": {"type": "string", "format": "date-time"},
+            "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}}}}))})))}
+    })
+}
+
+/// The `Task` schema.
+fn task_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string", "enum": ["cluster_probe", "hub", "waitlist", "pool_refill", "adoption", "console_sessions", "console_takeovers", "agent_keeper"]},
+        "description": {"type": "string"},
+        "period_seconds": {"type": ["number", "null"], "description": "how often it runs; null for a listener, which runs continuously"},
+        "running": {"type": "boolean", "description": "an activation is running now (a listener: it is connected or connecting)"},
+        "finished": {"type": "boolean", "description": "it stopped for good (what it served is gone, or the server is stopping)"},
+        "activations": {"type": "integer"}, "failures": {"type": "integer"},
+        "consecutive_failures": {"type": "integer", "description": "failures since the last success; after each, the next activation waits a backoff (100 ms doubling to 2 s)"},
+        "last_started_at": {"type": ["string", "null"], "format": "date-time"},
+        "last_reason": {"type": ["string", "null"], "enum": ["start", "period", "trigger", "again", null]},
+        "last_duration_ms": {"type": ["integer", "null"]},
+        "last_success_at": {"type": ["string", "null"], "format": "date-time"},
+        "last_error": {"type": ["string", "null"], "description": "why the last activation failed, until the next success"},
+        "last_error_at": {"type": ["string", "null"], "format": "date-time"}
+    }})
 }
 
 /// The warm-pool admin routes (apart, to keep `json!`'s recursion in bounds).

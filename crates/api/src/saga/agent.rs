@@ -5,7 +5,8 @@
 //! The check is cheap: once found present it is trusted for [`AGENT_RECHECK`] (far shorter
 //! than the reaper's minimum age, within which the recorded sighting keeps the reaper away),
 //! and checked again after that or after a failure. The sighting is recorded before every
-//! check and on [`AGENT_HEARTBEAT`] while the server runs.
+//! check and on [`AGENT_HEARTBEAT`] while the server runs (the `agent_keeper` task,
+//! [`crate::tasks`]).
 
 use std::time::Duration;
 
@@ -62,28 +63,4 @@ pub async fn ensure_agent_config_map(state: &AppState) -> Result<Option<Ensured>
 /// [`ensure_agent_config_map`] asks the API server again.
 pub(crate) async fn distrust_agent(state: &AppState) {
     *state.agent_present_at().lock().await = None;
-}
-
-/// Makes sure of the agent at start-up (logged, never fatal: the first session checks again),
-/// then records the version as seen every [`AGENT_HEARTBEAT`] until the task is aborted.
-pub async fn keep_agent_seen(state: AppState) {
-    match record_agent_seen(&state).await {
-        Ok(()) => match ensure_agent_config_map(&state).await {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "could not make sure of the agent ConfigMap at start-up; each session checks again")
-            }
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "could not record the agent version at start-up; each session records it again")
-        }
-    }
-    let mut tick = tokio::time::interval(AGENT_HEARTBEAT);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        if let Err(e) = record_agent_seen(&state).await {
-            tracing::warn!(error = %e, "could not record the agent version as seen");
-        }
-    }
 }

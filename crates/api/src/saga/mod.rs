@@ -25,9 +25,7 @@ use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
-pub use agent::{
-    AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, keep_agent_seen, record_agent_seen,
-};
+pub use agent::{AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, record_agent_seen};
 use gone::complete;
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
@@ -509,12 +507,13 @@ pub(crate) async fn end_live(
     }
 }
 
-/// At start-up, and from then on every [`ADOPT_EVERY`]: `starting` sessions of this
-/// environment nobody holds the provisioning lease of (their provisioner stopped — a deploy —
-/// or vanished and its lease expired) are adopted and their provisioning resumed (every step
-/// is safe to repeat: objects are created under deterministic names and adopted when already
-/// there); at start-up `finishing` ones are also finished. Sessions another replica is
-/// provisioning are left alone. Returns how many sessions it took on at start-up.
+/// At start-up, and from then on every [`ADOPT_EVERY`] (the `adoption` task,
+/// [`crate::tasks`]): `starting` sessions of this environment nobody holds the provisioning
+/// lease of (their provisioner stopped — a deploy — or vanished and its lease expired) are
+/// adopted and their provisioning resumed (every step is safe to repeat: objects are created
+/// under deterministic names and adopted when already there); at start-up `finishing` ones
+/// are also finished. Sessions another replica is provisioning are left alone. Returns how
+/// many sessions it took on at start-up.
 pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
     let env = state.config().env.clone();
     let mut handled = adopt_abandoned(state).await?;
@@ -528,12 +527,11 @@ pub async fn recover(state: &AppState) -> Result<usize, ApiError> {
         gone::complete_within(state, s, Duration::ZERO).await?;
         handled += 1;
     }
-    start_adopting(state);
     Ok(handled)
 }
 
 /// Resumes provisioning of every `starting` session nobody provisions; how many.
-async fn adopt_abandoned(state: &AppState) -> Result<usize, ApiError> {
+pub(crate) async fn adopt_abandoned(state: &AppState) -> Result<usize, ApiError> {
     if state.is_draining() {
         return Ok(0);
     }
@@ -552,31 +550,6 @@ async fn adopt_abandoned(state: &AppState) -> Result<usize, ApiError> {
         adopted += 1;
     }
     Ok(adopted)
-}
-
-/// Starts the background adoption loop (once per server).
-fn start_adopting(state: &AppState) {
-    if state
-        .handover()
-        .adopting
-        .swap(true, std::sync::atomic::Ordering::SeqCst)
-    {
-        return;
-    }
-    let st = state.clone();
-    state.spawn(async move {
-        let stopping = st.handover().stopping();
-        tokio::pin!(stopping);
-        loop {
-            tokio::select! {
-                () = &mut stopping => return,
-                () = tokio::time::sleep(ADOPT_EVERY) => {}
-            }
-            if let Err(e) = adopt_abandoned(&st).await {
-                tracing::warn!(error = %e, "cannot look for sessions to adopt");
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -343,6 +343,7 @@ async fn the_openapi_document_names_every_route() {
         ("get", "/api/admin/pools/{lesson}"),
         ("put", "/api/admin/pools/{lesson}"),
         ("delete", "/api/admin/pools/{lesson}"),
+        ("get", "/api/admin/tasks"),
         ("get", "/api/waitlist"),
         ("post", "/api/waitlist"),
         ("delete", "/api/waitlist"),

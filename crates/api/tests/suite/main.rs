@@ -17,5 +17,6 @@ mod provisioning;
 mod resilience;
 mod security;
 mod support;
+mod tasks;
 mod tokens;
 mod waitlist;

@@ -11,11 +11,15 @@ use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
+use ttlab_background::Backoff;
 
 use super::watch::WATCH_SECONDS;
 use super::{KubeCluster, api_resource, convert};
 use crate::Kind;
 use crate::cache::{CacheState, Change, FIRST_RESTART_PAUSE, MAX_RESTART_PAUSE, ObjectCache};
+
+/// The pauses before a failed watch starts over.
+const RESTART: Backoff = Backoff::doubling(FIRST_RESTART_PAUSE, MAX_RESTART_PAUSE).without_jitter();
 
 impl KubeCluster {
     /// A cache of the objects of `kind` matching the label `selector`, kept by a watch and
@@ -36,16 +40,15 @@ impl KubeCluster {
         let state = Arc::new(Mutex::new(CacheState::new(max_age)));
         let feeding = Arc::clone(&state);
         let task = tokio::spawn(async move {
-            let mut pause = FIRST_RESTART_PAUSE;
+            let mut pauses = RESTART.pauses();
             loop {
                 let started = Instant::now();
                 let failed =
                     follow(kind, &api, &config, &feeding, started + max_age * 9 / 10).await;
                 if failed {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RESTART_PAUSE);
+                    tokio::time::sleep(pauses.next_pause()).await;
                 } else {
-                    pause = FIRST_RESTART_PAUSE;
+                    pauses.reset();
                 }
             }
         });

@@ -8,16 +8,15 @@
 //! bounded as a whole by its caller's timeout.
 
 use std::fmt::Debug;
-use std::hash::{BuildHasher as _, Hasher as _};
 use std::time::Duration;
 
 use futures::Stream;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt as _;
-use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
+use ttlab_background::{Backoff, Pauses};
 
 use crate::ClusterError;
 
@@ -30,16 +29,15 @@ pub(super) const WATCH_SECONDS: u32 = 290;
 /// Pauses between recoveries of a wait's watch: doubling from 100 ms to 5 s, each drawn
 /// between half and all of the current pause (so many waits recovering at once spread out),
 /// back to the start after any event.
+const WAIT_BACKOFF: Backoff = Backoff::doubling(FIRST_BACKOFF, MAX_BACKOFF);
+
+/// [`WAIT_BACKOFF`]'s pauses, as kube-rs' watcher takes them.
 #[derive(Debug)]
-pub(super) struct WaitBackoff {
-    next: Duration,
-}
+pub(super) struct WaitBackoff(Pauses);
 
 impl Default for WaitBackoff {
     fn default() -> Self {
-        Self {
-            next: FIRST_BACKOFF,
-        }
+        Self(WAIT_BACKOFF.pauses())
     }
 }
 
@@ -47,19 +45,13 @@ impl Iterator for WaitBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let pause = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        // A random draw in [0, 1) from the standard library's per-process random keys.
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(pause.as_nanos() as u64);
-        let draw = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
-        Some(pause.mul_f64(0.5 + draw / 2.0))
+        self.0.next()
     }
 }
 
-impl Backoff for WaitBackoff {
+impl kube::runtime::utils::Backoff for WaitBackoff {
     fn reset(&mut self) {
-        self.next = FIRST_BACKOFF;
+        self.0.reset();
     }
 }
 
@@ -101,6 +93,7 @@ mod tests {
 
     #[test]
     fn pauses_double_up_to_five_seconds_with_jitter_and_start_over_after_a_reset() {
+        use kube::runtime::utils::Backoff as _;
         let mut b = WaitBackoff::default();
         let pauses: Vec<Duration> = b.by_ref().take(10).collect();
         let mut current = FIRST_BACKOFF;

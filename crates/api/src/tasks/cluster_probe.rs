@@ -1,0 +1,75 @@
+//! `cluster_probe`: every [`CLUSTER_PROBE_INTERVAL`], one page of ttlab's VMs is listed within
+//! [`CLUSTER_PROBE_TIMEOUT`], and what it found is recorded for `/healthz/cluster` and the
+//! `ttlab_cluster_reachable` and `ttlab_cluster_probe_seconds` gauges. A probe that fails is
+//! the task's failure, so its error is also the task's last error.
+
+use std::time::Duration;
+
+use ttlab_background::{Activation, BackgroundTask, Failure, Schedule, TaskName, TaskSpec};
+
+use crate::AppState;
+
+/// How often the cluster is probed for `/healthz/cluster` and `ttlab_cluster_reachable`.
+pub const CLUSTER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a probe may take before the cluster counts as unreachable.
+pub const CLUSTER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The task's name.
+pub const NAME: TaskName = TaskName::new("cluster_probe");
+
+pub(super) fn spec() -> TaskSpec {
+    TaskSpec::new(
+        NAME,
+        "Lists one page of ttlab's VMs every 10 s (5 s budget) and records whether the \
+         Kubernetes API answered, for /healthz/cluster and ttlab_cluster_reachable",
+        Schedule::every(CLUSTER_PROBE_INTERVAL),
+    )
+}
+
+pub(super) struct ClusterProbe {
+    pub(super) state: AppState,
+}
+
+impl BackgroundTask for ClusterProbe {
+    async fn activate(&mut self, _cx: &Activation) -> Result<(), Failure> {
+        let state = &self.state;
+        let selector = ttlab_model::labels::managed_selector();
+        let started = tokio::time::Instant::now();
+        let answer = tokio::time::timeout(
+            CLUSTER_PROBE_TIMEOUT,
+            state
+                .cluster()
+                .list_page(ttlab_cluster::Kind::VirtualMachine, &selector, None),
+        )
+        .await;
+        let took = started.elapsed();
+        let error = match answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!(
+                "no answer within {} s",
+                CLUSTER_PROBE_TIMEOUT.as_secs()
+            )),
+        };
+        let metrics = state.metrics();
+        metrics.cluster_probe_seconds.set(took.as_secs_f64());
+        metrics.cluster_reachable.set(i64::from(error.is_none()));
+        state.update_cluster_health(|health| {
+            if error.is_some() {
+                health.consecutive_failures = health.consecutive_failures.saturating_add(1);
+            } else {
+                health.consecutive_failures = 0;
+            }
+            health.reachable = Some(error.is_none());
+            health.checked_at = Some(chrono::Utc::now());
+            health.latency_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+            health.error.clone_from(&error);
+        });
+        match error {
+            None => Ok(()),
+            Some(e) => Err(Failure::new(format!(
+                "the Kubernetes API does not answer the probe: {e}"
+            ))),
+        }
+    }
+}
