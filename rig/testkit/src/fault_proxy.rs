@@ -22,6 +22,18 @@
 //! after a blackhole, the stale connections end (the peer's RST once the path is back) while
 //! new ones pass.
 //!
+//! In front of PostgreSQL, one statement can be aimed at: [`FaultProxy::lose_answer_to`]
+//! loses the answer to the next execution of a statement whose text contains a given string,
+//! on whichever connection runs it, while everything else passes. The statement reaches
+//! PostgreSQL and runs; the proxy holds back PostgreSQL's whole answer to that request
+//! (through the `ReadyForQuery` that ends it, so the change is committed), drops it, and
+//! closes that connection. The client learns nothing of the outcome and sees its connection
+//! break, as when the network fails after a request went through: what a retry of a
+//! non-idempotent step meets (the row already changed). Closing, rather than leaving the
+//! connection silent, spares the test the client's call timeout; the client's view is the
+//! same (no answer, a connection to give up). The proxy follows the protocol of plain-text
+//! connections only (see `pg_wire`); one that negotiates TLS is passed untouched.
+//!
 //! Threads, not a runtime: it works the same under any test, async or not, and never competes
 //! with the code under test for its executor.
 //!
@@ -60,6 +72,10 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+
+mod pg_wire;
+
+use pg_wire::Follower;
 
 /// Where the proxy forwards to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,11 +156,28 @@ struct Shared {
     open: Mutex<Vec<(u64, Conn)>>,
     stopped: AtomicBool,
     accepted: AtomicU64,
+    /// The text of the statement whose next answer is to be lost, until a connection takes it.
+    lose_answer: Mutex<Option<String>>,
+    /// Answers lost by [`FaultProxy::lose_answer_to`] so far.
+    answers_lost: AtomicU64,
 }
 
 impl Shared {
     fn mode(&self) -> FaultMode {
         *self.mode.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the statement rule if `text` is the statement it aims at.
+    fn claim(&self, text: &[u8]) -> bool {
+        let mut rule = self.lose_answer.lock().unwrap_or_else(|p| p.into_inner());
+        let hit = rule.as_deref().is_some_and(|needle| {
+            let needle = needle.as_bytes();
+            needle.is_empty() || text.windows(needle.len()).any(|w| w == needle)
+        });
+        if hit {
+            *rule = None;
+        }
+        hit
     }
 
     fn close_all(&self) {
@@ -182,6 +215,8 @@ impl FaultProxy {
             open: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
+            lose_answer: Mutex::new(None),
+            answers_lost: AtomicU64::new(0),
         });
         let sh = shared.clone();
         std::thread::Builder::new()
@@ -209,6 +244,25 @@ impl FaultProxy {
     /// made from now on follow it.
     pub fn cut_open(&self) {
         self.shared.close_all();
+    }
+
+    /// Loses the answer to the next execution of a PostgreSQL statement whose text contains
+    /// `statement` (any statement if it is empty), on whichever connection runs it first; a
+    /// second call before that replaces the aim. The statement runs and its whole answer is
+    /// dropped, then that connection is closed (see the module doc). Only connections in
+    /// [`FaultMode::Pass`], in plain text, are followed.
+    pub fn lose_answer_to(&self, statement: &str) {
+        *self
+            .shared
+            .lose_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(statement.to_owned());
+    }
+
+    /// How many answers [`FaultProxy::lose_answer_to`] has lost so far (an answer counts
+    /// once it was dropped whole and its connection closed).
+    pub fn answers_lost(&self) -> u64 {
+        self.shared.answers_lost.load(Ordering::SeqCst)
     }
 
     /// Switches every connection, open and future, to `mode`.
@@ -269,13 +323,15 @@ fn accept_loop(listener: &TcpListener, upstream: &Upstream, shared: &Arc<Shared>
             .extend([(id, client_keep), (id, server_keep)]);
         // The second direction to end forgets the connection (its sockets close with it).
         let ended = Arc::new(AtomicU64::new(0));
+        let follower = Arc::new(Mutex::new(Follower::default()));
         for (from, to, upstream_bound) in [(client, server_w, true), (server, client_w, false)] {
             let sh = shared.clone();
             let ended = ended.clone();
+            let follower = follower.clone();
             let _ = std::thread::Builder::new()
                 .name("fault-proxy-pump".into())
                 .spawn(move || {
-                    pump(from, to, upstream_bound, &sh);
+                    pump(from, to, upstream_bound, &sh, &follower);
                     if ended.fetch_add(1, Ordering::SeqCst) == 1 {
                         sh.open
                             .lock()
@@ -288,8 +344,15 @@ fn accept_loop(listener: &TcpListener, upstream: &Upstream, shared: &Arc<Shared>
 }
 
 /// Moves bytes from `from` to `to` as the mode says, until either side ends. `upstream_bound`:
-/// `from` is the client (the direction [`FaultMode::LoseReplies`] still forwards).
-fn pump(mut from: Conn, mut to: Conn, upstream_bound: bool, shared: &Shared) {
+/// `from` is the client (the direction [`FaultMode::LoseReplies`] still forwards). In
+/// [`FaultMode::Pass`], `follower` reads the connection's protocol for the statement rule.
+fn pump(
+    mut from: Conn,
+    mut to: Conn,
+    upstream_bound: bool,
+    shared: &Shared,
+    follower: &Mutex<Follower>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         // Stalled: read nothing more until the mode changes.
@@ -324,7 +387,37 @@ fn pump(mut from: Conn, mut to: Conn, upstream_bound: bool, shared: &Shared) {
             FaultMode::Blackhole | FaultMode::Stall => false,
             FaultMode::Close => return,
         };
-        if forward && to.write_all(&buf[..n]).is_err() {
+        // What the protocol says, decided before anything is written (and without holding
+        // the follower while writing: the other direction needs it to make progress).
+        let (parts, close) = {
+            let mut follower = follower.lock().unwrap_or_else(|p| p.into_inner());
+            if mode != FaultMode::Pass {
+                // Bytes may be dropped: the protocol cannot be followed any more.
+                follower.give_up();
+            }
+            if !forward {
+                continue;
+            }
+            if upstream_bound {
+                // Read before forwarding, so the answer to lose is known before it can come.
+                follower.client_sent(&buf[..n], &mut |text| shared.claim(text));
+                (std::iter::once(0..n).collect(), false)
+            } else {
+                let verdict = follower.server_sent(&buf[..n]);
+                (verdict.forward, verdict.close)
+            }
+        };
+        let written = parts
+            .iter()
+            .try_for_each(|part| to.write_all(&buf[part.clone()]));
+        if close {
+            // The answer was dropped whole: the connection breaks.
+            shared.answers_lost.fetch_add(1, Ordering::SeqCst);
+            to.shutdown(Shutdown::Both);
+            from.shutdown(Shutdown::Both);
+            return;
+        }
+        if written.is_err() {
             from.shutdown(Shutdown::Read);
             return;
         }
@@ -466,5 +559,163 @@ mod tests {
             "closed on arrival"
         );
         assert_eq!(proxy.mode(), FaultMode::Close);
+    }
+
+    /// A PostgreSQL stand-in on a loopback port: it authenticates anyone, answers every
+    /// request (a Sync or a Query) with `CommandComplete` and `ReadyForQuery`, and counts the
+    /// `Execute` messages and queries it received.
+    fn fake_postgres() -> (SocketAddr, Arc<AtomicU64>) {
+        use pg_wire::wire;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let executed = Arc::new(AtomicU64::new(0));
+        let ex = executed.clone();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let ex = ex.clone();
+                std::thread::spawn(move || {
+                    let mut len = [0u8; 4];
+                    if c.read_exact(&mut len).is_err() {
+                        return;
+                    }
+                    let mut startup = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                    c.read_exact(&mut startup).unwrap();
+                    c.write_all(&[wire::auth_ok(), wire::ready()].concat())
+                        .unwrap();
+                    let mut head = [0u8; 5];
+                    while c.read_exact(&mut head).is_ok() {
+                        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+                        let mut body = vec![0u8; len as usize - 4];
+                        if c.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        match head[0] {
+                            b'E' | b'Q' => {
+                                ex.fetch_add(1, Ordering::SeqCst);
+                            }
+                            _ => {}
+                        }
+                        if matches!(head[0], b'S' | b'Q') {
+                            let answer = [wire::complete("UPDATE 1"), wire::ready()].concat();
+                            if c.write_all(&answer).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, executed)
+    }
+
+    /// Reads messages until a `ReadyForQuery`; `None` if the connection ended first.
+    fn until_ready(c: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut kinds = Vec::new();
+        let mut head = [0u8; 5];
+        loop {
+            c.read_exact(&mut head).ok()?;
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+            let mut body = vec![0u8; len as usize - 4];
+            c.read_exact(&mut body).ok()?;
+            kinds.push(head[0]);
+            if head[0] == b'Z' {
+                return Some(kinds);
+            }
+        }
+    }
+
+    #[test]
+    fn the_answer_to_one_statement_is_lost_after_it_ran_and_its_connection_breaks() {
+        use pg_wire::wire;
+        let (addr, executed) = fake_postgres();
+        let proxy = FaultProxy::start(Upstream::Tcp(addr)).unwrap();
+        let mut c = client(&proxy);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&wire::startup("ttlab")).unwrap();
+        assert_eq!(until_ready(&mut c), Some(vec![b'R', b'Z']));
+        // Armed after the connection opened: it is followed from its start all the same.
+        proxy.lose_answer_to("ready_at = now()");
+        let target = "UPDATE sessions SET status = $2, ready_at = now() WHERE id = $1";
+        // Another statement, and the target's preparation, are answered.
+        c.write_all(&wire::query("SELECT 1")).unwrap();
+        assert_eq!(until_ready(&mut c), Some(vec![b'C', b'Z']));
+        c.write_all(
+            &[
+                wire::parse("s0", target),
+                wire::describe("s0"),
+                wire::sync(),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(until_ready(&mut c), Some(vec![b'C', b'Z']));
+        assert_eq!(proxy.answers_lost(), 0);
+        // Its execution runs upstream; its answer never comes, the connection breaks.
+        c.write_all(&[wire::bind("s0"), wire::execute(), wire::sync()].concat())
+            .unwrap();
+        assert_eq!(until_ready(&mut c), None, "the answer was lost");
+        let mut b = [0u8; 1];
+        assert!(matches!(c.read(&mut b), Ok(0) | Err(_)), "closed");
+        assert_eq!(
+            executed.load(Ordering::SeqCst),
+            2,
+            "SELECT 1 and the UPDATE ran"
+        );
+        assert_eq!(proxy.answers_lost(), 1);
+
+        // Spent: the retry, on a new connection, gets its answer.
+        let mut again = client(&proxy);
+        again
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        again.write_all(&wire::startup("ttlab")).unwrap();
+        assert!(until_ready(&mut again).is_some());
+        again
+            .write_all(
+                &[
+                    wire::parse("", target),
+                    wire::bind(""),
+                    wire::execute(),
+                    wire::sync(),
+                ]
+                .concat(),
+            )
+            .unwrap();
+        assert_eq!(until_ready(&mut again), Some(vec![b'C', b'Z']));
+        assert_eq!(executed.load(Ordering::SeqCst), 3);
+        assert_eq!(proxy.answers_lost(), 1);
+    }
+
+    #[test]
+    fn a_statement_run_while_replies_are_lost_does_not_spend_the_aim() {
+        use pg_wire::wire;
+        let (addr, _) = fake_postgres();
+        let proxy = FaultProxy::start(Upstream::Tcp(addr)).unwrap();
+        proxy.lose_answer_to("ready_at");
+        let mut c = client(&proxy);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&wire::startup("ttlab")).unwrap();
+        assert!(until_ready(&mut c).is_some());
+        proxy.set_mode(FaultMode::LoseReplies);
+        c.write_all(&wire::query("UPDATE t SET ready_at = now()"))
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert_eq!(until_ready(&mut c), None);
+        proxy.cut_open();
+        proxy.set_mode(FaultMode::Pass);
+        assert_eq!(proxy.answers_lost(), 0);
+        // Still aimed: the next execution, on a healthy connection, loses its answer.
+        let mut again = client(&proxy);
+        again
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        again.write_all(&wire::startup("ttlab")).unwrap();
+        assert!(until_ready(&mut again).is_some());
+        again
+            .write_all(&wire::query("UPDATE t SET ready_at = now()"))
+            .unwrap();
+        assert_eq!(until_ready(&mut again), None);
+        assert_eq!(proxy.answers_lost(), 1);
     }
 }

@@ -22,7 +22,8 @@
 //! blackholes (half-open: no reply, no RST, no FIN), stalls, loses replies (the request takes
 //! effect, its answer is dropped) or closes connections on command, and can cut the
 //! connections open now ([`FaultProxy::cut_open`]), for suites that test what a process does
-//! when the network under it goes bad.
+//! when the network under it goes bad. In front of PostgreSQL it can also lose the answer to
+//! one chosen statement ([`FaultProxy::lose_answer_to`]).
 
 pub mod fault_proxy;
 
