@@ -9,6 +9,7 @@ mod console;
 mod database_restart;
 mod gone;
 mod handover;
+mod lost_answers;
 mod metrics;
 mod operator_actions;
 mod pods;
