@@ -1,8 +1,9 @@
 //! The service stays up and exposes only what it should: a slow Kubernetes API leaves every
 //! replica ready and sessions quick to read, starts answer within their timeout, the per-user
 //! rate limit answers 429 with `Retry-After`, health and metrics live on the ops port only,
-//! and a student's error never carries the agent's address. A real server, real PostgreSQL,
-//! kube-sim over HTTP with its fault table.
+//! a student's error never carries the agent's address, and grading tells a lab that does not
+//! answer from a session that ended, even one that ends while it is graded. A real server,
+//! real PostgreSQL, kube-sim over HTTP with its fault table.
 
 use crate::support;
 
@@ -490,6 +491,89 @@ async fn grading_a_vm_that_is_gone_says_so_and_an_ended_session_is_not_running()
         (409, Some("not_running")),
         "{}",
         a.body
+    );
+    s.stop().await;
+}
+
+/// A lesson whose first grading step says in the guest that it started, then takes its time:
+/// long enough to end the session under it.
+const SLOW_GRADING: &str = r#"
+id: slow-grading
+title: Graded slowly
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+readiness_timeout_seconds: 5
+setup_timeout_seconds: 5
+grading:
+  - name: takes its time
+    command: "touch grading-started && sleep 4"
+    timeout_seconds: 30
+  - name: passes
+    command: "true"
+"#;
+
+/// The soak's grade that raced the reaper: a step fails because the session ended under it
+/// (its VM deleted, the agent gone), and the server must re-read the session before it
+/// answers, so the student is told the session ended (409 `not_running`), not that the lab
+/// did not answer (502 `agent_unavailable`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_that_ends_while_it_is_graded_is_not_running_not_a_failed_step() {
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 7200, 3), 8).await;
+    config.lessons = ttlab_lesson::LessonSet::from_sources([(
+        "test.yaml".into(),
+        format!("{}---{SLOW_GRADING}", support::LESSONS),
+    )])
+    .unwrap();
+    let s = Served::start(&w, config).await;
+    let (sid, alice) = running(&s, "alice", "slow-grading").await;
+    let vm = first_vm(&s, &sid, &alice).await;
+    let started = w
+        .sim
+        .guest_dir(NS, &vm)
+        .expect("the guest's directory")
+        .join("grading-started");
+
+    let grade = {
+        let (url, alice) = (s.url(&format!("/api/sessions/{sid}/grade")), alice.clone());
+        tokio::spawn(async move { call("POST", &url, Some(&alice), None).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(
+            Instant::now() < deadline && !grade.is_finished(),
+            "the first grading step never started in the guest"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first step runs; the student finishes meanwhile, and the VM goes from under it.
+    let f = call(
+        "DELETE",
+        &s.url(&format!("/api/sessions/{sid}")),
+        Some(&alice),
+        None,
+    )
+    .await;
+    assert_eq!(f.status, 200, "{}", f.body);
+    while w.sim.get("virtualmachineinstances", NS, &vm).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the finished session's VMI never went"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a = grade.await.unwrap();
+    assert_eq!(
+        (a.status, a.body["error"].as_str()),
+        (409, Some("not_running")),
+        "a grading whose step failed because the session ended says the session ended: {}",
+        a.body
+    );
+    let message = a.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("only a running session can be graded"),
+        "{message:?}"
     );
     s.stop().await;
 }
