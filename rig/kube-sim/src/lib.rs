@@ -133,6 +133,8 @@ pub enum Error {
     Api(String),
 }
 
+/// A phase in which new VMIs can be held ([`KubeSim::hold_starting_vmis`]).
+pub use ttlab_kubevirt_sim::StartingPhase;
 /// What the simulated guest's setup does for a lesson: the readiness marker (or the failure
 /// marker) is written [`Timings::setup`] after the guest's agent listens, or never.
 pub use ttlab_sim_guest::SetupOutcome;
@@ -655,6 +657,15 @@ impl KubeSim {
     /// or stopped while paused.
     pub fn pause_kubevirt(&self, paused: bool) {
         self.sim.pause_kubevirt(paused);
+    }
+
+    /// Keeps every VMI that reaches `phase` in it, until called again with `None` (see
+    /// [`ttlab_kubevirt_sim::Controls::hold_starting_vmis`]): a crashed guest's replacement
+    /// held with its next VMI starting, say.
+    pub fn hold_starting_vmis(&self, phase: Option<StartingPhase>) {
+        if let Some(k) = self.sim.kubevirt_sim.get() {
+            k.hold_starting_vmis(phase);
+        }
     }
 
     /// The guest powers itself off: the VMI ends `Succeeded` and the run strategy decides.

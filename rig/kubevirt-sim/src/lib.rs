@@ -12,7 +12,8 @@
 //!   Scheduling (a `virt-launcher-<vmi>-xxxxx` pod controlled by the VMI) → Scheduled (the pod
 //!   runs on the node) → Running, `status.interfaces[0].ipAddress` being the launcher pod's
 //!   loopback address; the finalizer `kubevirt.io/foregroundDeleteVirtualMachine` released
-//!   once the guest is off and the pod gone;
+//!   once the guest is off and the pod gone; new VMIs can be held in one of the starting
+//!   phases ([`Controls::hold_starting_vmis`]), to look at a VM while its next VMI starts;
 //! - the **guests**: at boot the cloud-init user-data (from the Secret the VMI's
 //!   `cloudInitNoCloud` / `cloudInitConfigDrive` volume names, or inline) is applied in a
 //!   directory per guest; the VMI's `configMap` volumes are its launcher pod's volumes (the
@@ -88,6 +89,28 @@ use ttlab_background::{Backoff, Pauses};
 pub use console::{ConsoleServer, ConsoleSettings, Front};
 pub use guests::{GuestEnd, GuestInfo, GuestState};
 pub use ttlab_sim_guest::SetupOutcome;
+
+/// A phase in which a starting VMI can be held ([`Controls::hold_starting_vmis`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartingPhase {
+    /// Admitted, with no launcher pod yet.
+    Pending,
+    /// Its launcher pod created, not yet running.
+    Scheduling,
+    /// Its launcher pod running on the node, the guest not booted.
+    Scheduled,
+}
+
+impl StartingPhase {
+    /// The phase as the VMI's `status.phase` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Scheduling => "Scheduling",
+            Self::Scheduled => "Scheduled",
+        }
+    }
+}
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -342,6 +365,8 @@ pub(crate) struct Ctx {
     /// While set, the VirtualMachine and VirtualMachineInstance controllers do nothing
     /// ([`KubevirtSim::pause`]).
     paused: std::sync::atomic::AtomicBool,
+    /// The starting phase new VMIs are kept in ([`Controls::hold_starting_vmis`]).
+    held: Mutex<Option<StartingPhase>>,
     /// KVM or TCG for qemu guests, probed once (when [`SimSettings::qemu`] does not say).
     pub(crate) accel: Arc<tokio::sync::OnceCell<ttlab_qemu_guest::Accel>>,
 }
@@ -360,10 +385,18 @@ impl Ctx {
     fn paused(&self) -> bool {
         self.paused.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Whether a VMI in `phase` (its `status.phase`) is held there.
+    pub(crate) fn holds(&self, phase: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|held| held.as_str() == phase)
+    }
 }
 
-/// How often a paused controller looks again.
-const PAUSED_RECHECK: Duration = Duration::from_millis(100);
+/// How often a paused controller (or a held VMI) looks again.
+pub(crate) const PAUSED_RECHECK: Duration = Duration::from_millis(100);
 
 /// A running simulator. It stops (and kills every guest agent) on drop or [`KubevirtSim::stop`];
 /// the objects it wrote stay in the API server.
@@ -521,6 +554,7 @@ impl KubevirtSim {
             retries: Mutex::new(std::collections::HashMap::new()),
             setup_outcomes: Mutex::new(settings.setup_outcomes.clone()),
             paused: std::sync::atomic::AtomicBool::new(false),
+            held: Mutex::new(None),
             accel: Arc::default(),
             settings,
         });
@@ -632,6 +666,21 @@ impl Controls {
             .paused
             .store(paused, std::sync::atomic::Ordering::SeqCst);
         if !paused {
+            self.ctx.triggers.fire();
+        }
+    }
+
+    /// Keeps every VMI that reaches `phase` in it (`None` lifts the hold): the VMI controller
+    /// does not advance it further, while the VM controller, VMIs in other phases, deletions
+    /// and the kubelet go on. A crashed guest's replacement can so be held with its next VMI
+    /// starting, for as long as a test looks at it.
+    pub fn hold_starting_vmis(&self, phase: Option<StartingPhase>) {
+        *self
+            .ctx
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = phase;
+        if phase.is_none() {
             self.ctx.triggers.fire();
         }
     }

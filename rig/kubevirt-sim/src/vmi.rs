@@ -56,7 +56,11 @@ pub(crate) async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<
     if deleting(&vmi) {
         return r.deleting(&vmi, &pods).await;
     }
-    match vmi["status"]["phase"].as_str().unwrap_or("") {
+    let phase = vmi["status"]["phase"].as_str().unwrap_or("");
+    if ctx.holds(phase) {
+        return Ok(Action::requeue(crate::PAUSED_RECHECK));
+    }
+    match phase {
         "" | "Pending" => r.pending(pod.as_ref()).await,
         "Scheduling" => r.scheduling(pod.as_ref()).await,
         "Scheduled" => r.scheduled(&vmi, pod.as_ref()).await,
@@ -207,6 +211,9 @@ impl Vmi<'_> {
         else {
             return Ok(Action::await_change());
         };
+        if self.ctx.holds("Pending") {
+            return Ok(Action::requeue(crate::PAUSED_RECHECK));
+        }
         if let Some(message) = self.missing_claim(&vmi).await? {
             let message = format!("failed to render launch manifest: {message}");
             self.write_status(|s| {

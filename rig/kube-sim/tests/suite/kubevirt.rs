@@ -182,6 +182,44 @@ async fn a_guest_power_off_under_rerun_on_failure_stays_off_and_a_crash_restarts
     assert!(h.get(&format!("{VMIS}/lab-off")).await.0 == 404);
 }
 
+/// A crashed guest's replacement held with its next VMI in each starting phase: the VMI stays
+/// there (longer than a whole start takes with the test timings) until the hold is lifted,
+/// then runs.
+#[tokio::test]
+async fn a_new_vmi_held_in_a_starting_phase_stays_there_until_the_hold_is_lifted() {
+    use ttlab_kube_sim::StartingPhase;
+    let sim = start().await;
+    let h = Http::new(&sim);
+    h.post(
+        VMS,
+        &vm("lab-held", json!({}), "RerunOnFailure", container_disk()),
+    )
+    .await;
+    let mut running = wait_for(&h, VMIS, "lab-held", |o| o["status"]["phase"] == "Running").await;
+    for phase in [
+        StartingPhase::Pending,
+        StartingPhase::Scheduling,
+        StartingPhase::Scheduled,
+    ] {
+        sim.hold_starting_vmis(Some(phase));
+        sim.crash("ttlab", "lab-held").unwrap();
+        let uid = running["metadata"]["uid"].clone();
+        let held = wait_for(&h, VMIS, "lab-held", |o| {
+            o["metadata"]["uid"] != uid && o["status"]["phase"] == phase.as_str()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, now) = h.get(&format!("{VMIS}/lab-held")).await;
+        assert_eq!(now["metadata"]["uid"], held["metadata"]["uid"]);
+        assert_eq!(now["status"]["phase"], phase.as_str(), "{phase:?}: {now}");
+        sim.hold_starting_vmis(None);
+        running = wait_for(&h, VMIS, "lab-held", |o| {
+            o["metadata"]["uid"] == held["metadata"]["uid"] && o["status"]["phase"] == "Running"
+        })
+        .await;
+    }
+}
+
 /// kubevirt-sim, kube-sim's default controllers, runs every namespace: a VM in a namespace
 /// created after the sim started (an overlay applied with kubectl) runs, and its VMI is
 /// deleted with it.
