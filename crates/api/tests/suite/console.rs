@@ -322,7 +322,8 @@ async fn a_crashed_guest_is_restarting_not_stopped_and_its_console_comes_back() 
     read_until(&mut ws, ":~# ").await;
     // RerunOnFailure restarts a crashed guest: the page must be told to reconnect, not that
     // the VM stopped, whichever step of the VMI's replacement the server sees (each step is
-    // covered by the unit tests of `console::upstream`).
+    // covered by the unit tests of `console::upstream`, and held one at a time while the
+    // server looks by `a_crashed_guest_reads_restarting_at_every_step_of_its_replacement`).
     w.sim.crash(NS, &vm).unwrap();
     let (text, code, reason, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
     assert_eq!(code, 4006, "{text:?} {reason:?}");
@@ -342,6 +343,309 @@ async fn a_crashed_guest_is_restarting_not_stopped_and_its_console_comes_back() 
             other => panic!("no prompt from the restarted guest after {seen:?}: {other:?}"),
         }
     }
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(v["status"], "running", "{v}");
+    s.stop().await;
+}
+
+/// A finalizer of the test's own on a VMI: once the VMI is deleted, it stays (Failed, being
+/// deleted) until the test lets it go, as a slow shutdown would hold it.
+const HOLD: &str = "test.ttlab.io/hold";
+
+/// Applies a JSON patch to VMI `name` directly in kube-sim (as an administrator).
+async fn patch_vmi(w: &World, name: &str, ops: Value) {
+    use http_body_util::{BodyExt as _, Full};
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::builder()
+        .method("PATCH")
+        .uri(format!(
+            "{}/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstances/{name}",
+            w.sim.url()
+        ))
+        .header("content-type", "application/json-patch+json")
+        .body(Full::new(serde_json::to_vec(&ops).unwrap().into()))
+        .unwrap();
+    let res = http.request(req).await.unwrap();
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(status.is_success(), "{ops}: {status} {body:?}");
+}
+
+/// Takes the test's finalizer off VMI `name` (the VMI goes once nothing else holds it).
+async fn release_vmi(w: &World, name: &str) {
+    let vmi = w.sim.get("virtualmachineinstances", NS, name).unwrap();
+    let at = vmi["metadata"]["finalizers"]
+        .as_array()
+        .and_then(|f| f.iter().position(|f| f == HOLD))
+        .unwrap_or_else(|| panic!("no {HOLD} on {}", vmi["metadata"]));
+    let path = format!("/metadata/finalizers/{at}");
+    patch_vmi(
+        w,
+        name,
+        json!([{"op": "test", "path": path, "value": HOLD}, {"op": "remove", "path": path}]),
+    )
+    .await;
+}
+
+/// Waits (bounded) until `what` holds of kube-sim's objects.
+async fn until(what: &str, holds: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Opens the console until the guest's prompt shows, reconnecting as the page does while the
+/// VM restarts (bounded).
+async fn prompt(s: &Running, sid: &str, token: &str) -> Ws {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ws = open(s, sid, token).await;
+        let mut seen = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) => {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                    if seen.contains(":~# ") {
+                        return ws;
+                    }
+                }
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) => break,
+                other => panic!("no prompt from the guest after {seen:?}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// What a console opened now says first: its waiting line, or why it closed.
+async fn first_words(s: &Running, sid: &str, token: &str) -> String {
+    let mut ws = open(s, sid, token).await;
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                text.push_str(&String::from_utf8_lossy(&b));
+                if let Some(end) = text.find("\x1b[0m") {
+                    let line = text[..end].rsplit("[ttlab] ").next().unwrap_or_default();
+                    return line.to_owned();
+                }
+            }
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            Ok(Some(Ok(Message::Close(close)))) => {
+                return format!("closed: {close:?} after {text:?}");
+            }
+            other => return format!("{other:?} after {text:?}"),
+        }
+    }
+}
+
+/// A step of a crashed guest's replacement under `RerunOnFailure`, as KubeVirt shows it.
+#[derive(Debug, Clone, Copy)]
+enum Replacement {
+    /// The crashed VMI, `Failed`, still there while it is deleted; the VM reads `Stopped`
+    /// with a `Start` request pending.
+    FailedVmi,
+    /// No VMI; the VM reads `Stopped` with the `Start` request pending.
+    StartPending,
+    /// The next VMI, starting in this phase.
+    NextVmi(ttlab_kube_sim::StartingPhase),
+}
+
+/// What the student saw of a crash whose replacement stood at `step` when the server looked.
+struct Seen {
+    step: Replacement,
+    /// The close code and reason of the console that was open at the crash.
+    code: u16,
+    reason: String,
+    /// The terminal's text of that console.
+    text: String,
+    /// What a console opened at that step said first (the page reconnecting).
+    reopened: String,
+}
+
+impl Seen {
+    fn wanted_on_reopening(&self) -> String {
+        match self.step {
+            Replacement::FailedVmi | Replacement::StartPending => {
+                "Waiting for the VM's console: the VM is restarting".to_owned()
+            }
+            Replacement::NextVmi(phase) => format!(
+                "Waiting for the VM's console: the VM is {}, not yet Running",
+                phase.as_str()
+            ),
+        }
+    }
+
+    /// What the student was told wrong, if anything.
+    fn wrong(&self) -> Option<String> {
+        let mut wrong = Vec::new();
+        if self.code != 4006
+            || !self.reason.contains("the VM is restarting")
+            || self.text.contains("The VM has stopped.")
+        {
+            wrong.push(format!(
+                "the open console closed {} {:?}",
+                self.code, self.reason
+            ));
+        }
+        let wanted = self.wanted_on_reopening();
+        if self.reopened != wanted {
+            wrong.push(format!(
+                "a console opened then said {:?}, not {wanted:?}",
+                self.reopened
+            ));
+        }
+        (!wrong.is_empty()).then(|| format!("- at {:?}: {}", self.step, wrong.join("; ")))
+    }
+}
+
+/// Crashes the guest of `vm` with the server's view of the cluster held back (a stalled
+/// `proxy`) until the replacement stands at `step`, held there; then lets the server see
+/// the console's end, opens a console as the page would, and lets the replacement finish.
+async fn crash_seen_at(
+    w: &World,
+    s: &Running,
+    proxy: &ttlab_testkit::FaultProxy,
+    (sid, token, vm): (&str, &str, &str),
+    step: Replacement,
+) -> Seen {
+    let crashed = w.sim.get("virtualmachineinstances", NS, vm).unwrap();
+    let crashed_uid = crashed["metadata"]["uid"].clone();
+    match step {
+        Replacement::FailedVmi | Replacement::StartPending => {
+            patch_vmi(
+                w,
+                vm,
+                json!([{"op": "add", "path": "/metadata/finalizers/-", "value": HOLD}]),
+            )
+            .await;
+        }
+        Replacement::NextVmi(phase) => w.sim.hold_starting_vmis(Some(phase)),
+    }
+    let mut ws = prompt(s, sid, token).await;
+
+    proxy.set_mode(ttlab_testkit::FaultMode::Stall);
+    w.sim.crash(NS, vm).unwrap();
+    let vmi = || w.sim.get("virtualmachineinstances", NS, vm);
+    let vm_start_pending = || {
+        w.sim.get("virtualmachines", NS, vm).is_some_and(|v| {
+            v["status"]["printableStatus"] == "Stopped"
+                && v["status"]["stateChangeRequests"][0]["action"] == "Start"
+        })
+    };
+    let failed_and_held = || {
+        vmi().is_some_and(|v| {
+            v["metadata"]["uid"] == crashed_uid
+                && v["status"]["phase"] == "Failed"
+                && v["metadata"]["deletionTimestamp"].is_string()
+        })
+    };
+    match step {
+        Replacement::FailedVmi => {
+            until(
+                "the Failed VMI held, the VM Stopped with a start pending",
+                || failed_and_held() && vm_start_pending(),
+            )
+            .await;
+        }
+        Replacement::StartPending => {
+            until("the Failed VMI held by the test's finalizer alone", || {
+                failed_and_held()
+                    && vm_start_pending()
+                    && vmi().is_some_and(|v| v["metadata"]["finalizers"] == json!([HOLD]))
+            })
+            .await;
+            // Nothing may start the next VMI: the VM controller is paused, then the VMI goes.
+            w.sim.pause_kubevirt(true);
+            release_vmi(w, vm).await;
+            until("the Failed VMI gone", || vmi().is_none()).await;
+            assert!(
+                vm_start_pending(),
+                "{:?}",
+                w.sim.get("virtualmachines", NS, vm)
+            );
+        }
+        Replacement::NextVmi(phase) => {
+            until(&format!("the next VMI {}", phase.as_str()), || {
+                vmi().is_some_and(|v| {
+                    v["metadata"]["uid"] != crashed_uid && v["status"]["phase"] == phase.as_str()
+                })
+            })
+            .await;
+        }
+    }
+
+    // The server now learns that the console ended, and looks at the VM.
+    proxy.set_mode(ttlab_testkit::FaultMode::Pass);
+    let (text, code, reason, _) = read_to_close(&mut ws, Duration::from_secs(15)).await;
+    let reopened = first_words(s, sid, token).await;
+
+    match step {
+        Replacement::FailedVmi => release_vmi(w, vm).await,
+        Replacement::StartPending => w.sim.pause_kubevirt(false),
+        Replacement::NextVmi(_) => w.sim.hold_starting_vmis(None),
+    }
+    until("the next VMI running", || {
+        vmi().is_some_and(|v| {
+            v["metadata"]["uid"] != crashed_uid && v["status"]["phase"] == "Running"
+        })
+    })
+    .await;
+    Seen {
+        step,
+        code,
+        reason,
+        text,
+        reopened,
+    }
+}
+
+/// A crashed guest is restarted (`RerunOnFailure`): its console must close "the VM is
+/// restarting" (4006: the page reconnects), never "The VM has stopped.", at whichever step of
+/// the replacement the server looks — the Failed VMI, the VM Stopped with a start pending, the
+/// next VMI Pending, Scheduling or Scheduled — and a console opened meanwhile must wait, not
+/// close. Each step is held while the server looks (a stalled proxy keeps the console's end
+/// from the server until then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_guest_reads_restarting_at_every_step_of_its_replacement() {
+    use ttlab_kube_sim::StartingPhase;
+    let w = World::new().await;
+    let proxy =
+        ttlab_testkit::FaultProxy::start(ttlab_testkit::Upstream::Tcp(w.sim.addr())).unwrap();
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let s = w
+        .serve_with(
+            config,
+            w.db.store().await.unwrap(),
+            w.cluster_through(proxy.addr()).await,
+        )
+        .await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
+    let vm = v["nodes"][0]["vm"].as_str().unwrap().to_owned();
+
+    let mut seen = Vec::new();
+    for step in [
+        Replacement::FailedVmi,
+        Replacement::StartPending,
+        Replacement::NextVmi(StartingPhase::Pending),
+        Replacement::NextVmi(StartingPhase::Scheduling),
+        Replacement::NextVmi(StartingPhase::Scheduled),
+    ] {
+        seen.push(crash_seen_at(&w, &s, &proxy, (&sid, &alice, &vm), step).await);
+    }
+    let wrong: Vec<String> = seen.iter().filter_map(Seen::wrong).collect();
+    assert!(
+        wrong.is_empty(),
+        "a crashed guest must read \"the VM is restarting\" at every step of its \
+         replacement:\n{}",
+        wrong.join("\n")
+    );
     let (_, v) = s.get(&format!("/api/sessions/{sid}"), &alice).await;
     assert_eq!(v["status"], "running", "{v}");
     s.stop().await;

@@ -187,11 +187,38 @@ impl World {
         self.serve_on(config, store).await
     }
 
+    /// A cluster client whose calls go to `addr` (a proxy in front of kube-sim) instead.
+    pub async fn cluster_through(&self, addr: std::net::SocketAddr) -> Arc<KubeCluster> {
+        let path = self
+            .kubeconfig
+            .path()
+            .join(format!("through-{}", addr.port()));
+        std::fs::write(
+            &path,
+            ttlab_kube_sim::kubeconfig_yaml(&format!("http://{addr}"), NS),
+        )
+        .unwrap();
+        Arc::new(
+            KubeCluster::from_kubeconfig(&path, ClusterSettings::in_namespace(NS))
+                .await
+                .unwrap(),
+        )
+    }
+
     /// Starts a server instance with `config` on `store` (a database of the test's own).
     pub async fn serve_on(&self, config: ApiConfig, store: ttlab_store::Store) -> Running {
-        let server = Server::bind(config, store, self.cluster().await)
-            .await
-            .unwrap();
+        self.serve_with(config, store, self.cluster().await).await
+    }
+
+    /// Starts a server instance with `config` on `store` and `cluster` (a client of the
+    /// test's own, through a proxy, say).
+    pub async fn serve_with(
+        &self,
+        config: ApiConfig,
+        store: ttlab_store::Store,
+        cluster: Arc<KubeCluster>,
+    ) -> Running {
+        let server = Server::bind(config, store, cluster).await.unwrap();
         let addr = server.local_addr();
         let state = server.state().clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
