@@ -286,6 +286,7 @@ pub(crate) async fn refill(
                     ready_at: (m.status == SessionStatus::Running)
                         .then_some(m.ready_at.unwrap_or(m.created_at)),
                     nodes: member_nodes,
+                    class: None,
                 })
                 .collect(),
             capacity: Capacity {
@@ -300,6 +301,10 @@ pub(crate) async fn refill(
                 lesson.readiness_timeout + lesson.setup_timeout + state.config().readiness_margin,
             )
             .unwrap_or(TimeDelta::MAX),
+            classes: vec![],
+            lead_time: ttlab_pool::LeadTime::default(),
+            sharing: None,
+            waiting_elsewhere: 0,
         };
         let plan: Plan = ttlab_pool::plan(&input);
         let ready = input.members.iter().filter(|m| m.is_ready()).count();
