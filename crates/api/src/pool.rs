@@ -112,6 +112,7 @@ pub(crate) async fn claim(
         user: user.clone(),
         ttl: policy.ttl,
         max: policy.max,
+        class: None,
     };
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
@@ -369,6 +370,7 @@ fn new_member(
             max_expires_at: expires,
         },
         readiness_deadline: now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX),
+        class: None,
     }
 }
 
