@@ -1,4 +1,6 @@
-// The admin page: capacity, the warm pools (resize, pause, resume, reset), the reaper's last cycles with "Collect now", the replica's background tasks, every live session
+// The admin page: capacity, the warm pools (resize, pause, resume, reset), the scheduled classes
+// (add, cancel), the reaper's last cycles with "Collect now", the replica's background tasks,
+// every live session
 // (open one to see its stages, console owner, objects and actions, and to end or extend it),
 // the operators' recent actions and readiness histograms per lesson and stage. Refreshes every
 // 5 seconds.
@@ -25,6 +27,7 @@ async function main() {
   });
   document.getElementById('end-form').addEventListener('submit', endSession);
   document.getElementById('extend-form').addEventListener('submit', extendSession);
+  document.getElementById('class-form').addEventListener('submit', addClass);
   show('view-admin');
   await refresh();
   setInterval(refresh, REFRESH_MS);
@@ -47,9 +50,10 @@ function handleError(e) {
 
 async function refresh() {
   try {
-    const [capacity, pools, cycles, tasks, sessions, actions, stats] = await Promise.all([
+    const [capacity, pools, classes, cycles, tasks, sessions, actions, stats] = await Promise.all([
       api(token, 'GET', '/api/admin/capacity'),
       api(token, 'GET', '/api/admin/pools'),
+      api(token, 'GET', '/api/admin/classes'),
       api(token, 'GET', '/api/admin/reaper?limit=10'),
       api(token, 'GET', '/api/admin/tasks'),
       api(token, 'GET', '/api/admin/sessions?scope=live'),
@@ -58,6 +62,7 @@ async function refresh() {
     ]);
     renderCapacity(capacity);
     renderPools(pools.pools || []);
+    renderClasses(classes.classes || [], pools.pools || []);
     renderCycles(cycles);
     renderTasks(tasks);
     renderSessions(sessions);
@@ -151,6 +156,92 @@ function renderPools(pools) {
       el('td', {}, refill),
       el('td', {}, settings, p.why ? el('div', { class: 'muted small' }, p.why) : null),
       el('td', {}, ...controls)));
+  }
+}
+
+/** A short local date and time of day for an ISO timestamp. */
+function whenText(iso) {
+  const d = new Date(iso);
+  return d.toLocaleString([], { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' });
+}
+
+const PHASES = {
+  upcoming: 'upcoming', lead_in: 'labs being prepared', running: 'running', over: 'over', cancelled: 'cancelled',
+};
+
+function renderClasses(classes, pools) {
+  // The lesson choice: every VM lesson (those have pools), filled once so a choice stays.
+  const select = document.getElementById('class-lesson');
+  if (!select.options.length) {
+    for (const p of pools) select.append(el('option', { value: p.lesson }, p.title || p.lesson));
+  }
+  const body = document.querySelector('#classes tbody');
+  body.replaceChildren();
+  if (!classes.length) {
+    body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No class is scheduled.')));
+  }
+  for (const c of classes) {
+    const cancel = el('button', { class: 'secondary small', 'data-class-cancel': c.id }, 'Cancel');
+    cancel.addEventListener('click', () => cancelClass(c));
+    const warm = c.warm ? `${c.warm.ready} ready, ${c.warm.preparing} preparing` : '—';
+    const allows = c.seats_warm === null || c.seats_warm === undefined ? '—' : `${c.seats_warm} of ${c.seats}`;
+    body.append(el('tr', { 'data-class': c.id },
+      el('td', {}, c.title, c.join_code ? el('div', { class: 'muted small' }, `code ${c.join_code}`) : null),
+      el('td', {}, c.lesson),
+      el('td', {}, `${whenText(c.starts_at)} – ${timeText(c.ends_at)}`,
+        el('div', { class: 'muted small' }, PHASES[c.phase] || c.phase)),
+      el('td', { 'data-field': 'seats' }, String(c.seats),
+        c.started ? el('div', { class: 'muted small' }, `${c.started} started`) : null),
+      el('td', { 'data-field': 'warm' }, warm),
+      el('td', { 'data-field': 'seats-warm' }, allows,
+        c.capacity_note ? el('div', { class: 'muted small' }, c.capacity_note) : null),
+      el('td', {}, c.lead_time ? c.lead_time.describe.replace(/^lead time /, '') : '—',
+        el('div', { class: 'muted small' }, `from ${timeText(c.lead_in_at)}`)),
+      el('td', {}, cancel)));
+  }
+}
+
+/** Schedules the class of the form; the API's refusal is shown beside the form. */
+async function addClass(event) {
+  event.preventDefault();
+  const error = document.getElementById('class-error');
+  error.hidden = true;
+  const start = new Date(document.getElementById('class-start').value);
+  const minutes = Number(document.getElementById('class-minutes').value);
+  const body = {
+    lesson: document.getElementById('class-lesson').value,
+    seats: Number(document.getElementById('class-seats').value),
+    starts_at: Number.isNaN(start.getTime()) ? '' : start.toISOString(),
+    ends_at: Number.isNaN(start.getTime()) ? '' : new Date(start.getTime() + minutes * 60000).toISOString(),
+  };
+  const title = document.getElementById('class-title').value.trim();
+  if (title) body.title = title;
+  const code = document.getElementById('class-code').value.trim();
+  if (code) body.join_code = code;
+  try {
+    const c = await api(token, 'POST', '/api/admin/classes', body);
+    notice(c.capacity_note ? `The class ${c.title} is scheduled; ${c.capacity_note}.`
+      : `The class ${c.title} is scheduled.`, 'info');
+    document.getElementById('class-form').reset();
+    await refresh();
+  } catch (e) {
+    if (e instanceof ApiError && (e.status === 422 || e.status === 400)) {
+      error.textContent = e.message;
+      error.hidden = false;
+      return;
+    }
+    handleError(e);
+  }
+}
+
+async function cancelClass(c) {
+  if (!window.confirm(`Cancel the class ${c.title}? Labs prepared for it become ordinary warm labs.`)) return;
+  try {
+    await api(token, 'DELETE', `/api/admin/classes/${encodeURIComponent(c.id)}`);
+    notice(`The class ${c.title} is cancelled.`, 'info');
+    await refresh();
+  } catch (e) {
+    handleError(e);
   }
 }
 

@@ -47,6 +47,7 @@ const state = {
   waitView: null,      // the latest waitlist view
   holdTimer: null,     // the held place's countdown
   takingPlace: false,  // the held place is being taken in this tab
+  classCode: '',       // the class code given with the last start (kept for a held place)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -149,11 +150,22 @@ async function showLessons() {
   show('view-lessons');
 }
 
+/**
+ * The body of a start: the lesson, and the class code the student entered, if any (a class's
+ * students take the labs prepared for it).
+ */
+function startBody(lessonId) {
+  const body = { lesson: lessonId };
+  if (state.classCode) body.class_code = state.classCode;
+  return body;
+}
+
 async function start(lessonId, button) {
   button.disabled = true;
   button.textContent = 'Starting…';
+  state.classCode = document.getElementById('class-code').value.trim();
   try {
-    const view = await api(token, 'POST', '/api/sessions', { lesson: lessonId });
+    const view = await api(token, 'POST', '/api/sessions', startBody(lessonId));
     notice(null);
     enterSession(view);
   } catch (e) {
@@ -173,6 +185,11 @@ async function start(lessonId, button) {
       // In line for another lab: show that place, and why.
       if (await resumeWaiting()) notice(e.message, 'warn');
       else handleError(e);
+      return;
+    }
+    if (e.code === 'unknown_class_code') {
+      notice(`${e.message}: check the class code, or clear it to start on your own.`, 'error');
+      document.getElementById('class-code').focus();
       return;
     }
     handleError(e);
@@ -318,7 +335,7 @@ async function takePlace() {
   button.disabled = true;
   state.takingPlace = true;
   try {
-    const session = await api(token, 'POST', '/api/sessions', { lesson: view.lesson });
+    const session = await api(token, 'POST', '/api/sessions', startBody(view.lesson));
     notice(null);
     enterSession(session);
   } catch (e) {

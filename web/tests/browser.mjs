@@ -326,6 +326,59 @@ try {
     await admin.close();
   });
 
+  await step('admin: adds a class through the page and sees it listed; a bad one shows why', async () => {
+    const admin = await context.newPage();
+    await admin.goto(adminUrl);
+    await admin.locator('#class-lesson option').first().waitFor({ state: 'attached', timeout: 15000 });
+    // A time for the form's datetime-local field, in the browser's own time zone.
+    const local = (offsetMs) => admin.evaluate((ms) => {
+      const d = new Date(Date.now() + ms);
+      const p = (n) => String(n).padStart(2, '0');
+      return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}`;
+    }, offsetMs);
+    const day = 24 * 3600 * 1000;
+    const submit = () => admin.locator('#class-form button[type=submit]').click();
+    // A start in the past, then no seats: the server's refusal beside the form, nothing listed.
+    await admin.locator('#class-title').fill('Intro tomorrow');
+    await admin.locator('#class-lesson').selectOption('systemd-basics');
+    await admin.locator('#class-seats').fill('12');
+    await admin.locator('#class-start').fill(await local(-day));
+    await submit();
+    await admin.locator('#class-error', { hasText: 'is in the past' }).waitFor({ timeout: 10000 });
+    await admin.locator('#class-start').fill(await local(day));
+    await admin.locator('#class-seats').fill('0');
+    await submit();
+    await admin.locator('#class-error', { hasText: 'a class needs at least 1 seat, got 0' }).waitFor({ timeout: 10000 });
+    await shot(admin, 'admin-class-refused', true);
+    assert.equal(await admin.locator('#classes tbody tr[data-class]').count(), 0, 'nothing was scheduled');
+    // A good one is listed with its seats, code and what the capacity allows.
+    await admin.locator('#class-seats').fill('12');
+    await admin.locator('#class-code').fill('demo-1');
+    await submit();
+    const row = admin.locator('#classes tbody tr[data-class]', { hasText: 'Intro tomorrow' });
+    await row.waitFor({ timeout: 10000 });
+    assert.ok(await admin.locator('#class-error').isHidden(), 'no error left beside the form');
+    assert.match(await row.innerText(), /code DEMO-1/);
+    assert.equal((await row.locator('[data-field="seats"]').innerText()).trim(), '12');
+    assert.match(await row.locator('[data-field="seats-warm"]').innerText(), /^\d+ of 12/);
+    await shot(admin, 'admin-classes', true);
+    // Cancelled, it leaves the list.
+    admin.once('dialog', (d) => d.accept());
+    await row.locator('button[data-class-cancel]').click();
+    await admin.locator('#classes tbody td', { hasText: 'No class is scheduled.' }).waitFor({ timeout: 10000 });
+    await admin.close();
+  });
+
+  await step('a wrong class code is refused with a clear message, and nothing starts', async () => {
+    await page.getByRole('button', { name: 'Back to the labs' }).click();
+    await page.locator('#class-code').fill('nope-1');
+    await page.locator('button[data-lesson="systemd-basics"]').click();
+    await page.locator('#notice', { hasText: 'no class with this code is open now' }).waitFor({ timeout: 10000 });
+    assert.ok(await page.locator('#view-lessons').isVisible(), 'still choosing a lab');
+    await shot(page, 'class-code-refused');
+    await page.locator('#class-code').fill('');
+  });
+
   await step('the pages logged no errors', async () => {
     // A refused WebSocket or a closed stream is logged by Chromium as a network error; the
     // pages themselves must not throw.

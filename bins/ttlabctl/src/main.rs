@@ -5,11 +5,14 @@
 //! (`--database-url`, or `DATABASE_URL`).
 //!
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
-//! lesson would create), `token` (mint an API token); with the `dev-tools` feature (the
+//! lesson would create), `token` (mint an API token), `class` (scheduled classes, through the
+//! admin API with a hyper client: no HTTP server framework); with the `dev-tools` feature (the
 //! default) also `sim`, `demo`, `bench`, `soak` and `guest-image` (the module `dev`), which bring
 //! the test rig (kube-sim, kubevirt-sim, qemu guests) along. The production image builds
 //! without it.
 
+mod api;
+mod class;
 mod database;
 #[cfg(feature = "dev-tools")]
 mod dev;
@@ -45,6 +48,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Mint a bearer token for the ttlab API (`--user U --role student|admin --ttl 8h`).
     Token(token::TokenArgs),
+    /// Scheduled classes through the admin API: `add`, `list`, `cancel` (`--url`, and an
+    /// admin's `--token` or `TTLAB_TOKEN`).
+    Class(class::ClassArgs),
     /// Run the whole system on this machine: PostgreSQL, kube-sim, the server and the reaper.
     #[cfg(feature = "dev-tools")]
     Demo(demo::DemoArgs),
@@ -81,6 +87,7 @@ async fn main() -> ExitCode {
         #[cfg(feature = "dev-tools")]
         Command::Bench(args) => bench::run(args).await,
         Command::Token(args) => token::run(args),
+        Command::Class(args) => class::run(args).await,
         #[cfg(feature = "dev-tools")]
         Command::Demo(args) => demo::run(args).await,
         #[cfg(feature = "dev-tools")]

@@ -68,6 +68,20 @@ pub enum ApiError {
         /// Human sentence.
         message: String,
     },
+    /// A value of the request is out of range or inconsistent with the others (422): the
+    /// answer names the field and says why, and nothing was written.
+    #[error("{message}")]
+    Invalid {
+        /// Stable code (`invalid_class`, `unknown_class_code`, …).
+        code: &'static str,
+        /// The field of the request at fault (`seats`, `starts_at`, …).
+        field: &'static str,
+        /// Human sentence.
+        message: String,
+    },
+    /// No class with this id is scheduled in this environment.
+    #[error("no such class")]
+    ClassNotFound,
     /// The request body is larger than allowed.
     #[error("the request body is larger than this server accepts")]
     PayloadTooLarge,
@@ -203,6 +217,9 @@ struct FullErrorBody {
     /// For a refused extension whose window has not opened: from when extending is offered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// For a value refused (422): the field of the request at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'static str>,
 }
 
 /// A fresh reference for one failure: eight hex digits, enough to find its log line.
@@ -217,9 +234,10 @@ impl ApiError {
         match self {
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::SessionNotFound | Self::LessonNotFound(_) | Self::RouteNotFound => {
-                StatusCode::NOT_FOUND
-            }
+            Self::SessionNotFound
+            | Self::LessonNotFound(_)
+            | Self::RouteNotFound
+            | Self::ClassNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::SessionExists { .. } | Self::Extend(_) | Self::WrongState { .. } => {
                 StatusCode::CONFLICT
@@ -232,6 +250,7 @@ impl ApiError {
             | Self::RequestTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::AgentUnavailable(_) => StatusCode::BAD_GATEWAY,
@@ -255,7 +274,10 @@ impl ApiError {
             Self::Capacity { .. } => "capacity",
             // too_early: the extension would add no time yet; shown as its own code.
             Self::Extend(e) => e.code(),
-            Self::WrongState { code, .. } | Self::BadRequest { code, .. } => code,
+            Self::WrongState { code, .. }
+            | Self::BadRequest { code, .. }
+            | Self::Invalid { code, .. } => code,
+            Self::ClassNotFound => "class_not_found",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::DatabaseUnavailable(_) => "database_unavailable",
@@ -312,6 +334,15 @@ impl ApiError {
             Self::Overloaded | Self::RequestTimeout(_) => Some(std::time::Duration::from_secs(1)),
             Self::ShuttingDown => Some(std::time::Duration::from_secs(2)),
             _ => None,
+        }
+    }
+
+    /// A value refused (422), naming the field at fault.
+    pub fn invalid(code: &'static str, field: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            code,
+            field,
+            message: message.into(),
         }
     }
 
@@ -394,6 +425,10 @@ impl IntoResponse for ApiError {
             },
             reference,
             opens_at,
+            field: match &self {
+                Self::Invalid { field, .. } => Some(*field),
+                _ => None,
+            },
         };
         let mut response = (status, Json(body)).into_response();
         if let Some(after) = self.retry_after() {

@@ -51,6 +51,7 @@
 //! ```
 
 pub mod auth;
+mod classes;
 mod config;
 pub mod console;
 mod error;

@@ -9,14 +9,18 @@
 //!
 //! **The claim** ([`claim`]) is one statement (`FOR UPDATE SKIP LOCKED`): two clicks, or two
 //! replicas, never get the same member, and the one-live-session-per-student index still
-//! decides. The lifespan starts at the claim. Then the member is handed over: through each
+//! decides. A scheduled class's student takes a member prepared for that class first; nobody
+//! else takes one before the class ends ([`crate::classes`]). The lifespan starts at the claim. Then the member is handed over: through each
 //! VM's agent the guest's hard deadline is re-armed to the session's hard cap plus the grace,
 //! and the agent token is rotated (the token the member booted with stops working) and the new
 //! one stored. A member that cannot be handed over is failed, never given half-done.
 //!
 //! **The refiller** (the `pool_refill` task, [`crate::tasks`]) runs on every replica, every
-//! 2 s and on change hints, calling [`refill`] for each VM lesson. For each pooled lesson it takes the capacity lock, counts the VM places as
-//! a start does, lists the unclaimed members and asks [`ttlab_pool::plan`] what to do; it
+//! 2 s and on change hints, calling [`refill`] for each VM lesson. For each pooled lesson it
+//! takes the capacity lock, counts the VM places as a start does, lists the unclaimed members,
+//! reads the scheduled classes (the environment's, sharing the headroom by seats, and the
+//! lesson's lead time) and asks [`ttlab_pool::plan`] what to do (a lesson without a pool of
+//! its own is tended while it has a class); it
 //! opens at most one member per turn of the lock (so replicas take turns and never
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
 //! reserve a cold start of the largest lesson needs, are never taken.
@@ -28,10 +32,11 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use ttlab_agent::AgentClient;
 use ttlab_lesson::Lesson;
-use ttlab_model::{FinalStatus, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_model::{ClassId, FinalStatus, Runtime, SessionId, SessionStatus, UserId};
 use ttlab_pool::{Capacity, Demand, Forecast, Member, Plan, PlanInput, PoolSettings, RetireReason};
 use ttlab_store::{NewPoolMember, PoolClaim, Session, SessionTimes};
 
+use crate::classes::CurrentClasses;
 use crate::metrics::LessonLabels;
 use crate::saga::{self, with_db};
 use crate::{ApiError, AppState};
@@ -95,14 +100,17 @@ pub(crate) fn from_store(s: &ttlab_store::PoolSettings) -> Result<PoolSettings, 
 }
 
 /// "Start lab" on a pooled lesson: the longest-ready member, claimed for `user` and handed
-/// over. `Ok(None)`: the lesson has no pool, or no member is ready (a miss: open the session
-/// the cold way, with no extra wait).
+/// over; for a student of `class`, a member prepared for that class first (a lesson without a
+/// pool of its own has members while it has a class). `Ok(None)`: the lesson has no pool and
+/// the user is no class's student, or no member is ready (a miss: open the session the cold
+/// way, with no extra wait).
 pub(crate) async fn claim(
     state: &AppState,
     user: &UserId,
     lesson: &Lesson,
+    class: Option<ClassId>,
 ) -> Result<Option<Session>, ApiError> {
-    if settings_of(state, lesson).await?.is_none() {
+    if class.is_none() && settings_of(state, lesson).await?.is_none() {
         return Ok(None);
     }
     let policy = &state.config().policy;
@@ -112,6 +120,7 @@ pub(crate) async fn claim(
         user: user.clone(),
         ttl: policy.ttl,
         max: policy.max,
+        class,
     };
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
@@ -123,7 +132,7 @@ pub(crate) async fn claim(
     state.metrics().pool_claims.get_or_create(&labels).inc();
     match hand_over(state, &session).await {
         Ok(()) => {
-            tracing::info!(session = %session.id, %user, lesson = %lesson.id, "claimed a prepared lab from the pool");
+            tracing::info!(session = %session.id, %user, lesson = %lesson.id, class = ?class, "claimed a prepared lab from the pool");
             Ok(Some(session))
         }
         Err(why) => {
@@ -208,7 +217,7 @@ async fn hand_over_vm(
 }
 
 /// The VM places of the largest VM lesson: what a cold start may need, and the pools leave.
-fn cold_reserve(state: &AppState) -> u32 {
+pub(crate) fn cold_reserve(state: &AppState) -> u32 {
     state
         .config()
         .lessons
@@ -221,23 +230,25 @@ fn cold_reserve(state: &AppState) -> u32 {
 
 /// One round for one pooled lesson: plan under the capacity lock, open at most one member per
 /// turn of the lock (again while the plan wants more), and retire what the first plan
-/// retires.
+/// retires. A VM lesson without a pool of its own is tended while it has a current class (its
+/// pool is then the class's members alone), or while members are left (its pool was taken
+/// away, or its class is over: they are surplus).
 pub(crate) async fn refill(
     state: &AppState,
     lesson: &Lesson,
     overridden: Option<&ttlab_store::PoolSettings>,
 ) -> Result<(), ApiError> {
-    // Without a pool, any member left (its pool was taken away) is surplus.
+    let env = &state.config().env;
     let settings = match settings_with(lesson, overridden)? {
         Some((settings, _)) => settings,
         None => {
-            let members = state
-                .store()
-                .pools()
-                .members(&state.config().env, &lesson.id)
-                .await?;
+            let members = state.store().pools().members(env, &lesson.id).await?;
             if members.is_empty() {
-                return Ok(());
+                let now = state.store().db_now().await?;
+                let classes = state.store().classes().current(env, now).await?;
+                if !classes.iter().any(|c| c.lesson == lesson.id) {
+                    return Ok(());
+                }
             }
             PoolSettings::new(0, 0, 0, ttlab_pool::DEFAULT_MAX_AGE)
                 .map_err(|e| ApiError::Internal(format!("an empty pool: {e}")))?
@@ -246,17 +257,16 @@ pub(crate) async fn refill(
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
+    let limit = u32::try_from(state.config().vm_limit).unwrap_or(u32::MAX);
     let mut retired = false;
-    for _ in 0..=settings.max() {
+    // Each turn opens one member: the pool's own (at most `max`) and its classes' (at most
+    // the VM limit) bound the turns.
+    for _ in 0..=settings.max().saturating_add(limit) {
         let _turn = state.capacity_turn().await;
         let listing = saga::listed_vms(state).await?;
         let guard = state.store().lock_capacity().await?;
         let usage = saga::count_vms(state, &listing).await?;
-        let members = state
-            .store()
-            .pools()
-            .members(&state.config().env, &lesson.id)
-            .await?;
+        let members = state.store().pools().members(env, &lesson.id).await?;
         let now = state.store().db_now().await?;
         let demand = if settings.demand_driven() {
             Some(demand_of(state, lesson, now).await?)
@@ -265,14 +275,26 @@ pub(crate) async fn refill(
         };
         // Students waiting for a place come first: while anybody waits, the pools take no
         // place and give theirs back.
-        let waiting = state.store().waitlist().any().await?;
-        let limit = u32::try_from(state.config().vm_limit).unwrap_or(u32::MAX);
+        let waitlist = state.store().waitlist().list().await?;
+        let waiting_elsewhere = waitlist.iter().filter(|w| w.lesson != lesson.id).count();
         let member_nodes = nodes_of(lesson);
         let retiring: u32 = members
             .iter()
             .filter(|m| m.status == SessionStatus::Finishing)
             .map(|m| u32::try_from(m.vms.len().max(lesson.nodes.len())).unwrap_or(u32::MAX))
             .sum();
+        let capacity = Capacity {
+            limit,
+            alive: u32::try_from(usage.total()).unwrap_or(u32::MAX),
+            starting: 0,
+            retiring,
+            reserve: if waitlist.is_empty() {
+                cold_reserve(state)
+            } else {
+                limit
+            },
+        };
+        let classes = CurrentClasses::read(state, now).await?;
         let input = PlanInput {
             now,
             settings,
@@ -286,20 +308,19 @@ pub(crate) async fn refill(
                     ready_at: (m.status == SessionStatus::Running)
                         .then_some(m.ready_at.unwrap_or(m.created_at)),
                     nodes: member_nodes,
+                    class: m.class,
                 })
                 .collect(),
-            capacity: Capacity {
-                limit,
-                alive: u32::try_from(usage.total()).unwrap_or(u32::MAX),
-                starting: 0,
-                retiring,
-                reserve: if waiting { limit } else { cold_reserve(state) },
-            },
+            capacity,
             demand,
             stuck_after: TimeDelta::from_std(
                 lesson.readiness_timeout + lesson.setup_timeout + state.config().readiness_margin,
             )
             .unwrap_or(TimeDelta::MAX),
+            classes: classes.of_lesson(&lesson.id),
+            lead_time: classes.lead_of(&lesson.id),
+            sharing: Some(classes.sharing(now, capacity.free(), capacity.reserve)),
+            waiting_elsewhere: u32::try_from(waiting_elsewhere).unwrap_or(u32::MAX),
         };
         let plan: Plan = ttlab_pool::plan(&input);
         let ready = input.members.iter().filter(|m| m.is_ready()).count();
@@ -324,11 +345,13 @@ pub(crate) async fn refill(
             }
             return Ok(());
         }
+        // The classes' members first, in the plan's order; then the pool's own.
+        let class = plan.create_for.first().map(|(class, _)| *class);
         let member = guard
-            .insert_pool_member(&new_member(state, lesson, &settings, now))
+            .insert_pool_member(&new_member(state, lesson, &settings, now, class))
             .await?;
         metrics.pool_refills.get_or_create(&labels).inc();
-        tracing::info!(session = %member.id, lesson = %lesson.id, why = %plan.why, "preparing a pool member");
+        tracing::info!(session = %member.id, lesson = %lesson.id, class = ?class, why = %plan.why, "preparing a pool member");
         saga::spawn_provisioning(state, member);
         if !retired {
             retired = true;
@@ -343,13 +366,14 @@ fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
         .unwrap_or(NonZeroU32::MIN)
 }
 
-/// A new member of `lesson`'s pool: its lifespan as a member is the pool's age limit, and it
-/// has the lesson's readiness deadline, like a cold session.
+/// A new member of `lesson`'s pool (prepared for `class`, if given): its lifespan as a member
+/// is the pool's age limit, and it has the lesson's readiness deadline, like a cold session.
 fn new_member(
     state: &AppState,
     lesson: &Lesson,
     settings: &PoolSettings,
     now: DateTime<Utc>,
+    class: Option<ClassId>,
 ) -> NewPoolMember {
     let expires = now.checked_add_signed(settings.max_age()).unwrap_or(now);
     let wait = lesson.readiness_timeout + lesson.setup_timeout + state.config().readiness_margin;
@@ -364,6 +388,7 @@ fn new_member(
             max_expires_at: expires,
         },
         readiness_deadline: now + TimeDelta::from_std(wait).unwrap_or(TimeDelta::MAX),
+        class,
     }
 }
 
@@ -434,7 +459,7 @@ async fn retire(state: &AppState, members: &[Session], retire: &[(SessionId, Ret
             ),
             RetireReason::Surplus => (
                 FinalStatus::Expired,
-                "retired from the pool: more members than its size",
+                "retired from the pool: more members than its size (or its class's seats)",
             ),
             RetireReason::CapacityShort => (
                 FinalStatus::Expired,

@@ -4,6 +4,9 @@ pub enum ModelError {
     /// The text is not a UUID.
     #[error("invalid session id {0:?}: expected a UUID")]
     InvalidSessionId(String),
+    /// The text is not a UUID.
+    #[error("invalid class id {0:?}: expected a UUID")]
+    InvalidClassId(String),
     /// A user id must be 1 to 256 printable characters.
     #[error("invalid user id: {0}")]
     InvalidUserId(&'static str),

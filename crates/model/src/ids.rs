@@ -48,6 +48,44 @@ impl FromStr for SessionId {
     }
 }
 
+/// The id of one scheduled class (a UUID): a lesson, seats and a window an operator booked,
+/// for which warm-pool members are prepared ahead of its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClassId(Uuid);
+
+impl ClassId {
+    /// A fresh random (v4) class id.
+    pub fn new_random() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Wraps an existing UUID.
+    pub const fn from_uuid(id: Uuid) -> Self {
+        Self(id)
+    }
+
+    /// The UUID inside.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for ClassId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for ClassId {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s)
+            .map(Self)
+            .map_err(|_| ModelError::InvalidClassId(s.to_owned()))
+    }
+}
+
 /// The id of a person, as the authentication layer names them (the JWT `sub`).
 ///
 /// 1 to 256 characters, none of them control characters.
@@ -115,6 +153,20 @@ mod tests {
         assert_eq!(id.to_string(), "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a");
         assert_eq!(id.simple(), "6f1c1d2e0b7a4c2b9a551f0e2d3c4b5a");
         assert!("not-a-uuid".parse::<SessionId>().is_err());
+    }
+
+    #[test]
+    fn class_ids_parse_print_and_are_not_session_ids() {
+        let id: ClassId = "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a".parse().unwrap();
+        assert_eq!(id.to_string(), "6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a");
+        assert_eq!(
+            serde_json::to_string(&id).unwrap(),
+            "\"6f1c1d2e-0b7a-4c2b-9a55-1f0e2d3c4b5a\""
+        );
+        assert_eq!(
+            "class-1".parse::<ClassId>().unwrap_err().to_string(),
+            "invalid class id \"class-1\": expected a UUID"
+        );
     }
 
     #[test]

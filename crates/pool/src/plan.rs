@@ -1,12 +1,16 @@
-//! The planner: from the pool's settings, members, capacity and demand to what to do now.
+//! The planner: from the pool's settings, members, capacity, demand and scheduled classes to
+//! what to do now.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use ttlab_model::SessionId;
+use ttlab_model::{ClassId, SessionId};
 
+use crate::class::{
+    Class, ClassAsk, ClassPhase, LeadTime, Sharing, class_headroom, share_headroom,
+};
 use crate::demand::{Demand, WindowCount, expected_starts};
 use crate::settings::PoolSettings;
 
@@ -24,6 +28,10 @@ pub struct Member {
     pub ready_at: Option<DateTime<Utc>>,
     /// Its VMs (the lesson's node count when it was created).
     pub nodes: NonZeroU32,
+    /// The class it was prepared for, if any. Until that class ends the member is the class's
+    /// (its students claim it first, and nobody else takes it); once the class is over, or
+    /// when it is not listed (cancelled), it is an ordinary member of the pool.
+    pub class: Option<ClassId>,
 }
 
 impl Member {
@@ -80,6 +88,18 @@ pub struct PlanInput {
     /// A member still preparing this long after its creation is stuck and retired (the lesson's
     /// readiness timeout plus its setup timeout is the natural bound).
     pub stuck_after: TimeDelta,
+    /// The scheduled classes of the pool's lesson, in any order (cancelled ones left out).
+    pub classes: Vec<Class>,
+    /// How long before a class's start its members begin to be created
+    /// ([`LeadTime::from_prepare_times`] over the lesson's measured preparations).
+    pub lead_time: LeadTime,
+    /// How the classes of every lesson active now share the headroom ([`share_headroom`],
+    /// computed once for the environment): each active class of this pool keeps at most its
+    /// share warm. `None`: this pool's own active classes share its own headroom.
+    pub sharing: Option<Sharing>,
+    /// Students on the waitlist for another lesson: while any wait, nothing is created (their
+    /// lab needs the places more than a prepared one does).
+    pub waiting_elsewhere: u32,
 }
 
 /// Why a member is retired.
@@ -121,36 +141,70 @@ pub enum TargetSource {
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// The number of members the pool should hold (ready and preparing), within `min..=max`.
+    /// The number of members the pool should hold (ready and preparing): the pool's own target
+    /// (within `min..=max`) plus each active class's ([`ClassPlan::target`]).
     pub target: u32,
-    /// Where `target` came from.
+    /// Where the pool's own target came from.
     pub source: TargetSource,
-    /// Fresh members to create now (each takes [`PlanInput::member_nodes`] VMs).
+    /// Fresh members to create now (each takes [`PlanInput::member_nodes`] VMs), those of
+    /// [`Plan::create_for`] included.
     pub create: u32,
+    /// Of `create`, the members to prepare for each class, in the order to create them
+    /// (classes first, then ordinary members); only classes with at least one.
+    pub create_for: Vec<(ClassId, u32)>,
     /// Members the target wants but capacity does not allow now (0 while paused).
     pub deferred: u32,
     /// Members to retire, each once, with the reason; in the order decided.
     pub retire: Vec<(SessionId, RetireReason)>,
+    /// Each class in its lead-in or running (and each class to come that already has members),
+    /// by start: what it keeps and creates.
+    pub classes: Vec<ClassPlan>,
     /// One line saying why, for the admin page and logs.
     pub why: String,
 }
 
+/// What a plan does for one active class of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassPlan {
+    /// The class.
+    pub id: ClassId,
+    /// Its phase at `now`: lead-in or running; or upcoming for a class that already has
+    /// members (its lead time shrank since they were made), which keeps them and creates none.
+    pub phase: ClassPhase,
+    /// Its warm share: the members it may keep (at most its seats left).
+    pub warm: u32,
+    /// The members it should hold: its share, or more while members beyond it are kept because
+    /// no other class needs their places.
+    pub target: u32,
+    /// Its members kept after this plan's retirements.
+    pub kept: u32,
+    /// Members created for it now.
+    pub create: u32,
+    /// Members its share wants that capacity does not allow now.
+    pub deferred: u32,
+}
+
 /// Plans one round for one pool. Total and deterministic: the same input (whatever the order
-/// of its members) gives the same plan. The rules, in order:
+/// of its members and classes) gives the same plan. The rules, in order:
 ///
 /// 1. **Stuck, then too old.** A member still preparing `stuck_after` after its creation is
 ///    retired ([`RetireReason::StuckPreparing`]); any other member created at least `max_age`
 ///    ago is retired ([`RetireReason::TooOld`]).
 /// 2. **Target.** `size` for a fixed pool; for a demand-driven one, the expected starts during
 ///    one refill time ([`expected_starts`]), clamped to `min..=max`, or `size` while no history
-///    covers a window.
-/// 3. **Surplus.** Unless paused, members beyond the target are retired
-///    ([`RetireReason::Surplus`]).
+///    covers a window. Each class in its lead-in (from `starts_at - lead_time`) or running adds
+///    its warm share ([`share_headroom`]: the headroom shared by seats, at most its seats
+///    left); members of a class over, or not listed, are ordinary members.
+/// 3. **Surplus.** Unless paused, ordinary members beyond the pool's own target are retired
+///    ([`RetireReason::Surplus`]); so are a class's members beyond its seats left, and beyond
+///    its share while another class holds less than its own.
 /// 4. **Capacity short.** While the places free, plus those being freed (`retiring` and the
 ///    members retired above), are fewer than the reserve, further members are retired
-///    ([`RetireReason::CapacityShort`]) until the reserve is restored or the pool is empty.
-/// 5. **Create.** Unless paused or short, `target - kept` members are created, as many as fit
-///    with `free - create * member_nodes >= reserve`, where `free = limit - alive - starting`
+///    ([`RetireReason::CapacityShort`]), ordinary ones before a class's, until the reserve is
+///    restored or the pool is empty.
+/// 5. **Create.** Unless paused, short, or students of another lesson wait, the classes' missing
+///    members (by start), then the pool's own, are created, as many as fit with
+///    `free - create * member_nodes >= reserve`, where `free = limit - alive - starting`
 ///    counts retired members' VMs as taken until they are gone; the rest is `deferred`.
 ///
 /// Whenever members must go for size or capacity, the ones still preparing go first (the
@@ -192,60 +246,205 @@ pub fn plan(input: &PlanInput) -> Plan {
         count(&retire, RetireReason::StuckPreparing),
     );
 
-    // The order in which kept members go when some must: preparing (youngest first), then
-    // ready (oldest first).
-    let mut order: Vec<Member> = kept
+    // The classes in their lead-in or running, by start; a member of another class (over,
+    // upcoming, cancelled) is an ordinary member.
+    let mut classes: Vec<&Class> = input.classes.iter().collect();
+    classes.sort_by(|a, b| {
+        (a.starts_at, a.id, a.ends_at, a.seats, a.started, &a.title).cmp(&(
+            b.starts_at,
+            b.id,
+            b.ends_at,
+            b.seats,
+            b.started,
+            &b.title,
+        ))
+    });
+    let mut class_ids = BTreeSet::new();
+    classes.retain(|c| class_ids.insert(c.id));
+    // So are the classes still to come that already have members (their lead time shrank
+    // since): those members stay theirs, and none is created until the lead-in.
+    let preparing_for = |c: &Class| c.phase(now, input.lead_time).is_active();
+    let active: Vec<&Class> = classes
         .iter()
-        .filter(|m| !m.is_ready())
-        .rev()
         .copied()
+        .filter(|c| {
+            preparing_for(c)
+                || (c.phase(now, input.lead_time) == ClassPhase::Upcoming
+                    && kept.iter().any(|m| m.class == Some(c.id)))
+        })
         .collect();
-    order.extend(kept.iter().filter(|m| m.is_ready()).copied());
+    let class_of = |m: &Member| {
+        m.class
+            .and_then(|id| active.iter().position(|c| c.id == id))
+    };
 
-    let (target, source) = target(input);
-
-    let mut leaving = order.into_iter();
-    let mut kept_count = kept.len();
-    if !settings.paused() {
-        while kept_count > target as usize {
-            let Some(m) = leaving.next() else { break };
-            freed += i64::from(m.nodes.get());
-            retire.push((m.id, RetireReason::Surplus));
-            kept_count -= 1;
-        }
-    }
+    let (own_target, source) = target(input);
 
     let cap = &input.capacity;
     let free = cap.free();
     let reserve = i64::from(cap.reserve);
+
+    // Each active class's warm share.
+    let local;
+    let sharing: &Sharing = match &input.sharing {
+        Some(s) => s,
+        None => {
+            let held = |i: usize| kept.iter().filter(|m| class_of(m) == Some(i)).count();
+            let vms: u64 = kept
+                .iter()
+                .filter(|m| class_of(m).is_some_and(|i| preparing_for(active[i])))
+                .map(|m| u64::from(m.nodes.get()))
+                .sum();
+            let asks: Vec<ClassAsk> = active
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| preparing_for(c))
+                .map(|(i, c)| ClassAsk {
+                    id: c.id,
+                    title: c.title.clone(),
+                    seats: c.seats,
+                    wanted: c.seats_left(),
+                    nodes: input.member_nodes,
+                    held: u32::try_from(held(i)).unwrap_or(u32::MAX),
+                })
+                .collect();
+            local = share_headroom(
+                class_headroom(free, cap.reserve, u32::try_from(vms).unwrap_or(u32::MAX)),
+                &asks,
+            );
+            &local
+        }
+    };
+    let warm: Vec<u32> = active
+        .iter()
+        .map(|c| {
+            if !preparing_for(c) {
+                return 0;
+            }
+            sharing
+                .share_of(c.id)
+                .map_or(0, |s| s.warm)
+                .min(c.seats_left())
+        })
+        .collect();
+
+    // The order in which kept members go when some must: preparing (youngest first), then
+    // ready (oldest first); ordinary ones and each class's apart.
+    let leaving_order = |of: Option<usize>| -> Vec<Member> {
+        let mine: Vec<Member> = kept.iter().filter(|m| class_of(m) == of).copied().collect();
+        let mut order: Vec<Member> = mine
+            .iter()
+            .filter(|m| !m.is_ready())
+            .rev()
+            .copied()
+            .collect();
+        order.extend(mine.iter().filter(|m| m.is_ready()).copied());
+        order
+    };
+
+    let mut ordinary = leaving_order(None).into_iter();
+    let mut ordinary_kept = kept.iter().filter(|m| class_of(m).is_none()).count();
+    if !settings.paused() {
+        while ordinary_kept > own_target as usize {
+            let Some(m) = ordinary.next() else { break };
+            freed += i64::from(m.nodes.get());
+            retire.push((m.id, RetireReason::Surplus));
+            ordinary_kept -= 1;
+        }
+    }
+
+    // Each class: beyond its seats left always surplus; beyond its share only while another
+    // class holds less than its own (its places serve that class better).
+    let another_short = |id: ClassId| sharing.shares.iter().any(|s| s.id != id && s.held < s.warm);
+    let mut class_kept: Vec<usize> = Vec::with_capacity(active.len());
+    let mut class_target: Vec<u32> = Vec::with_capacity(active.len());
+    let mut class_leaving: Vec<Member> = Vec::new();
+    for (i, c) in active.iter().enumerate() {
+        let mut order = leaving_order(Some(i)).into_iter();
+        let mut n = kept.iter().filter(|m| class_of(m) == Some(i)).count();
+        let keep = if preparing_for(c) && another_short(c.id) {
+            warm[i]
+        } else {
+            c.seats_left()
+        };
+        if !settings.paused() {
+            while n > keep as usize {
+                let Some(m) = order.next() else { break };
+                freed += i64::from(m.nodes.get());
+                retire.push((m.id, RetireReason::Surplus));
+                n -= 1;
+            }
+        }
+        class_kept.push(n);
+        class_target.push(warm[i].max(u32::try_from(n).unwrap_or(u32::MAX)));
+        class_leaving.extend(order);
+    }
+
     let mut soon = free + i64::from(cap.retiring) + freed;
     let mut short = false;
+    let mut leaving = ordinary.chain(class_leaving);
     while soon < reserve {
         short = true;
         let Some(m) = leaving.next() else { break };
         soon += i64::from(m.nodes.get());
         retire.push((m.id, RetireReason::CapacityShort));
-        kept_count -= 1;
+        match class_of(&m) {
+            Some(i) => class_kept[i] -= 1,
+            None => ordinary_kept -= 1,
+        }
     }
 
-    let kept_count = u32::try_from(kept_count).unwrap_or(u32::MAX);
-    let wanted = target.saturating_sub(kept_count);
-    let room = if short {
+    let as_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut room = if short {
         0
     } else {
         let spare = (free - reserve).max(0) / i64::from(input.member_nodes.get());
         u32::try_from(spare).unwrap_or(u32::MAX)
     };
-    let (create, deferred) = if settings.paused() {
-        (0, 0)
-    } else {
-        let create = wanted.min(room);
-        (create, wanted - create)
-    };
+    let blocked = settings.paused() || input.waiting_elsewhere > 0;
+    let mut class_plans = Vec::with_capacity(active.len());
+    let mut create_for = Vec::new();
+    let (mut create, mut deferred, mut wanted) = (0u32, 0u32, 0u32);
+    for (i, c) in active.iter().enumerate() {
+        let kept_i = as_u32(class_kept[i]);
+        let want = class_target[i].saturating_sub(kept_i);
+        let made = if blocked { 0 } else { want.min(room) };
+        room -= made;
+        let put_off = if settings.paused() { 0 } else { want - made };
+        if made > 0 {
+            create_for.push((c.id, made));
+        }
+        create += made;
+        deferred += put_off;
+        wanted += want;
+        class_plans.push(ClassPlan {
+            id: c.id,
+            phase: c.phase(now, input.lead_time),
+            warm: warm[i],
+            target: class_target[i],
+            kept: kept_i,
+            create: made,
+            deferred: put_off,
+        });
+    }
+    let ordinary_kept = as_u32(ordinary_kept);
+    let own_wanted = own_target.saturating_sub(ordinary_kept);
+    let own_create = if blocked { 0 } else { own_wanted.min(room) };
+    create += own_create;
+    wanted += own_wanted;
+    if !settings.paused() {
+        deferred += own_wanted - own_create;
+    }
+    let target = class_target
+        .iter()
+        .fold(own_target, |t, c| t.saturating_add(*c));
+    let kept_count = class_kept
+        .iter()
+        .fold(ordinary_kept, |t, c| t.saturating_add(as_u32(*c)));
 
-    let why = explain(&Explained {
+    let mut why = explain(&Explained {
         input,
-        target,
+        target: own_target,
         source,
         listed_ready,
         listed_preparing,
@@ -258,12 +457,15 @@ pub fn plan(input: &PlanInput) -> Plan {
         deferred,
         wanted,
     });
+    explain_classes(&mut why, input, &classes, &class_plans, sharing);
     Plan {
         target,
         source,
         create,
+        create_for,
         deferred,
         retire,
+        classes: class_plans,
         why,
     }
 }
@@ -368,6 +570,12 @@ fn explain(e: &Explained<'_>) -> String {
             "; paused: nothing created, nothing retired for size ({} wanted)",
             e.wanted
         );
+    } else if e.input.waiting_elsewhere > 0 {
+        let _ = write!(
+            why,
+            "; {} student(s) of other lessons waiting: nothing created ({} deferred)",
+            e.input.waiting_elsewhere, e.deferred
+        );
     } else {
         let _ = write!(why, "; create {}", e.create);
         if e.deferred > 0 {
@@ -379,4 +587,69 @@ fn explain(e: &Explained<'_>) -> String {
         }
     }
     why
+}
+
+/// The classes' part of `why`: each active class with its share and how the headroom was
+/// shared, the lead time, and the next class to come.
+fn explain_classes(
+    why: &mut String,
+    input: &PlanInput,
+    classes: &[&Class],
+    plans: &[ClassPlan],
+    sharing: &Sharing,
+) {
+    if classes.is_empty() {
+        return;
+    }
+    let hm = |t: DateTime<Utc>| t.format("%H:%M").to_string();
+    for p in plans {
+        let Some(c) = classes.iter().find(|c| c.id == p.id) else {
+            continue;
+        };
+        let _ = write!(
+            why,
+            "; class '{}' {} seats, {} started",
+            c.title, c.seats, c.started
+        );
+        match p.phase {
+            ClassPhase::Upcoming => {
+                let _ = write!(
+                    why,
+                    " (upcoming, lead-in at {}: its members are kept, none created)",
+                    hm(c.lead_in_at(input.lead_time))
+                );
+            }
+            ClassPhase::LeadIn => {
+                let _ = write!(why, " (lead-in, starts {})", hm(c.starts_at));
+            }
+            _ => {
+                let _ = write!(why, " (running until {})", hm(c.ends_at));
+            }
+        }
+        let _ = write!(
+            why,
+            ": {} warm ({}), keep {}, create {}",
+            p.warm,
+            sharing.describe_for(c.id),
+            p.kept,
+            p.create
+        );
+        if p.deferred > 0 {
+            let _ = write!(why, " ({} deferred)", p.deferred);
+        }
+    }
+    let _ = write!(why, "; {}", input.lead_time);
+    if let Some(next) = classes
+        .iter()
+        .find(|c| c.phase(input.now, input.lead_time) == ClassPhase::Upcoming)
+    {
+        let _ = write!(
+            why,
+            "; next class '{}' {} seats at {}, members from {}",
+            next.title,
+            next.seats,
+            hm(next.starts_at),
+            hm(next.lead_in_at(input.lead_time))
+        );
+    }
 }

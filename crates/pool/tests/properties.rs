@@ -7,7 +7,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use ttlab_model::SessionId;
 use ttlab_pool::{
-    Capacity, Demand, Forecast, Member, PlanInput, PoolSettings, RetireReason, TargetSource, plan,
+    Capacity, Demand, Forecast, LeadTime, Member, PlanInput, PoolSettings, RetireReason,
+    TargetSource, plan,
 };
 
 /// 2020-01-01 .. 2040-01-01, in seconds.
@@ -48,6 +49,7 @@ fn member(now: DateTime<Utc>) -> impl Strategy<Value = Member> {
                 created_at,
                 ready_at: ready_after.map(|s| created_at + TimeDelta::seconds(s)),
                 nodes: NonZeroU32::new(nodes).unwrap(),
+                class: None,
             }
         })
 }
@@ -111,6 +113,10 @@ fn input() -> impl Strategy<Value = PlanInput> {
                         recorded_since: now - TimeDelta::seconds(since),
                     }),
                     stuck_after: TimeDelta::seconds(stuck),
+                    classes: vec![],
+                    lead_time: LeadTime::default(),
+                    sharing: None,
+                    waiting_elsewhere: 0,
                 },
             )
     })

@@ -5,8 +5,8 @@ use std::num::NonZeroU32;
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use ttlab_model::SessionId;
 use ttlab_pool::{
-    Capacity, DAY, Demand, Forecast, Member, PlanInput, PoolSettings, RetireReason, TargetSource,
-    WindowKind, plan,
+    Capacity, DAY, Demand, Forecast, LeadTime, Member, PlanInput, PoolSettings, RetireReason,
+    TargetSource, WindowKind, plan,
 };
 
 /// Session ids that sort in the order of their number, so expected lists read plainly.
@@ -32,6 +32,7 @@ fn ready(n: u8, minutes: i64) -> Member {
         created_at,
         ready_at: Some(created_at + TimeDelta::minutes(2)),
         nodes: nodes(1),
+        class: None,
     }
 }
 
@@ -66,6 +67,10 @@ fn input(settings: PoolSettings, members: Vec<Member>, capacity: Capacity) -> Pl
         capacity,
         demand: None,
         stuck_after: TimeDelta::minutes(15),
+        classes: vec![],
+        lead_time: LeadTime::default(),
+        sharing: None,
+        waiting_elsewhere: 0,
     }
 }
 

@@ -674,6 +674,7 @@ async fn pool_members_are_their_environments_and_never_another_reapers(h: Harnes
                 max_expires_at: now + age_limit,
             },
             readiness_deadline: now + TimeDelta::minutes(5),
+            class: None,
         };
         (id, new)
     };

@@ -1,7 +1,8 @@
 //! The PostgreSQL store: the schema (embedded migrations), the queries — one module per table —
-//! the LISTEN/NOTIFY channels, the [warm pools](pools), the [leases] (the reaper's
-//! leadership, a server's provisioning of a session) and the transaction-scoped locks through
-//! which the server and the reaper talk. It is the only channel between them, and the only crate that holds SQL.
+//! the LISTEN/NOTIFY channels, the [warm pools](pools) and [scheduled classes](classes), the
+//! [leases] (the reaper's leadership, a server's provisioning of a session) and the
+//! transaction-scoped locks through which the server and the reaper talk. It is the only
+//! channel between them, and the only crate that holds SQL.
 //! Every connection it opens is bounded (keepalives, `TCP_USER_TIMEOUT`, statement, lock and
 //! idle-in-transaction timeouts, and a client-side watchdog on every request: [`Timeouts`])
 //! and speaks TLS as `sslmode` in the URL says ([`SslMode`]).
@@ -42,6 +43,7 @@
 pub mod admin_actions;
 pub mod agent_tokens;
 pub mod agent_versions;
+pub mod classes;
 pub mod collect_requests;
 pub mod console_connections;
 pub mod console_tickets;
@@ -72,6 +74,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 pub use admin_actions::{AdminAction, AdminActionKind, AdminActions};
 pub use agent_tokens::AgentTokens;
 pub use agent_versions::{AgentVersion, AgentVersions, RemovalGuard};
+pub use classes::{
+    CLASS_SEATS_CAP, CLASS_WINDOW_CAP, Class, ClassChange, ClassCounts, Classes, NewClass,
+};
 pub use collect_requests::{CollectRequest, CollectRequestId, CollectRequests};
 pub use console_connections::{ConsoleClosedWhy, ConsoleConnection, ConsoleConnections};
 pub use console_tickets::{ConsoleTicket, ConsoleTickets, TicketDigest};
@@ -244,6 +249,12 @@ impl Store {
     /// Warm pools: settings overrides, counts and history, recent starts.
     pub fn pools(&self) -> Pools<'_> {
         Pools::new(self)
+    }
+
+    /// Scheduled classes: the `classes` table, their members and students, a lesson's
+    /// measured preparation times.
+    pub fn classes(&self) -> Classes<'_> {
+        Classes::new(self)
     }
 
     /// Queries on the `admin_actions` table (the operators' audit trail).

@@ -8,6 +8,7 @@
 //! carries the security headers ([`headers`]).
 
 mod admin;
+mod classes;
 mod events;
 pub mod headers;
 mod health;
@@ -40,6 +41,7 @@ pub fn public_routes() -> Router<AppState> {
         .merge(events::routes())
         .merge(admin::routes())
         .merge(pools::routes())
+        .merge(classes::routes())
         .merge(openapi::routes())
         .merge(crate::console::routes())
 }

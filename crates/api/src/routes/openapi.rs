@@ -62,6 +62,7 @@ pub fn document() -> Value {
         "409": err("session_exists: the lab already open is named"),
         "413": err("body too large"),
         "415": err("not application/json"),
+        "422": err("unknown_class_code (field `class_code`): no class with this code is open now"),
     })));
     start_lab["503"] = err(
         "capacity: no VM place is free (the message counts the VMs of open labs, those still \
@@ -80,9 +81,9 @@ pub fn document() -> Value {
             "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": ok("OpenAPI document", json!({"type": "object"}))}}},
             "/api/lessons": {"get": op("Lessons offered", auth_errors(json!({"200": ok("lessons", json!({"type": "array", "items": {"$ref": "#/components/schemas/Lesson"}}))})))},
             "/api/sessions": {"post": {
-                "summary": "Start a lab: 202 with the session in `starting` (provisioning continues in the background), or already `running` when a prepared member of the lesson's warm pool was claimed",
+                "summary": "Start a lab: 202 with the session in `starting` (provisioning continues in the background), or already `running` when a prepared member of the lesson's warm pool was claimed. A scheduled class's student gives its join code (`class_code`; a class without a code takes everyone starting its lesson during its window) and takes a member prepared for the class first; nobody else takes those members before the class ends",
                 "security": [{"bearer": []}],
-                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}}}}}},
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson"], "additionalProperties": false, "properties": {"lesson": {"type": "string"}, "class_code": {"type": "string", "description": "a scheduled class's join code, accepted from 15 minutes before its start to its end (case and surrounding blanks do not matter)"}}}}}},
                 "responses": start_lab
             }},
             "/api/sessions/current": {"get": op("The caller's live session", auth_errors(json!({"200": ok("session", session()), "404": err("no live session")})))},
@@ -234,12 +235,19 @@ pub fn document() -> Value {
     if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), tasks.as_object()) {
         paths.extend(more.clone());
     }
-    let pools = pool_paths(admin_errors);
+    let pools = pool_paths(&admin_errors);
     if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), pools.as_object()) {
+        paths.extend(more.clone());
+    }
+    let classes = class_paths(&admin_errors);
+    if let (Some(paths), Some(more)) = (doc["paths"].as_object_mut(), classes.as_object()) {
         paths.extend(more.clone());
     }
     doc["components"]["schemas"]["Pool"] = pool_schema();
     doc["components"]["schemas"]["Task"] = task_schema();
+    doc["components"]["schemas"]["Class"] = class_schema();
+    doc["components"]["schemas"]["Error"]["properties"]["field"] =
+        json!({"type": "string", "description": "with a 422: the field of the request at fault"});
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -290,7 +298,7 @@ fn task_schema() -> Value {
 }
 
 /// The warm-pool admin routes (apart, to keep `json!`'s recursion in bounds).
-fn pool_paths(admin_errors: impl Fn(Value) -> Value) -> Value {
+fn pool_paths(admin_errors: &impl Fn(Value) -> Value) -> Value {
     json!({
     "/api/admin/pools": {"get": op("Every VM lesson's warm pool: settings and where they come from (`lesson` file or `admin` override), members ready and preparing, claims and misses in 24 h, hit rate, median refill time, and this replica's last plan (target, deferred, why)", admin_errors(json!({"200": ok("pools", json!({"type": "object", "properties": {"pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}}))})))},
             "/api/admin/pools/{lesson}": {
@@ -321,5 +329,60 @@ fn pool_schema() -> Value {
         "target": {"type": ["integer", "null"], "description": "the size this replica's refiller keeps the pool at (null before its first look)"},
         "deferred": {"type": ["integer", "null"], "description": "members the target wants that capacity does not allow now"},
         "why": {"type": ["string", "null"]}
+    }})
+}
+
+/// The scheduled classes' admin routes.
+fn class_paths(admin_errors: &impl Fn(Value) -> Value) -> Value {
+    let class = json!({"$ref": "#/components/schemas/Class"});
+    let invalid = "invalid_class (the field at fault is named: seats 1 to 500, ends_at after starts_at and at most 12 hours later, starts_at not in the past and at most 366 days ahead, a title of 1 to 100 characters, a join code of 4 to 32 letters, digits or dashes that no other class uses at an overlapping time), unknown_lesson, not_pooled (a pod lesson, or a lab too large to prepare beside the cold-start reserve)";
+    json!({
+        "/api/admin/classes": {
+            "get": op("The upcoming and running classes of this environment, by start, each with its members warm now, its students so far, the seats the capacity allows warm at its start, and its lesson's lead time", admin_errors(json!({"200": ok("classes", json!({"type": "object", "properties": {"classes": {"type": "array", "items": class.clone()}, "now": {"type": "string", "format": "date-time"}, "vm_limit": {"type": "integer"}, "reserve": {"type": "integer", "description": "VM places kept for a cold start, never used for classes"}}}))}))),
+            "post": {
+                "summary": "Schedule a class: members of its lesson are prepared from its start minus the lead time so that they are ready at its start. Classes that overlap and together ask more than the capacity are accepted: `seats_warm` and `capacity_note` say how many of its seats can be warm, and `overlapping` lists the classes it shares the capacity with",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["lesson", "seats", "starts_at", "ends_at"], "additionalProperties": false, "properties": {
+                    "lesson": {"type": "string"}, "title": {"type": "string", "maxLength": 100, "description": "default: the lesson and the start's time of day"},
+                    "seats": {"type": "integer", "minimum": 1, "maximum": 500},
+                    "starts_at": {"type": "string", "format": "date-time"}, "ends_at": {"type": "string", "format": "date-time"},
+                    "join_code": {"type": "string", "minLength": 4, "maxLength": 32, "description": "what its students enter; without one, everyone starting the lesson during the window is its student"}}}}}},
+                "responses": admin_errors(json!({"201": ok("the class scheduled", class.clone()), "400": err("malformed body, wrong types or unknown fields"), "422": err(invalid)}))
+            }
+        },
+        "/api/admin/classes/{id}": {
+            "parameters": id_param(),
+            "get": op("One class (also when over or cancelled)", admin_errors(json!({"200": ok("class", class.clone()), "400": err("invalid_id"), "404": err("class_not_found")}))),
+            "patch": {
+                "summary": "Change a class's seats, times, title or join code (`null` removes the code); once it is running, only its end and seats. Nothing is written unless every field is accepted",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false, "properties": {
+                    "title": {"type": "string"}, "seats": {"type": "integer", "minimum": 1, "maximum": 500},
+                    "starts_at": {"type": "string", "format": "date-time"}, "ends_at": {"type": "string", "format": "date-time"},
+                    "join_code": {"type": ["string", "null"]}}}}}},
+                "responses": admin_errors(json!({"200": ok("the class changed", class.clone()), "400": err("invalid_id, malformed body"), "404": err("class_not_found"), "409": err("class_over, class_cancelled, class_changed (changed meanwhile: read it again)"), "422": err(invalid)}))
+            },
+            "delete": op("Cancel a class: the row stays (`cancelled_at`), and members prepared for it become ordinary members of the pool (surplus beyond its size)", admin_errors(json!({"200": ok("the class cancelled", class), "400": err("invalid_id"), "404": err("class_not_found"), "409": err("class_over, class_cancelled")})))
+        }
+    })
+}
+
+/// The `Class` schema.
+fn class_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "id": {"type": "string", "format": "uuid"}, "lesson": {"type": "string"}, "title": {"type": "string"},
+        "seats": {"type": "integer"}, "starts_at": {"type": "string", "format": "date-time"}, "ends_at": {"type": "string", "format": "date-time"},
+        "join_code": {"type": ["string", "null"]},
+        "phase": {"type": "string", "enum": ["upcoming", "lead_in", "running", "over", "cancelled"]},
+        "lead_time": {"type": "object", "description": "how long before its start its members begin to be prepared: the 90th percentile of the lesson's recent members' preparation plus 30 s, from 1 to 30 minutes; 5 minutes while fewer than 3 are measured", "properties": {"seconds": {"type": "integer"}, "source": {"type": "string", "enum": ["default", "measured"]}, "measured": {"type": ["integer", "null"]}, "describe": {"type": "string"}}},
+        "lead_in_at": {"type": "string", "format": "date-time"},
+        "warm": {"type": ["object", "null"], "description": "its unclaimed members now", "properties": {"ready": {"type": "integer"}, "preparing": {"type": "integer"}}},
+        "started": {"type": ["integer", "null"], "description": "distinct students who started a lab in it so far"},
+        "seats_warm": {"type": ["integer", "null"], "description": "how many of its seats can be warm at its start: its share, by seats, of the VM places beyond the cold-start reserve with the classes running then (students' own labs take from it); null once over or cancelled"},
+        "capacity_note": {"type": ["string", "null"], "description": "when not every seat can be warm: how many, and with whom the places are shared"},
+        "overlapping": {"type": "array", "description": "(one class's answers) the classes running at its start, with their seats warm", "items": {"type": "object"}},
+        "created_at": {"type": "string", "format": "date-time"}, "created_by": {"type": "string"},
+        "updated_at": {"type": "string", "format": "date-time"}, "updated_by": {"type": "string"},
+        "cancelled_at": {"type": ["string", "null"], "format": "date-time"}, "cancelled_by": {"type": ["string", "null"]}
     }})
 }

@@ -79,6 +79,10 @@ async fn lessons(State(state): State<AppState>, _user: CurrentUser) -> Json<Vec<
 #[serde(deny_unknown_fields)]
 struct CreateSession {
     lesson: String,
+    /// A scheduled class's join code: its student takes the class's prepared labs first. A
+    /// code that opens no class of the lesson now is a 422.
+    #[serde(default)]
+    class_code: Option<String>,
 }
 
 async fn create(
@@ -93,7 +97,9 @@ async fn create(
         .ok()
         .and_then(|id| state.config().lessons.get(&id).cloned())
         .ok_or_else(|| ApiError::LessonNotFound(body.lesson.clone()))?;
-    let session = saga::open_session(&state, &user.user, &lesson).await?;
+    let code = body.class_code.as_deref().filter(|c| !c.trim().is_empty());
+    let class = crate::classes::student_class(&state, &lesson, code).await?;
+    let session = saga::open_session(&state, &user.user, &lesson, class).await?;
     tracing::info!(session = %session.id, user = %user.user, lesson = %lesson.id, "session accepted");
     // A member claimed from the lesson's pool is running already; anything else is prepared
     // now.

@@ -7,18 +7,20 @@ use std::time::Duration;
 use chrono::TimeDelta;
 use ttlab_lesson::Lesson;
 use ttlab_lifespan::Lifespan;
-use ttlab_model::{Runtime, SessionId, UserId};
+use ttlab_model::{ClassId, Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, Session, SessionTimes, StoreError};
 
 use crate::{ApiError, AppState, CapacityUse};
 
 /// Opens a `starting` session of `lesson` for `user`: 409 `session_exists` if they have a
 /// live one, 503 `capacity` if a VM lesson would pass the VM limit. Provisioning is not
-/// started here (see [`super::spawn_provisioning`]).
+/// started here (see [`super::spawn_provisioning`]). A student of a scheduled `class` takes
+/// its members first, and a cold start is recorded as the class's.
 pub async fn open_session(
     state: &AppState,
     user: &UserId,
     lesson: &Lesson,
+    class: Option<ClassId>,
 ) -> Result<Session, ApiError> {
     // Handing over (SIGTERM): new starts go to another replica.
     if state.is_draining() {
@@ -63,7 +65,7 @@ pub async fn open_session(
     // A pooled lesson: a prepared member if one is ready (its places are already held, so
     // no capacity check); else the cold way, with no extra wait.
     let claimed = match lesson.runtime {
-        Runtime::Vm => crate::pool::claim(state, user, lesson).await?,
+        Runtime::Vm => crate::pool::claim(state, user, lesson, class).await?,
         Runtime::Pod => None,
     };
     let session = match (claimed, lesson.runtime) {
@@ -74,7 +76,21 @@ pub async fn open_session(
             claimed
         }
         (None, Runtime::Pod) => state.store().sessions().insert(&new).await?,
-        (None, Runtime::Vm) => open_vm_session(state, lesson, &new).await?,
+        (None, Runtime::Vm) => {
+            let session = open_vm_session(state, lesson, &new).await?;
+            // The class's seats started are counted from this; the lab itself does not
+            // depend on it.
+            if let Some(class) = class
+                && let Err(e) = state
+                    .store()
+                    .classes()
+                    .record_student(session.id, class)
+                    .await
+            {
+                tracing::warn!(session = %session.id, %class, error = %e, "cannot record the class of a cold start");
+            }
+            session
+        }
     };
     state
         .metrics()

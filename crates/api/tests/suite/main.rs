@@ -5,6 +5,7 @@
 
 mod api;
 mod capacity_lock;
+mod classes;
 mod console;
 mod database_restart;
 mod gone;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 use ttlab_lifespan::Lifespan;
 use ttlab_model::{
-    EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, UserId,
+    ClassId, EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, UserId,
 };
 use uuid::Uuid;
 
@@ -40,7 +40,8 @@ macro_rules! columns {
         "id, user_id, lesson, runtime, env, status, finishing_to, started_at, expires_at, \
          max_expires_at, extensions_used, readiness_deadline, created_at, vm_created_at, \
          vmi_running_at, agent_up_at, ready_at, finished_at, reclaimed_at, disk_kind, \
-         disk_reason, node_names, vm_names, failure_reason, updated_at, pool_member, claimed_at"
+         disk_reason, node_names, vm_names, failure_reason, updated_at, pool_member, claimed_at, \
+         class_id"
     };
 }
 
@@ -187,6 +188,9 @@ pub struct Session {
     pub pool_member: bool,
     /// When a student claimed it (pool members only; its lifespan starts then).
     pub claimed_at: Option<DateTime<Utc>>,
+    /// The scheduled class it belongs to (schema version 13): the class an unclaimed member
+    /// was prepared for, or the class a student started it in.
+    pub class: Option<ClassId>,
 }
 
 impl Session {
@@ -261,6 +265,7 @@ impl Session {
             updated_at: get(row, "updated_at")?,
             pool_member: get(row, "pool_member")?,
             claimed_at: get(row, "claimed_at")?,
+            class: get::<Option<Uuid>>(row, "class_id")?.map(ClassId::from_uuid),
         })
     }
 }

@@ -3,7 +3,7 @@
 //! server; [`Pools`](crate::Pools) counts and lists them).
 
 use chrono::{DateTime, Utc};
-use ttlab_model::{EnvName, LessonId, Runtime, SessionId, UserId};
+use ttlab_model::{ClassId, EnvName, LessonId, Runtime, SessionId, UserId};
 
 use super::start::{InsertError, NewRow, exists_error, insert_row, is_live_exists};
 use super::{Session, SessionTimes, Sessions, opt_session};
@@ -27,6 +27,9 @@ pub struct NewPoolMember {
     pub times: SessionTimes,
     /// If it is not running by then, it is failed and reclaimed.
     pub readiness_deadline: DateTime<Utc>,
+    /// The scheduled class it is prepared for, if any (schema version 13): that class's
+    /// students claim it first, and nobody else takes it until the class ends.
+    pub class: Option<ClassId>,
 }
 
 /// A student's "Start lab" served from a lesson's warm pool: see
@@ -44,6 +47,9 @@ pub struct PoolClaim {
     pub ttl: std::time::Duration,
     /// The hard cap from the claim: `max_expires_at` = claim + `max` (at least `ttl`).
     pub max: std::time::Duration,
+    /// The class the user is a student of now, if any (schema version 13): its members are
+    /// taken first, and the session records it.
+    pub class: Option<ClassId>,
 }
 
 /// The longest lifespan a claim may ask for (ten years; far beyond any policy).
@@ -65,6 +71,7 @@ pub(crate) async fn insert_member_on(
         env: &new.env,
         times: &new.times,
         readiness_deadline: new.readiness_deadline,
+        class: new.class,
     };
     match insert_row(client, row).await {
         Ok(session) => Ok(session),
@@ -93,6 +100,12 @@ impl Sessions<'_> {
     /// clock). Members within [`CLAIM_MARGIN`] of their age limit are passed over. Every
     /// attempt is recorded as a claim or a miss (for hit rates).
     ///
+    /// Scheduled classes (schema version 13): a student of `claim.class` takes a member
+    /// prepared for that class first, then an ordinary one; nobody takes a member prepared for
+    /// another class that is neither cancelled nor over (so a student outside a class never
+    /// drains its members from its lead-in to its end). The claimed row records the claimer's
+    /// class (`class`), which is how a class's started seats are counted.
+    ///
     /// `Ok(None)` is a miss: no ready member (open a session the cold way). A user who
     /// already has a live session gets [`StoreError::SessionExists`], as for a second
     /// [`Sessions::insert`], and the member stays in the pool.
@@ -104,11 +117,16 @@ impl Sessions<'_> {
         const SQL: &str = concat!(
             "WITH claimed AS (UPDATE sessions SET user_id = $3, claimed_at = now(), \
              started_at = now(), expires_at = now() + $4::float8 * interval '1 second', \
-             max_expires_at = now() + $5::float8 * interval '1 second', updated_at = now() \
-             WHERE id = (SELECT id FROM sessions WHERE env = $1 AND lesson = $2 \
-               AND pool_member AND claimed_at IS NULL AND status = 'running' \
-               AND expires_at > now() + $6::float8 * interval '1 second' \
-               ORDER BY ready_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             max_expires_at = now() + $5::float8 * interval '1 second', updated_at = now(), \
+             class_id = $7::uuid \
+             WHERE id = (SELECT s.id FROM sessions s WHERE s.env = $1 AND s.lesson = $2 \
+               AND s.pool_member AND s.claimed_at IS NULL AND s.status = 'running' \
+               AND s.expires_at > now() + $6::float8 * interval '1 second' \
+               AND (s.class_id IS NULL OR s.class_id = $7::uuid OR NOT EXISTS ( \
+                 SELECT 1 FROM classes c WHERE c.id = s.class_id \
+                   AND c.cancelled_at IS NULL AND c.ends_at > now())) \
+               ORDER BY (s.class_id = $7::uuid) IS TRUE DESC, s.ready_at, s.id \
+               LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
              AND pool_member AND claimed_at IS NULL AND status = 'running'",
             returning_and_notify!(),
             "), event AS (INSERT INTO pool_events (env, lesson, kind) \
@@ -139,6 +157,7 @@ impl Sessions<'_> {
                         &ttl,
                         &max,
                         &margin,
+                        &claim.class.map(|c| c.as_uuid()),
                     ],
                 )
                 .await;

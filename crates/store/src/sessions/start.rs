@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::error::SqlState;
-use ttlab_model::{EnvName, LessonId, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_model::{ClassId, EnvName, LessonId, Runtime, SessionId, SessionStatus, UserId};
 use uuid::Uuid;
 
 use super::{DiskKind, Session, SessionTimes, SessionVm, Sessions, TO_RUNNING, ensure, names};
@@ -72,6 +72,7 @@ pub(crate) async fn insert_on(
             env: &new.env,
             times: &new.times,
             readiness_deadline: new.readiness_deadline,
+            class: None,
         },
     )
     .await
@@ -86,6 +87,7 @@ pub(super) struct NewRow<'a> {
     pub(super) env: &'a EnvName,
     pub(super) times: &'a SessionTimes,
     pub(super) readiness_deadline: DateTime<Utc>,
+    pub(super) class: Option<ClassId>,
 }
 
 pub(super) async fn insert_row(
@@ -94,8 +96,8 @@ pub(super) async fn insert_row(
 ) -> Result<Session, InsertError> {
     const SQL: &str = concat!(
         "INSERT INTO sessions (id, user_id, lesson, runtime, env, status, started_at, \
-         expires_at, max_expires_at, readiness_deadline, pool_member) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         expires_at, max_expires_at, readiness_deadline, pool_member, class_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         returning_and_notify!()
     );
     let t = new.times;
@@ -119,6 +121,7 @@ pub(super) async fn insert_row(
                 &t.max_expires_at,
                 &new.readiness_deadline,
                 &new.user.is_none(),
+                &new.class.map(|c| c.as_uuid()),
             ],
         )
         .await;

@@ -4,6 +4,7 @@
 
 mod admin_actions;
 mod agent_tokens;
+mod classes;
 mod collect;
 mod common;
 mod console_connections;

@@ -22,7 +22,8 @@ async fn migrating_twice_applies_once() {
             "V9__grading_results",
             "V10__waitlist",
             "V11__console_connections",
-            "V12__warm_pools"
+            "V12__warm_pools",
+            "V13__classes"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -36,6 +36,7 @@ fn claim(env_name: &str, lesson_name: &str, who: &str) -> PoolClaim {
         user: user(who),
         ttl: TTL,
         max: MAX,
+        class: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn new_member(
             max_expires_at: now + age,
         },
         readiness_deadline: now + Duration::seconds(150),
+        class: None,
     }
 }
 
