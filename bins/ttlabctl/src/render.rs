@@ -6,9 +6,12 @@
 //! Nothing here talks to a cluster. The golden-disk state is simulated with `--golden` and fed
 //! through the same observation and decision code the server uses. The agent token is a fixed
 //! placeholder, never a real secret, and the hard deadline is computed from `--now` (the
-//! present by default; pass a fixed `--now` for output that is the same on every run). A
-//! deadline that has already passed is refused unless `--allow-past-deadline` is given: a
-//! guest booted from that user-data would power itself off during its first boot.
+//! present by default; pass a fixed `--now` for output that is the same on every run) and the
+//! lifespan settings the server reads (`TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`,
+//! `TTLAB_MAX_EXTENSIONS`, `TTLAB_EXTEND_WINDOW`, `TTLAB_HARD_DEADLINE_GRACE`, checked as it
+//! checks them): start + maximum lifetime + grace. A deadline that has already passed is
+//! refused unless `--allow-past-deadline` is given: a guest booted from that user-data would
+//! power itself off during its first boot.
 //!
 //! The stream is meant for `kubectl apply --server-side -f -` or `kubectl create -f -`: a
 //! cloud-init Secret carries the whole guest agent, more than the 256 KiB that client-side
@@ -90,6 +93,16 @@ pub struct RenderArgs {
     /// Maximum session lifetime, as the server reads it (`180m`).
     #[arg(long, env = "TTLAB_SESSION_MAX")]
     pub session_max: Option<String>,
+    /// How many extensions a session may have, as the server reads it (`3`).
+    #[arg(long, env = "TTLAB_MAX_EXTENSIONS")]
+    pub max_extensions: Option<String>,
+    /// How long before the expiry a student may extend, as the server reads it (`15m`).
+    #[arg(long, env = "TTLAB_EXTEND_WINDOW")]
+    pub extend_window: Option<String>,
+    /// How long after the maximum lifetime the guest powers itself off, as the server reads
+    /// it (`15m`): the power-off time in the rendered user-data follows it.
+    #[arg(long, env = "TTLAB_HARD_DEADLINE_GRACE")]
+    pub hard_deadline_grace: Option<String>,
 }
 
 /// A golden-disk state to simulate.
@@ -146,12 +159,15 @@ fn past_deadline(
     Ok((deadline <= present).then_some(deadline))
 }
 
+/// The lifespan policy, from the same settings and with the same checks as the server's.
 fn policy(args: &RenderArgs) -> Result<Policy> {
     Policy::from_settings(
         args.session_ttl.as_deref(),
         args.session_max.as_deref(),
-        None,
+        args.max_extensions.as_deref(),
     )
+    .and_then(|p| p.with_extend_window_setting(args.extend_window.as_deref()))
+    .and_then(|p| p.with_hard_deadline_grace_setting(args.hard_deadline_grace.as_deref()))
     .context("invalid session time settings")
 }
 
@@ -903,6 +919,9 @@ mod tests {
             allow_past_deadline: false,
             session_ttl: None,
             session_max: None,
+            max_extensions: None,
+            extend_window: None,
+            hard_deadline_grace: None,
         };
         let present = "2026-01-01T00:00:00Z".parse().unwrap();
         let stream = render(&args, present).unwrap();
