@@ -382,6 +382,61 @@ fn bad_input_fails_clearly() {
     }
 }
 
+#[test]
+fn the_header_says_what_a_session_really_costs_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    for (lesson, per_vm, vm_line, session) in [
+        (
+            "systemd-basics",
+            "memory per VM (KubeVirt v1.9): guest 2Gi + KubeVirt's overhead 292Mi = 2340Mi \
+             requested by the launcher pod's compute container, + 35M for its serial-console log \
+             sidecar = 2488667840 bytes (2373.4 MiB) counted by requests.memory quotas and the nodes",
+            "memory: guest 2Gi + KubeVirt's overhead 292Mi = launcher pod request 2340Mi \
+             (2488667840 bytes (2373.4 MiB) with the console log's sidecar)",
+            "memory of a session: 1 VM × 2488667840 bytes = 2488667840 bytes (2.32 GiB) of \
+             requests.memory",
+        ),
+        (
+            "kubeadm-cluster",
+            "memory per VM (KubeVirt v1.9): guest 4Gi + KubeVirt's overhead 318767105 bytes \
+             (304.0 MiB) = 4613734401 bytes (4400.0 MiB) requested by the launcher pod's compute \
+             container, + 35M for its serial-console log sidecar = 4648734401 bytes (4433.4 MiB) \
+             counted by requests.memory quotas and the nodes",
+            "memory: guest 4Gi + KubeVirt's overhead 318767105 bytes (304.0 MiB) = launcher pod \
+             request 4613734401 bytes (4400.0 MiB) (4648734401 bytes (4433.4 MiB) with the \
+             console log's sidecar)",
+            "memory of a session: 3 VMs × 4648734401 bytes = 13946203203 bytes (12.99 GiB) of \
+             requests.memory",
+        ),
+    ] {
+        for case in ["ready", "missing"] {
+            let stream = render(lesson, case, &agent);
+            let header: Vec<&str> = stream.lines().take_while(|l| *l != "---").collect();
+            assert!(
+                header.contains(&format!("# {per_vm}").as_str()),
+                "{lesson}: {header:#?}"
+            );
+            assert!(
+                header.contains(&format!("# {session}").as_str()),
+                "{lesson}: {header:#?}"
+            );
+            // Every VirtualMachine's comments say it too; the stream stays plain YAML.
+            let vms: Vec<_> = documents(&stream)
+                .into_iter()
+                .filter(|(_, doc)| doc["kind"] == "VirtualMachine")
+                .collect();
+            assert!(!vms.is_empty());
+            for (comments, _) in vms {
+                assert!(
+                    comments.contains(&format!("# {vm_line}")),
+                    "{lesson}: {comments:#?}"
+                );
+            }
+        }
+    }
+}
+
 /// The power-off instant the rendered user-data of the stream's first Secret arms: the Unix
 /// time in the power-off check and the timer's `OnCalendar`, which must agree.
 fn user_data_power_off(stream: &str) -> chrono::DateTime<chrono::Utc> {
