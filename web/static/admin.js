@@ -93,7 +93,18 @@ function renderCapacity(c) {
     stat('Sessions starting', String(c.starting_sessions)),
     stat('Namespace', c.namespace),
     stat('Quota', quotaText(c)),
+    memoryStat(c),
   );
+  // What one session of each VM lesson costs, KubeVirt's overhead included, and how many more
+  // the quota's memory allows.
+  const costs = (c.memory && c.memory.lessons) || [];
+  if (costs.length) {
+    box.append(el('ul', { class: 'costs small' }, ...costs.map((l) => el('li', { 'data-lesson-cost': l.lesson },
+      `${l.lesson}: ${gib(l.session_bytes)} a session (${l.vms} VM${l.vms === 1 ? '' : 's'} × `
+      + `${gib(l.guest_bytes)} guest + ${mib(l.overhead_bytes)} KubeVirt overhead + `
+      + `${mib(l.vm_bytes - l.launcher_request_bytes)} console log)`
+      + (l.more_sessions === null || l.more_sessions === undefined ? '' : ` — memory for ${l.more_sessions} more`)))));
+  }
   if (c.error) box.append(el('p', { class: 'error small' }, `Cannot count the VMs: ${c.error}`));
   // Ended sessions whose objects are still going (a guest shutting down, a finalizer): they
   // still hold their places.
@@ -243,6 +254,26 @@ async function cancelClass(c) {
   } catch (e) {
     handleError(e);
   }
+}
+
+/** Bytes as GiB with two decimals. */
+function gib(bytes) {
+  return `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+}
+
+/** Bytes as whole MiB. */
+function mib(bytes) {
+  return `${Math.round(bytes / 2 ** 20)} MiB`;
+}
+
+/** The memory the pods of the namespace request against the quota's `requests.memory`. */
+function memoryStat(c) {
+  const m = c.memory || {};
+  if (m.quota === null || m.quota === undefined) {
+    return stat('Memory requested / limit', c.quota_error ? 'unknown' : 'no limit', 'nothing limits requests.memory');
+  }
+  return stat('Memory requested / limit', `${gib(m.used_bytes)} / ${gib(m.hard_bytes)}`,
+    `requests.memory of ${m.quota}, KubeVirt's overhead included: ${gib(m.free_bytes)} free`);
 }
 
 /** The namespace's ResourceQuotas as `name: resource used / hard`, or `none`. */

@@ -1,5 +1,6 @@
 // The student and admin pages in headless Chromium against a running demo stack.
 // Started by web/tests/run.sh, which passes TTLAB_STUDENT_URL, TTLAB_ADMIN_URL (login links),
+// TTLAB_SIM_URL and TTLAB_SIM_NAMESPACE (the demo's kube-sim and the VMs' namespace),
 // TTLAB_ARTIFACTS (screenshot directory) and TTLAB_CHROMIUM.
 
 import assert from 'node:assert/strict';
@@ -8,8 +9,10 @@ import { launch } from './lib.mjs';
 
 const studentUrl = process.env.TTLAB_STUDENT_URL;
 const adminUrl = process.env.TTLAB_ADMIN_URL;
+const simUrl = process.env.TTLAB_SIM_URL;
+const simNamespace = process.env.TTLAB_SIM_NAMESPACE || 'ttlab-vms';
 const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
-assert.ok(studentUrl && adminUrl, 'TTLAB_STUDENT_URL and TTLAB_ADMIN_URL are required');
+assert.ok(studentUrl && adminUrl && simUrl, 'TTLAB_STUDENT_URL, TTLAB_ADMIN_URL and TTLAB_SIM_URL are required');
 
 let shots = 0;
 async function shot(page, name, fullPage = false) {
@@ -316,6 +319,38 @@ try {
       assert.equal(await row.locator('[data-field="last-error"]').innerText(), '—', name);
     }
     assert.match(await admin.locator('#tasks-replica').innerText(), /replica .+/);
+    const memory = admin.locator('#capacity .stat', { hasText: 'Memory requested / limit' }).locator('.stat-value');
+    assert.equal(await memory.innerText(), 'no limit');
+    // What a session of each VM lesson costs: KubeVirt's launcher pod requests the guest's
+    // memory, its overhead and the console log's sidecar.
+    const cost = admin.locator('#capacity [data-lesson-cost="systemd-basics"]');
+    assert.equal(await cost.innerText(),
+      'systemd-basics: 2.32 GiB a session (1 VM × 2.00 GiB guest + 292 MiB KubeVirt overhead + 33 MiB console log)');
+    assert.match(await admin.locator('#capacity [data-lesson-cost="kubeadm-cluster"]').innerText(),
+      /^kubeadm-cluster: 12\.99 GiB a session \(3 VMs × 4\.00 GiB guest \+ 304 MiB KubeVirt overhead/);
+    // With the shipped quota in the namespace, the card shows memory against it, and how many
+    // more sessions of each lesson its memory allows.
+    const quotas = `${simUrl}/api/v1/namespaces/${simNamespace}/resourcequotas`;
+    const created = await fetch(quotas, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        apiVersion: 'v1', kind: 'ResourceQuota', metadata: { name: 'ttlab-vms' },
+        spec: { hard: { 'count/virtualmachines.kubevirt.io': '8', 'requests.memory': '48Gi' } },
+      }),
+    });
+    assert.equal(created.status, 201, await created.text());
+    try {
+      await admin.locator('#capacity .stat', { hasText: /\d+\.\d\d GiB \/ 48\.00 GiB/ }).waitFor({ timeout: 20000 });
+      assert.match(await memory.innerText(), /^\d+\.\d\d GiB \/ 48\.00 GiB$/);
+      await cost.filter({ hasText: /— memory for \d+ more$/ }).waitFor({ timeout: 10000 });
+      const more = Number((await cost.innerText()).match(/memory for (\d+) more$/)[1]);
+      assert.ok(more >= 1 && more <= 20, `at most 48 GiB / 2.32 GiB = 20 sessions: ${more}`);
+      await shot(admin, 'admin-capacity-memory', true);
+    } finally {
+      // The demo goes on without it (the terminal test runs next).
+      await fetch(`${quotas}/ttlab-vms`, { method: 'DELETE' });
+    }
     // Readiness histograms per lesson and stage, from the sessions above.
     const hist = admin.locator('.hist[data-lesson="systemd-basics"][data-stage="total"]');
     await hist.waitFor({ timeout: 10000 });

@@ -218,8 +218,8 @@ say "demo at ${student%%\?*}"
 
 mkdir -p "$artifacts"
 status=0
-TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_ARTIFACTS="$artifacts" \
-  TTLAB_CHROMIUM="$chromium" node "$web/tests/browser.mjs" || status=$?
+TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
+  TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" node "$web/tests/browser.mjs" || status=$?
 # The terminal: its size in the guest, warnings, instructions, a console that drops.
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \

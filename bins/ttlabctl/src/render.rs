@@ -6,9 +6,16 @@
 //! Nothing here talks to a cluster. The golden-disk state is simulated with `--golden` and fed
 //! through the same observation and decision code the server uses. The agent token is a fixed
 //! placeholder, never a real secret, and the hard deadline is computed from `--now` (the
-//! present by default; pass a fixed `--now` for output that is the same on every run). A
-//! deadline that has already passed is refused unless `--allow-past-deadline` is given: a
-//! guest booted from that user-data would power itself off during its first boot.
+//! present by default; pass a fixed `--now` for output that is the same on every run) and the
+//! lifespan settings the server reads (`TTLAB_SESSION_TTL`, `TTLAB_SESSION_MAX`,
+//! `TTLAB_MAX_EXTENSIONS`, `TTLAB_EXTEND_WINDOW`, `TTLAB_HARD_DEADLINE_GRACE`, checked as it
+//! checks them): start + maximum lifetime + grace. A deadline that has already passed is
+//! refused unless `--allow-past-deadline` is given: a guest booted from that user-data would
+//! power itself off during its first boot.
+//!
+//! The header says what a session really costs in memory: per VM the guest's memory,
+//! KubeVirt's overhead and the launcher pod's request (`ttlab_vm_manifest::launcher`), and the
+//! session's total, which a namespace quota's `requests.memory` and the nodes count.
 //!
 //! The stream is meant for `kubectl apply --server-side -f -` or `kubectl create -f -`: a
 //! cloud-init Secret carries the whole guest agent, more than the 256 KiB that client-side
@@ -36,6 +43,7 @@ use ttlab_lesson::{GoldenSource, Lesson, LessonSet, VmDisk};
 use ttlab_lifespan::{Lifespan, Policy};
 use ttlab_model::labels::ObjectLabels;
 use ttlab_model::{EnvName, LessonId, Runtime, SessionId};
+use ttlab_vm_manifest::launcher::{self, LauncherResources, LauncherSpec};
 use ttlab_vm_manifest::{SessionVms, secret_name};
 
 /// The agent token placed in rendered user-data: all zeroes, obviously not a secret.
@@ -90,6 +98,16 @@ pub struct RenderArgs {
     /// Maximum session lifetime, as the server reads it (`180m`).
     #[arg(long, env = "TTLAB_SESSION_MAX")]
     pub session_max: Option<String>,
+    /// How many extensions a session may have, as the server reads it (`3`).
+    #[arg(long, env = "TTLAB_MAX_EXTENSIONS")]
+    pub max_extensions: Option<String>,
+    /// How long before the expiry a student may extend, as the server reads it (`15m`).
+    #[arg(long, env = "TTLAB_EXTEND_WINDOW")]
+    pub extend_window: Option<String>,
+    /// How long after the maximum lifetime the guest powers itself off, as the server reads
+    /// it (`15m`): the power-off time in the rendered user-data follows it.
+    #[arg(long, env = "TTLAB_HARD_DEADLINE_GRACE")]
+    pub hard_deadline_grace: Option<String>,
 }
 
 /// A golden-disk state to simulate.
@@ -146,12 +164,15 @@ fn past_deadline(
     Ok((deadline <= present).then_some(deadline))
 }
 
+/// The lifespan policy, from the same settings and with the same checks as the server's.
 fn policy(args: &RenderArgs) -> Result<Policy> {
     Policy::from_settings(
         args.session_ttl.as_deref(),
         args.session_max.as_deref(),
-        None,
+        args.max_extensions.as_deref(),
     )
+    .and_then(|p| p.with_extend_window_setting(args.extend_window.as_deref()))
+    .and_then(|p| p.with_hard_deadline_grace_setting(args.hard_deadline_grace.as_deref()))
     .context("invalid session time settings")
 }
 
@@ -251,6 +272,8 @@ pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
     .context("rendering the VirtualMachines")?;
 
     let disk_line = describe_disk(&disk);
+    let cost = LauncherSpec::lab_vm(lesson.memory.bytes(), lesson.cores).resources();
+    let vm_line = vm_memory_line(lesson, &cost);
     let total: usize = secrets.iter().map(UserDataSecret::size_bytes).sum();
     let mut out = String::new();
     let _ = writeln!(
@@ -263,6 +286,9 @@ pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
         args.env
     );
     let _ = writeln!(out, "# golden disk: {disk_note}");
+    for line in memory_lines(lesson, &cost) {
+        let _ = writeln!(out, "# {line}");
+    }
     let _ = writeln!(
         out,
         "# agent token: a fixed placeholder (the server generates a random one per VM); \
@@ -309,7 +335,7 @@ pub fn render(args: &RenderArgs, present: DateTime<Utc>) -> Result<String> {
         )?;
         document(
             &mut out,
-            &[format!("{disk_line}; {size}")],
+            &[format!("{disk_line}; {size}"), vm_line.clone()],
             &[],
             &serde_json::to_value(vm)?,
         )?;
@@ -467,6 +493,62 @@ fn lookup<T>(case: GoldenCase, found: T) -> Lookup<T> {
 /// An image reference that differs from `image` (for `--golden wrong-image`).
 fn other_image(image: &str) -> String {
     format!("{image}-other")
+}
+
+/// What a session of `lesson` costs in memory, as the header says it: per VM the guest's
+/// memory, KubeVirt's overhead, the launcher pod's request, and the session's total.
+fn memory_lines(lesson: &Lesson, cost: &LauncherResources) -> Vec<String> {
+    let vms = lesson.nodes.len() as u64;
+    let session = cost.pod_memory.saturating_mul(vms);
+    vec![
+        format!(
+            "memory per VM (KubeVirt {}): guest {} + KubeVirt's overhead {} = {} requested by \
+             the launcher pod's compute container, + {} for its serial-console log sidecar = {} \
+             counted by requests.memory quotas and the nodes",
+            launcher::KUBEVIRT_RELEASE,
+            lesson.memory,
+            quantity(cost.overhead),
+            quantity(cost.compute_memory),
+            launcher::CONSOLE_LOG_CONTAINER
+                .requests
+                .iter()
+                .find(|(k, _)| *k == "memory")
+                .map_or("0", |(_, v)| v),
+            quantity(cost.pod_memory),
+        ),
+        format!(
+            "memory of a session: {vms} VM{} × {} bytes = {session} bytes ({:.2} GiB) of \
+             requests.memory",
+            if vms == 1 { "" } else { "s" },
+            cost.pod_memory,
+            session as f64 / f64::from(1u32 << 30),
+        ),
+    ]
+}
+
+/// The memory line of each VirtualMachine's document.
+fn vm_memory_line(lesson: &Lesson, cost: &LauncherResources) -> String {
+    format!(
+        "memory: guest {} + KubeVirt's overhead {} = launcher pod request {} ({} with the \
+         console log's sidecar)",
+        lesson.memory,
+        quantity(cost.overhead),
+        quantity(cost.compute_memory),
+        quantity(cost.pod_memory)
+    )
+}
+
+/// `bytes` as a quantity when a binary suffix divides it (`292Mi`), else in bytes and MiB.
+fn quantity(bytes: u64) -> String {
+    let text = launcher::bytes_quantity(bytes).to_string();
+    if text.ends_with('i') {
+        text
+    } else {
+        format!(
+            "{bytes} bytes ({:.1} MiB)",
+            bytes as f64 / f64::from(1u32 << 20)
+        )
+    }
 }
 
 fn describe_disk(disk: &DiskDecision) -> String {
@@ -903,6 +985,9 @@ mod tests {
             allow_past_deadline: false,
             session_ttl: None,
             session_max: None,
+            max_extensions: None,
+            extend_window: None,
+            hard_deadline_grace: None,
         };
         let present = "2026-01-01T00:00:00Z".parse().unwrap();
         let stream = render(&args, present).unwrap();

@@ -39,6 +39,9 @@ fn ttlabctl(args: &[&str]) -> Output {
         .env_remove("TTLAB_AGENT_BINARY")
         .env_remove("TTLAB_SESSION_TTL")
         .env_remove("TTLAB_SESSION_MAX")
+        .env_remove("TTLAB_MAX_EXTENSIONS")
+        .env_remove("TTLAB_EXTEND_WINDOW")
+        .env_remove("TTLAB_HARD_DEADLINE_GRACE")
         .output()
         .expect("ttlabctl runs")
 }
@@ -374,6 +377,209 @@ fn bad_input_fails_clearly() {
         assert!(
             stderr.contains(want),
             "stderr {stderr:?} should mention {want:?}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn the_header_says_what_a_session_really_costs_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    for (lesson, per_vm, vm_line, session) in [
+        (
+            "systemd-basics",
+            "memory per VM (KubeVirt v1.9): guest 2Gi + KubeVirt's overhead 292Mi = 2340Mi \
+             requested by the launcher pod's compute container, + 35M for its serial-console log \
+             sidecar = 2488667840 bytes (2373.4 MiB) counted by requests.memory quotas and the nodes",
+            "memory: guest 2Gi + KubeVirt's overhead 292Mi = launcher pod request 2340Mi \
+             (2488667840 bytes (2373.4 MiB) with the console log's sidecar)",
+            "memory of a session: 1 VM × 2488667840 bytes = 2488667840 bytes (2.32 GiB) of \
+             requests.memory",
+        ),
+        (
+            "kubeadm-cluster",
+            "memory per VM (KubeVirt v1.9): guest 4Gi + KubeVirt's overhead 318767105 bytes \
+             (304.0 MiB) = 4613734401 bytes (4400.0 MiB) requested by the launcher pod's compute \
+             container, + 35M for its serial-console log sidecar = 4648734401 bytes (4433.4 MiB) \
+             counted by requests.memory quotas and the nodes",
+            "memory: guest 4Gi + KubeVirt's overhead 318767105 bytes (304.0 MiB) = launcher pod \
+             request 4613734401 bytes (4400.0 MiB) (4648734401 bytes (4433.4 MiB) with the \
+             console log's sidecar)",
+            "memory of a session: 3 VMs × 4648734401 bytes = 13946203203 bytes (12.99 GiB) of \
+             requests.memory",
+        ),
+    ] {
+        for case in ["ready", "missing"] {
+            let stream = render(lesson, case, &agent);
+            let header: Vec<&str> = stream.lines().take_while(|l| *l != "---").collect();
+            assert!(
+                header.contains(&format!("# {per_vm}").as_str()),
+                "{lesson}: {header:#?}"
+            );
+            assert!(
+                header.contains(&format!("# {session}").as_str()),
+                "{lesson}: {header:#?}"
+            );
+            // Every VirtualMachine's comments say it too; the stream stays plain YAML.
+            let vms: Vec<_> = documents(&stream)
+                .into_iter()
+                .filter(|(_, doc)| doc["kind"] == "VirtualMachine")
+                .collect();
+            assert!(!vms.is_empty());
+            for (comments, _) in vms {
+                assert!(
+                    comments.contains(&format!("# {vm_line}")),
+                    "{lesson}: {comments:#?}"
+                );
+            }
+        }
+    }
+}
+
+/// The power-off instant the rendered user-data of the stream's first Secret arms: the Unix
+/// time in the power-off check and the timer's `OnCalendar`, which must agree.
+fn user_data_power_off(stream: &str) -> chrono::DateTime<chrono::Utc> {
+    use base64::Engine as _;
+    let (_, secret) = documents(stream)
+        .into_iter()
+        .find(|(_, d)| d["kind"] == "Secret")
+        .expect("a Secret");
+    let user_data = secret["stringData"]["userdata"].as_str().unwrap();
+    let config: Value =
+        serde_json::from_str(user_data.strip_prefix("#cloud-config\n").unwrap()).unwrap();
+    let file = |path: &str| -> String {
+        let f = config["write_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .unwrap_or_else(|| panic!("no {path} in the user-data"));
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(f["content"].as_str().unwrap())
+            .unwrap();
+        let mut text = String::new();
+        match f["encoding"].as_str() {
+            Some("b64") => text = String::from_utf8(raw).unwrap(),
+            Some("gz+b64") => {
+                std::io::Read::read_to_string(
+                    &mut flate2::read::GzDecoder::new(raw.as_slice()),
+                    &mut text,
+                )
+                .unwrap();
+            }
+            other => panic!("encoding {other:?} of {path}"),
+        }
+        text
+    };
+    let check = file(ttlab_cloudinit::POWEROFF_CHECK_PATH);
+    let unix: i64 = check
+        .lines()
+        .find_map(|l| l.strip_prefix("deadline="))
+        .expect("the deadline in the power-off check")
+        .parse()
+        .unwrap();
+    let at = chrono::DateTime::from_timestamp(unix, 0).unwrap();
+    let timer = file(ttlab_cloudinit::POWEROFF_TIMER_PATH);
+    assert!(
+        timer.contains(&format!(
+            "OnCalendar={}",
+            at.format("%Y-%m-%d %H:%M:%S UTC")
+        )),
+        "{timer}"
+    );
+    at
+}
+
+#[test]
+fn the_guest_power_off_follows_the_hard_deadline_grace_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = fake_agent(&dir);
+    let at = |text: &str| text.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let lessons = lessons_dir();
+        let mut args = vec![
+            "render",
+            "--now",
+            FIXED_NOW,
+            "--lesson",
+            "systemd-basics",
+            "--lessons",
+            lessons.to_str().unwrap(),
+            "--session-id",
+            SESSION,
+            "--env",
+            "dev",
+            "--agent-binary",
+            agent.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ttlabctl"));
+        command
+            .args(&args)
+            .env_remove("TTLAB_LESSONS")
+            .env_remove("TTLAB_SESSION_TTL")
+            .env_remove("TTLAB_SESSION_MAX")
+            .env_remove("TTLAB_MAX_EXTENSIONS")
+            .env_remove("TTLAB_EXTEND_WINDOW")
+            .env_remove("TTLAB_HARD_DEADLINE_GRACE");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output().expect("ttlabctl runs")
+    };
+    let stream = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    // The default: 180 minutes of lifetime and 15 of grace.
+    let default = stream(run(&[], &[]));
+    assert_eq!(user_data_power_off(&default), at("2090-01-01T03:15:00Z"));
+    assert_eq!(rendered_deadline(&default), at("2090-01-01T03:15:00Z"));
+    // The server's setting, from the environment as the Deployment gives it, or the flag.
+    for out in [
+        run(&[], &[("TTLAB_HARD_DEADLINE_GRACE", "5m")]),
+        run(&["--hard-deadline-grace", "5m"], &[]),
+    ] {
+        let s = stream(out);
+        assert_eq!(user_data_power_off(&s), at("2090-01-01T03:05:00Z"));
+        assert_eq!(rendered_deadline(&s), at("2090-01-01T03:05:00Z"));
+    }
+    // With the maximum lifetime too.
+    let s = stream(run(
+        &[],
+        &[
+            ("TTLAB_SESSION_MAX", "2h"),
+            ("TTLAB_HARD_DEADLINE_GRACE", "90s"),
+        ],
+    ));
+    assert_eq!(user_data_power_off(&s), at("2090-01-01T02:01:30Z"));
+
+    // A setting the server refuses is refused here too, naming it.
+    for (env, named) in [
+        (
+            ("TTLAB_HARD_DEADLINE_GRACE", "0s"),
+            "TTLAB_HARD_DEADLINE_GRACE",
+        ),
+        (
+            ("TTLAB_HARD_DEADLINE_GRACE", "soon"),
+            "TTLAB_HARD_DEADLINE_GRACE",
+        ),
+        (("TTLAB_EXTEND_WINDOW", "0s"), "TTLAB_EXTEND_WINDOW"),
+        (("TTLAB_MAX_EXTENSIONS", "many"), "TTLAB_MAX_EXTENSIONS"),
+    ] {
+        let out = run(&[], &[env]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{env:?} accepted");
+        assert!(out.stdout.is_empty());
+        assert!(
+            stderr.contains("invalid session time settings") && stderr.contains(named),
+            "{env:?}: {stderr}"
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
     }

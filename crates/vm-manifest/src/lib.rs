@@ -1,7 +1,9 @@
 //! Renders what Kubernetes must hold for one VM session: a KubeVirt VirtualMachine per node
 //! and, for a multi-VM session, a headless Service (peer DNS) and a NetworkPolicy (peers may
 //! talk to each other). It also owns the names of those objects and of each node's cloud-init
-//! Secret ([`vm_name`], [`secret_name`], [`service_name`], [`network_policy_name`]).
+//! Secret ([`vm_name`], [`secret_name`], [`service_name`], [`network_policy_name`]), and what
+//! one VM costs the cluster once KubeVirt has added its overhead ([`launcher`]: the launcher
+//! pod's requests, which the namespace quota and the nodes count).
 //!
 //! Pure: values in, values out, the same bytes for the same input. It refuses to own the
 //! golden-disk decision (`ttlab-disk-select` gives it a [`DiskDecision`]), the cloud-init
@@ -20,7 +22,8 @@
 //!   shared ConfigMap of the agent's version with its `volumeLabel` ([`AgentDisk`], given by
 //!   [`render_with_agent`]; [`render`] leaves it out, and such a guest's first boot fails for
 //!   want of its agent);
-//! - memory request equal to the guest memory (no overcommit discount), the lesson's cores,
+//! - memory request equal to the guest memory (no overcommit discount; KubeVirt adds its
+//!   overhead on the launcher pod, [`launcher::LauncherSpec::lab_vm`]), the lesson's cores,
 //!   masquerade on the pod network.
 //!
 //! ```
@@ -57,6 +60,7 @@
 //!     if c.name == agent.config_map && c.volume_label == "ttlab-agent"));
 //! ```
 
+pub mod launcher;
 mod names;
 mod network;
 mod vm;

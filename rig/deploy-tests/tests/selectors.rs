@@ -12,6 +12,7 @@ use ttlab_deploy_tests::{Rendered, pod_labels, selects, string_map};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_model::labels::{self, ObjectLabels};
 use ttlab_model::{EnvName, SessionId};
+use ttlab_vm_manifest::launcher::LauncherSpec;
 use ttlab_vm_manifest::{SessionManifests, SessionVms, render};
 
 use common::{ENVIRONMENTS, render_overlay};
@@ -293,5 +294,16 @@ fn the_quota_bounds_the_vms_the_code_creates_behind_the_backend_limit() {
             "8 VMs of 4Gi + ~1Gi overhead each"
         );
         assert!(2 * limit * per_vm > quota_gib);
+        // Exactly: what the quota is charged for each VM's launcher pod (the guest, KubeVirt's
+        // overhead and the console log's sidecar), 8 × 4648734401 bytes = 34.6 GiB.
+        let cores = vm.spec.template.spec.domain.cpu.cores;
+        let charged = LauncherSpec::lab_vm(per_vm << 30, cores)
+            .resources()
+            .pod_memory;
+        assert_eq!(charged, 4_648_734_401);
+        assert!(
+            limit * charged < quota_gib << 30,
+            "the VM count refuses before the quota's memory: {limit} × {charged} bytes"
+        );
     }
 }

@@ -1348,22 +1348,36 @@ fn add_finalizer(meta: &mut serde_json::Map<String, Value>, f: &str) {
     }
 }
 
-/// What a pod asks for of a compute resource (`kind` `requests` or `limits`, `res` `cpu` or
-/// `memory`): its containers' sum, or its largest init container's if that is more.
+/// A pod's `kind` (`requests` or `limits`) of `res`, as Kubernetes sums them for quotas and
+/// the scheduler (`PodRequests`, `PodLimits`): the containers, plus every sidecar (an init
+/// container with `restartPolicy: Always`, which runs beside them), or the most any init
+/// step needs if that is more (an init container with the sidecars started before it). A
+/// container's missing request is its limit, as defaulting makes it.
 fn pod_request(pod: &Value, kind: &str, res: &str) -> Quantity {
-    let requests = |list: &Value| -> Vec<Quantity> {
-        list.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| quantity(&c["resources"][kind][res]))
-            .collect()
+    let of = |c: &Value| -> Quantity {
+        quantity(&c["resources"][kind][res])
+            .or_else(|| {
+                (kind == "requests")
+                    .then(|| quantity(&c["resources"]["limits"][res]))
+                    .flatten()
+            })
+            .unwrap_or_default()
     };
-    let main: Quantity = requests(&pod["spec"]["containers"]).into_iter().sum();
-    let init_max = requests(&pod["spec"]["initContainers"])
-        .into_iter()
-        .max()
-        .unwrap_or_default();
-    main.max(init_max)
+    let list = |key: &str| pod["spec"][key].as_array().cloned().unwrap_or_default();
+    let mut total: Quantity = list("containers").iter().map(of).sum();
+    let mut sidecars = Quantity::ZERO;
+    let mut init_peak = Quantity::ZERO;
+    for c in list("initContainers") {
+        let step = if c["restartPolicy"] == "Always" {
+            total = total + of(&c);
+            sidecars = sidecars + of(&c);
+            sidecars
+        } else {
+            of(&c) + sidecars
+        };
+        init_peak = init_peak.max(step);
+    }
+    total.max(init_peak)
 }
 
 /// A quantity in an object: a string (surrounding spaces ignored, as the API server reads
@@ -1391,16 +1405,18 @@ fn compute_resource(quota_res: &str) -> Option<(&'static str, &'static str)> {
 /// admission words them: `limits.cpu for: a,b; requests.memory for: a` (empty: none). A
 /// limit stands for a missing request, as defaulting makes it one.
 fn missing_requests(pod: &Value, covered: &[&String]) -> String {
-    let containers = pod["spec"]["containers"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    // Init containers too, as quota admission checks them (`podEvaluator.Constraints`).
+    let containers: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|key| pod["spec"][*key].as_array())
+        .flatten()
+        .collect();
     let mut missing: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for res in covered {
         let Some((kind, r)) = compute_resource(res) else {
             continue;
         };
-        for c in containers {
+        for c in &containers {
             let set = !c["resources"][kind][r].is_null()
                 || (kind == "requests" && !c["resources"]["limits"][r].is_null());
             if !set {
@@ -1605,6 +1621,52 @@ mod tests {
         assert_eq!(
             e.message,
             "pods \"p\" is forbidden: failed quota: q: must specify limits.cpu for: a,b; requests.memory for: b"
+        );
+        // Init containers must name them too.
+        let pod = json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [{"name": "a", "resources": {"requests": {"memory": "1Mi"}, "limits": {"cpu": "1"}}}],
+            "initContainers": [{"name": "i", "resources": {"limits": {"cpu": "1"}}}]
+        }});
+        let e = s.create(PODS, "ns", pod).unwrap_err();
+        assert_eq!(
+            e.message,
+            "pods \"p\" is forbidden: failed quota: q: must specify requests.memory for: i"
+        );
+    }
+
+    #[test]
+    fn sidecars_count_with_the_containers_and_init_steps_by_their_peak() {
+        let mem = |m: &str| json!({"requests": {"memory": m}});
+        // A launcher pod: the compute container, the console log's sidecar, the container
+        // disk's init container.
+        let launcher = json!({"spec": {
+            "containers": [{"name": "compute", "resources": mem("2340Mi")}],
+            "initContainers": [
+                {"name": "guest-console-log", "restartPolicy": "Always", "resources": mem("35M")},
+                {"name": "volumerootdisk", "resources": mem("1M")}
+            ]
+        }});
+        assert_eq!(
+            pod_request(&launcher, "requests", "memory"),
+            Quantity::from_units((2340 << 20) + 35_000_000)
+        );
+        // An init step bigger than the containers (with the sidecars started before it).
+        let big_init = json!({"spec": {
+            "containers": [{"name": "c", "resources": mem("100M")}],
+            "initContainers": [
+                {"name": "s", "restartPolicy": "Always", "resources": mem("10M")},
+                {"name": "i", "resources": mem("500M")}
+            ]
+        }});
+        assert_eq!(
+            pod_request(&big_init, "requests", "memory"),
+            Quantity::from_units(510_000_000)
+        );
+        // A limit stands for a missing request.
+        let limited = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"memory": "1Gi"}}}]}});
+        assert_eq!(
+            pod_request(&limited, "requests", "memory"),
+            Quantity::from_units(1 << 30)
         );
     }
 }

@@ -471,6 +471,7 @@ pub(crate) async fn register_node(ctx: &Ctx) -> Result<(), Error> {
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
             "kubevirt.io/schedulable": "true",
+            "machine-type.node.kubevirt.io/q35": "true",
         }},
     });
     match ctx.rest.create(Kind::Node, "", &body).await {
@@ -481,8 +482,8 @@ pub(crate) async fn register_node(ctx: &Ctx) -> Result<(), Error> {
     let t = now();
     let mut status = json!({
         "addresses": [{"type": "InternalIP", "address": HOST_IP}, {"type": "Hostname", "address": node}],
-        "capacity": {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": "1k"},
-        "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": "1k"},
+        "capacity": {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": "1k", "devices.kubevirt.io/tun": "1k", "devices.kubevirt.io/vhost-net": "1k"},
+        "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": "1k", "devices.kubevirt.io/tun": "1k", "devices.kubevirt.io/vhost-net": "1k"},
         "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
         "nodeInfo": {
             "machineID": "", "systemUUID": "", "bootID": uuid::Uuid::new_v4().to_string(),

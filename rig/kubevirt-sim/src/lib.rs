@@ -9,7 +9,10 @@
 //!   until its VMI is gone; the VM's status (`printableStatus`, `ready`, `created`, `Ready`
 //!   condition, `runStrategy`, `stateChangeRequests`) follows KubeVirt's rules;
 //! - the **VirtualMachineInstance controller** (virt-controller and virt-handler): Pending →
-//!   Scheduling (a `virt-launcher-<vmi>-xxxxx` pod controlled by the VMI) → Scheduled (the pod
+//!   Scheduling (a `virt-launcher-<vmi>-xxxxx` pod controlled by the VMI, requesting what
+//!   KubeVirt v1.9 requests — the guest's memory plus KubeVirt's overhead, the console log's
+//!   sidecar, the devices — as `ttlab_vm_manifest::launcher` computes it, so a namespace quota
+//!   and the node are charged what a real cluster charges) → Scheduled (the pod
 //!   runs on the node) → Running, `status.interfaces[0].ipAddress` being the launcher pod's
 //!   loopback address; the finalizer `kubevirt.io/foregroundDeleteVirtualMachine` released
 //!   once the guest is off and the pod gone; new VMIs can be held in one of the starting

@@ -16,6 +16,7 @@ use base64::Engine as _;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use ttlab_vm_manifest::launcher;
 
 use crate::guests::{GuestEnd, GuestState, Shutdown};
 use crate::object::{
@@ -586,6 +587,7 @@ impl Vmi<'_> {
             .unwrap_or("default")
             .to_owned();
         let spec = vmi["spec"].clone();
+        let overhead = launcher_spec(vmi).resources().overhead_quantity();
         if !self.ctx.guests.mark_running(&self.uid) {
             // Stopped meanwhile; the next pass reports it.
             return Ok(Action::await_change());
@@ -616,8 +618,10 @@ impl Vmi<'_> {
                     .as_str()
                     .or_else(|| spec["domain"]["resources"]["requests"]["memory"].as_str())
                 {
-                    s["memory"] =
-                        json!({"guestAtBoot": mem, "guestCurrent": mem, "guestRequested": mem});
+                    s["memory"] = json!({
+                        "guestAtBoot": mem, "guestCurrent": mem, "guestRequested": mem,
+                        "memoryOverhead": overhead,
+                    });
                 }
                 s["volumeStatus"] = volume_status(&spec);
                 sync_ready_condition(s, Some(pod));
@@ -879,9 +883,13 @@ fn install_agent(dir: &std::path::Path, bin: &std::path::Path) -> Result<(), Err
 }
 
 /// The virt-launcher pod of `vmi`, after KubeVirt's `RenderLaunchManifest`: the VMI's labels
-/// plus KubeVirt's, owned by the VMI, a `compute` container requesting the guest's memory,
-/// the VMI's claims, its cloud-init Secrets and its ConfigMaps as volumes (so the pod waits
-/// for them, as on a real node).
+/// plus KubeVirt's, owned by the VMI, the VMI's claims, its cloud-init Secrets and its
+/// ConfigMaps as volumes (so the pod waits for them, as on a real node), and the resources
+/// the quota and the nodes count, as KubeVirt v1.9 requests them (`ttlab_vm_manifest::launcher`):
+/// a `compute` container requesting the guest's memory plus KubeVirt's overhead (also the
+/// `kubevirt.io/memory-overhead-bytes` annotation), a tenth of a core per vCPU, 50M of
+/// ephemeral storage and one of each KubeVirt device; the serial console's log as a sidecar;
+/// an init container per container disk.
 pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
     let vmi_name = name(vmi);
     let mut labels = vmi["metadata"]["labels"]
@@ -896,26 +904,37 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
         labels.insert("vmi.kubevirt.io/id".into(), Value::from(vmi_name));
     }
     let domain = &vmi["spec"]["domain"];
+    let spec = launcher_spec(vmi);
+    let cost = spec.resources();
     let mut requests = serde_json::Map::new();
-    if let Some(m) = domain["resources"]["requests"]["memory"]
-        .as_str()
-        .or_else(|| domain["memory"]["guest"].as_str())
-    {
-        requests.insert("memory".into(), Value::from(m));
+    let mut limits = serde_json::Map::new();
+    requests.insert("memory".into(), Value::from(cost.compute_memory_quantity()));
+    requests.insert(
+        "cpu".into(),
+        domain["resources"]["requests"]
+            .get("cpu")
+            .cloned()
+            .unwrap_or_else(|| Value::from(cost.compute_cpu_quantity())),
+    );
+    requests.insert(
+        "ephemeral-storage".into(),
+        Value::from(launcher::EPHEMERAL_STORAGE_REQUEST),
+    );
+    for device in launcher::DEVICE_RESOURCES {
+        requests.insert(device.into(), Value::from("1"));
+        limits.insert(device.into(), Value::from("1"));
     }
-    match domain["resources"]["requests"].get("cpu") {
-        Some(c) => {
-            requests.insert("cpu".into(), c.clone());
-        }
-        None => {
-            // KubeVirt's default CPU allocation ratio: a tenth of a core per vCPU.
-            let cpu = &domain["cpu"];
-            let vcpus: i64 = ["cores", "sockets", "threads"]
-                .iter()
-                .map(|k| cpu[*k].as_i64().unwrap_or(1).clamp(1, 1024))
-                .product();
-            requests.insert("cpu".into(), Value::from(format!("{}m", vcpus * 100)));
-        }
+    let mut init_containers = Vec::new();
+    if spec.console_log {
+        let c = launcher::CONSOLE_LOG_CONTAINER;
+        init_containers.push(json!({
+            "name": c.name,
+            "image": image,
+            "command": ["/usr/bin/virt-tail"],
+            "args": ["--logfile", format!("/var/run/kubevirt-private/{}/virt-serial0-log", uid(vmi))],
+            "resources": {"requests": quantities(c.requests), "limits": quantities(c.limits)},
+            "restartPolicy": "Always",
+        }));
     }
     let mut volumes = Vec::new();
     for v in vmi["spec"]["volumes"].as_array().into_iter().flatten() {
@@ -929,6 +948,20 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
             .or_else(|| v["dataVolume"]["name"].as_str())
         {
             volumes.push(json!({"name": vname, "persistentVolumeClaim": {"claimName": claim}}));
+        }
+        if let Some(disk_image) = v["containerDisk"]["image"].as_str() {
+            // Started and done before the compute container: its small request changes
+            // none of the pod's sums.
+            init_containers.push(json!({
+                "name": format!("volume{vname}"),
+                "image": disk_image,
+                "command": ["/container-disk-binary/usr/bin/container-disk"],
+                "args": ["--no-op"],
+                "resources": {
+                    "requests": {"cpu": "1m", "memory": "1M", "ephemeral-storage": "50M"},
+                    "limits": {"cpu": "10m", "memory": "40M"},
+                },
+            }));
         }
         if let Some(c) = v["configMap"]["name"].as_str() {
             let mut source = json!({"name": c});
@@ -959,6 +992,11 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
             "generateName": format!("virt-launcher-{vmi_name}-"),
             "namespace": meta(vmi, "namespace"),
             "labels": labels,
+            "annotations": {
+                launcher::MEMORY_OVERHEAD_ANNOTATION: cost.overhead.to_string(),
+                "kubevirt.io/domain": vmi_name,
+                "kubectl.kubernetes.io/default-container": "compute",
+            },
             "ownerReferences": [controller_ref("kubevirt.io/v1", "VirtualMachineInstance", vmi)],
         },
         "spec": {
@@ -966,8 +1004,14 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
                 "name": "compute",
                 "image": image,
                 "command": ["/usr/bin/virt-launcher-monitor"],
-                "resources": {"requests": requests},
+                "resources": {"requests": requests, "limits": limits},
             }],
+            "initContainers": init_containers,
+            "nodeSelector": {
+                "kubernetes.io/arch": vmi["spec"]["architecture"].as_str().filter(|a| !a.is_empty()).unwrap_or("amd64"),
+                "kubevirt.io/schedulable": "true",
+                "machine-type.node.kubevirt.io/q35": "true",
+            },
             "restartPolicy": "Never",
             // KubeVirt pads the guest's grace twice (15 s each) for the launcher.
             "terminationGracePeriodSeconds": grace.saturating_add(30),
@@ -985,6 +1029,43 @@ pub(crate) fn launcher_pod(vmi: &Value, image: &str) -> Value {
         pod["spec"]["subdomain"] = Value::from(s);
     }
     pod
+}
+
+/// What KubeVirt's launcher-pod rendering reads of `vmi`: its memory request (or guest
+/// memory), vCPUs (cores × sockets × threads), graphics device, console log and architecture.
+pub(crate) fn launcher_spec(vmi: &Value) -> launcher::LauncherSpec {
+    let spec = &vmi["spec"];
+    let domain = &spec["domain"];
+    // The memory KubeVirt adds its overhead to.
+    let memory_request = domain["resources"]["requests"]["memory"]
+        .as_str()
+        .or_else(|| domain["memory"]["guest"].as_str())
+        .and_then(|q| q.parse::<ttlab_model::Quantity>().ok())
+        .and_then(|q| u64::try_from(q.whole_units()?).ok())
+        .unwrap_or(0);
+    let cpu = &domain["cpu"];
+    let vcpus: u64 = ["cores", "sockets", "threads"]
+        .iter()
+        .map(|k| cpu[*k].as_u64().unwrap_or(1).clamp(1, 1024))
+        .product();
+    let devices = &domain["devices"];
+    let off = |key: &str| devices[key].as_bool() == Some(false);
+    launcher::LauncherSpec {
+        memory_request,
+        vcpus: u32::try_from(vcpus).unwrap_or(u32::MAX),
+        graphics: !off("autoattachGraphicsDevice"),
+        console_log: !off("autoattachSerialConsole") && !off("logSerialConsole"),
+        arch: launcher::Arch::from_spec(spec["architecture"].as_str()),
+    }
+}
+
+/// A support container's requests or limits as a JSON object.
+fn quantities(list: &[(&str, &str)]) -> Value {
+    Value::Object(
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+            .collect(),
+    )
 }
 
 /// What KubeVirt reports once the guest agent is connected: the guest's OS, the interfaces
@@ -1043,11 +1124,82 @@ mod tests {
             "golden"
         );
         assert_eq!(p["spec"]["volumes"][1]["secret"]["secretName"], "ci");
+        // 1Gi and KubeVirt's overhead for one vCPU: 2Mi of page tables, 240Mi for its
+        // processes, 8Mi for the vCPU, 8Mi for the IOThread, 32Mi of video RAM.
         assert_eq!(
             p["spec"]["containers"][0]["resources"]["requests"]["memory"],
-            "1Gi"
+            "1314Mi"
+        );
+        assert_eq!(
+            p["metadata"]["annotations"]["kubevirt.io/memory-overhead-bytes"],
+            (290u64 << 20).to_string()
         );
         assert_eq!(p["spec"]["terminationGracePeriodSeconds"], 60);
+    }
+
+    /// A recorded file of what KubeVirt v1.9 made of ttlab's rendered VMs.
+    fn recorded(name: &str) -> Vec<Value> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../reference/kubevirt/launcher")
+            .join(name);
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_launcher_pod_of_a_recorded_vmi_requests_what_kubevirt_requested() {
+        for case in [
+            "systemd-basics-golden-missing",
+            "kubeadm-cluster-golden-missing",
+        ] {
+            let vmis = recorded(&format!("{case}.vmis.json"));
+            let pods = recorded(&format!("{case}.launcher-pods.json"));
+            for (vmi, real) in vmis.iter().zip(&pods) {
+                let mut vmi = vmi.clone();
+                vmi["metadata"]["uid"] = real["metadata"]["labels"][CREATED_BY].clone();
+                let ours = launcher_pod(&vmi, "quay.io/kubevirt/virt-launcher:v1.9.0");
+                let container = |pod: &Value, list: &str, name: &str| -> Value {
+                    pod["spec"][list]
+                        .as_array()
+                        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+                        .cloned()
+                        .unwrap_or_else(|| panic!("{case}: no {list} {name}"))
+                };
+                assert_eq!(
+                    container(&ours, "containers", "compute")["resources"],
+                    container(real, "containers", "compute")["resources"],
+                    "{case}"
+                );
+                for init in ["guest-console-log", "volumerootdisk"] {
+                    let (o, r) = (
+                        container(&ours, "initContainers", init),
+                        container(real, "initContainers", init),
+                    );
+                    assert_eq!(o["resources"], r["resources"], "{case} {init}");
+                    assert_eq!(o["restartPolicy"], r["restartPolicy"], "{case} {init}");
+                }
+                assert_eq!(
+                    ours["metadata"]["labels"], real["metadata"]["labels"],
+                    "{case}"
+                );
+                for key in [
+                    "kubevirt.io/memory-overhead-bytes",
+                    "kubevirt.io/domain",
+                    "kubectl.kubernetes.io/default-container",
+                ] {
+                    assert_eq!(
+                        ours["metadata"]["annotations"][key], real["metadata"]["annotations"][key],
+                        "{case} {key}"
+                    );
+                }
+                assert_eq!(ours["spec"]["nodeSelector"], real["spec"]["nodeSelector"]);
+                assert_eq!(ours["spec"]["hostname"], real["spec"]["hostname"]);
+                assert_eq!(ours["spec"]["subdomain"], real["spec"]["subdomain"]);
+                assert_eq!(
+                    ours["spec"]["terminationGracePeriodSeconds"],
+                    real["spec"]["terminationGracePeriodSeconds"]
+                );
+            }
+        }
     }
 
     #[test]

@@ -416,3 +416,109 @@ async fn a_vm_waits_for_its_agent_config_map(on: On) {
     assert!(ready.ready);
     sim.stop().await;
 }
+
+on_both!(a_launcher_pod_requests_the_guest_memory_and_kubevirts_overhead_which_the_quota_counts);
+
+/// A session of each shipped VM lesson, rendered as the server renders it: each launcher pod
+/// requests what KubeVirt v1.9 requested for the same VMs (2340Mi for systemd-basics' 2Gi
+/// guest with 1 core, 4613734401 bytes for each 4Gi kubeadm node with 2 cores), and the
+/// namespace's `requests.memory` quota is charged that plus the console log's sidecar.
+async fn a_launcher_pod_requests_the_guest_memory_and_kubevirts_overhead_which_the_quota_counts(
+    on: On,
+) {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use ttlab_vm_manifest::launcher::LauncherSpec;
+
+    init_logs();
+    let Some((plane, client)) = plane(on).await else {
+        return;
+    };
+    let ns = plane.namespace(&client, "ttlab").await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ttlab-vms"},
+        "spec": {"hard": {"requests.memory": "48Gi", "count/virtualmachines.kubevirt.io": "8"}}
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    let used_memory = || async {
+        let q = quotas.get("ttlab-vms").await.ok()?;
+        let used = q.status?.used?;
+        let q: ttlab_model::Quantity = used.get("requests.memory")?.0.parse().ok()?;
+        u64::try_from(q.whole_units()?).ok()
+    };
+    // The quota controller has counted the empty namespace.
+    assert_eq!(eventually("the quota counted", 60, used_memory).await, 0);
+
+    let guests = tempfile::tempdir().unwrap();
+    let sim = start_sim(&plane.controller_client(&client).await, &ns, guests.path()).await;
+    let agent = AgentDisk {
+        config_map: "ttlab-agent-0123456789abcdef".into(),
+        volume_label: "ttlab-agent".into(),
+    };
+    let mut charged = 0;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (lesson, memory, cpu) in [
+        (ttlab_lesson::samples::systemd_basics(), "2340Mi", "100m"),
+        (
+            ttlab_lesson::samples::kubeadm_cluster(),
+            "4613734401",
+            "200m",
+        ),
+    ] {
+        let input = SessionVms {
+            session: SessionId::new_random(),
+            env: "dev".parse().unwrap(),
+            lesson: lesson.id.clone(),
+            namespace: Some(ns.clone()),
+            image: lesson.image.clone(),
+            memory: lesson.memory.as_str().to_owned(),
+            cores: lesson.cores,
+            nodes: lesson.nodes.as_slice().to_vec(),
+            disk: DiskDecision::ContainerDisk {
+                reason: FallbackReason::NotFound,
+            },
+            termination_grace_period_seconds: 30,
+        };
+        let cost = LauncherSpec::lab_vm(lesson.memory.bytes(), lesson.cores).resources();
+        for vm in render_with_agent(&input, &agent).unwrap().vms {
+            let name = vm.metadata.name.clone().unwrap();
+            create_vm(&client, &ns, &serde_json::to_value(&vm).unwrap()).await;
+            let pod = eventually("the launcher pod", 60, || async {
+                pods.list(&ListParams::default().labels(&format!("vmi.kubevirt.io/id={name}")))
+                    .await
+                    .ok()?
+                    .items
+                    .pop()
+            })
+            .await;
+            let pod = serde_json::to_value(pod).unwrap();
+            let compute = &pod["spec"]["containers"][0];
+            assert_eq!(compute["name"], "compute");
+            let requests = &compute["resources"]["requests"];
+            assert_eq!(requests["memory"], memory, "{name}");
+            assert_eq!(requests["cpu"], cpu, "{name}");
+            assert_eq!(requests["ephemeral-storage"], "50M", "{name}");
+            assert_eq!(requests["devices.kubevirt.io/kvm"], "1", "{name}");
+            assert_eq!(
+                pod["metadata"]["annotations"]["kubevirt.io/memory-overhead-bytes"],
+                cost.overhead.to_string()
+            );
+            assert_eq!(
+                pod["spec"]["initContainers"][0]["name"], "guest-console-log",
+                "the console log's sidecar"
+            );
+            charged += cost.pod_memory;
+            // What the API server's quota admission charged for it.
+            let want = charged;
+            eventually(&format!("requests.memory used = {want}"), 60, || async {
+                used_memory().await.filter(|u| *u == want)
+            })
+            .await;
+        }
+    }
+    // 2340Mi + 35M and three times 4613734401 + 35M.
+    assert_eq!(charged, 2_488_667_840 + 3 * 4_648_734_401);
+    assert_nothing_refused(&sim);
+    sim.stop().await;
+}

@@ -11,8 +11,10 @@ use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use ttlab_cluster::QuotaSummary;
 use ttlab_model::SessionStatus;
 use ttlab_store::{ReaperCycle, StoreError};
+use ttlab_vm_manifest::launcher::LauncherSpec;
 
 use crate::auth::AdminUser;
 use crate::extract::{ApiJson, SessionPath};
@@ -160,7 +162,8 @@ async fn capacity(
         Err(e) => (None, Some(e.to_string())),
     };
     // The second layer: the namespace's ResourceQuotas, as the API server accounts them.
-    let (quota, quota_error) = match state.cluster().resource_quotas().await {
+    let quotas = state.cluster().resource_quotas().await;
+    let (quota, quota_error) = match &quotas {
         Ok(quotas) => (
             Some(
                 quotas
@@ -172,6 +175,7 @@ async fn capacity(
         ),
         Err(e) => (None, Some(e.to_string())),
     };
+    let memory = memory_view(&state.config().lessons, quotas.as_deref().ok());
     Ok(Json(json!({
         "live_vms": live_vms,
         "starting_sessions": starting,
@@ -179,12 +183,69 @@ async fn capacity(
         "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
         "namespace": state.cluster().namespace(),
         "quota": quota,
+        "memory": memory,
         "terminating_vms": terminating_vms,
         "terminating": terminating,
         "error": error,
         "quota_error": quota_error,
     })))
 }
+
+/// Memory against the quota: the `requests.memory` of the namespace quota with the least left
+/// (hard and used as the API server accounts them; `null` when no quota limits memory or the
+/// quotas could not be read), what one session of each VM lesson costs there — KubeVirt's
+/// launcher pod requests the guest's memory plus its overhead, and the console log's sidecar
+/// beside it (`ttlab_vm_manifest::launcher`) — and how many more sessions of it the memory left
+/// allows.
+fn memory_view(lessons: &ttlab_lesson::LessonSet, quotas: Option<&[QuotaSummary]>) -> Value {
+    // The one place a quota's quantity is read.
+    let bytes = |text: &str| {
+        let q: ttlab_model::Quantity = text.parse().ok()?;
+        u64::try_from(q.whole_units()?).ok()
+    };
+    let binding = quotas
+        .into_iter()
+        .flatten()
+        .filter_map(|q| {
+            let hard = q.hard.get(REQUESTS_MEMORY)?;
+            let used = q.used.get(REQUESTS_MEMORY).map_or("0", String::as_str);
+            let (hard_bytes, used_bytes) = (bytes(hard)?, bytes(used)?);
+            Some((q, hard, used, hard_bytes, used_bytes))
+        })
+        .min_by_key(|(_, _, _, hard, used)| hard.saturating_sub(*used));
+    let free = binding.map(|(_, _, _, hard, used)| hard.saturating_sub(used));
+    let lessons: Vec<Value> = lessons
+        .iter()
+        .filter(|l| l.runtime == ttlab_model::Runtime::Vm)
+        .map(|l| {
+            let vm = LauncherSpec::lab_vm(l.memory.bytes(), l.cores).resources();
+            let vms = l.nodes.len() as u64;
+            let session = vm.pod_memory.saturating_mul(vms);
+            json!({
+                "lesson": l.id.as_str(),
+                "vms": vms,
+                "guest_bytes": vm.guest,
+                "overhead_bytes": vm.overhead,
+                "launcher_request_bytes": vm.compute_memory,
+                "vm_bytes": vm.pod_memory,
+                "session_bytes": session,
+                "more_sessions": free.map(|f| f / session.max(1)),
+            })
+        })
+        .collect();
+    json!({
+        "quota": binding.map(|(q, ..)| q.name.as_str()),
+        "hard": binding.map(|(_, hard, ..)| hard.as_str()),
+        "used": binding.map(|(_, _, used, ..)| used),
+        "hard_bytes": binding.map(|(_, _, _, hard, _)| hard),
+        "used_bytes": binding.map(|(.., used)| used),
+        "free_bytes": free,
+        "lessons": lessons,
+    })
+}
+
+/// The quota resource of the pods' memory requests.
+const REQUESTS_MEMORY: &str = "requests.memory";
 
 fn cycle_json(c: &ReaperCycle) -> Value {
     let r = &c.cycle;
@@ -646,6 +707,70 @@ async fn actions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn quota(name: &str, hard: &str, used: Option<&str>) -> QuotaSummary {
+        QuotaSummary {
+            name: name.into(),
+            hard: BTreeMap::from([(REQUESTS_MEMORY.to_owned(), hard.to_owned())]),
+            used: used
+                .map(|u| BTreeMap::from([(REQUESTS_MEMORY.to_owned(), u.to_owned())]))
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn memory_is_judged_by_the_quota_with_the_least_left() {
+        let lessons = ttlab_lesson::samples::sample_set();
+        let quotas = [
+            quota("roomy", "100Gi", Some("0")),
+            quota("tight", "8Gi", Some("2488667840")),
+            QuotaSummary {
+                name: "pods-only".into(),
+                hard: BTreeMap::from([("pods".to_owned(), "30".to_owned())]),
+                used: BTreeMap::new(),
+            },
+        ];
+        let m = memory_view(&lessons, Some(&quotas));
+        assert_eq!(m["quota"], "tight");
+        assert_eq!(m["hard"], "8Gi");
+        assert_eq!(m["used"], "2488667840");
+        assert_eq!(m["free_bytes"], (8u64 << 30) - 2_488_667_840);
+        let lesson = |id: &str| {
+            m["lessons"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["lesson"] == id)
+                .cloned()
+                .unwrap()
+        };
+        let systemd = lesson("systemd-basics");
+        assert_eq!(systemd["launcher_request_bytes"], 2340u64 << 20);
+        assert_eq!(systemd["session_bytes"], 2_488_667_840u64);
+        // 8Gi - 2.32 GiB leaves room for 2 more sessions of 2.32 GiB, not 3.
+        assert_eq!(systemd["more_sessions"], 2);
+        let kubeadm = lesson("kubeadm-cluster");
+        assert_eq!(kubeadm["vms"], 3);
+        assert_eq!(kubeadm["launcher_request_bytes"], 4_613_734_401u64);
+        assert_eq!(kubeadm["session_bytes"], 3 * 4_648_734_401u64);
+        assert_eq!(kubeadm["more_sessions"], 0);
+
+        // Used above hard (a lowered quota) leaves nothing, without underflow; no used yet
+        // counts as none.
+        let over = memory_view(&lessons, Some(&[quota("q", "1Gi", Some("2Gi"))]));
+        assert_eq!(over["free_bytes"], 0);
+        let fresh = memory_view(&lessons, Some(&[quota("q", "48Gi", None)]));
+        assert_eq!(fresh["free_bytes"], 48u64 << 30);
+        // No quota on memory, or quotas unread: the costs without a verdict.
+        for m in [
+            memory_view(&lessons, Some(&quotas[2..])),
+            memory_view(&lessons, None),
+        ] {
+            assert!(m["quota"].is_null() && m["free_bytes"].is_null(), "{m}");
+            assert!(m["lessons"][0]["more_sessions"].is_null());
+            assert!(m["lessons"][0]["session_bytes"].as_u64().unwrap() > 0);
+        }
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {

@@ -141,7 +141,7 @@ pub fn document() -> Value {
                 ],
                 "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
             }},
-            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, and the namespace's ResourceQuotas", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
                 "summary": "Recent reaper cycle reports",
                 "security": [{"bearer": []}],
@@ -248,6 +248,7 @@ pub fn document() -> Value {
     doc["components"]["schemas"]["Class"] = class_schema();
     doc["components"]["schemas"]["Error"]["properties"]["field"] =
         json!({"type": "string", "description": "with a 422: the field of the request at fault"});
+    doc["components"]["schemas"]["Capacity"]["properties"]["memory"] = capacity_memory_schema();
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -295,6 +296,24 @@ fn task_schema() -> Value {
         "last_error": {"type": ["string", "null"], "description": "why the last activation failed, until the next success"},
         "last_error_at": {"type": ["string", "null"], "format": "date-time"}
     }})
+}
+
+/// `Capacity.memory` (apart, to keep `json!`'s recursion in bounds).
+fn capacity_memory_schema() -> Value {
+    json!({"type": "object", "description": "memory against the quota: KubeVirt's launcher pod of a VM requests the guest's memory plus KubeVirt's overhead, with the serial-console log's sidecar beside it, and that is what a requests.memory quota and the nodes count", "properties": {
+                        "quota": {"type": ["string", "null"], "description": "the quota whose requests.memory has the least left; null if no quota limits memory or the quotas could not be read"},
+                        "hard": {"type": ["string", "null"], "description": "its requests.memory limit, as the API server accounts it (e.g. 48Gi)"},
+                        "used": {"type": ["string", "null"], "description": "its requests.memory in use"},
+                        "hard_bytes": {"type": ["integer", "null"]}, "used_bytes": {"type": ["integer", "null"]},
+                        "free_bytes": {"type": ["integer", "null"], "description": "hard minus used (0 if used is above hard)"},
+                        "lessons": {"type": "array", "description": "what one session of each VM lesson costs", "items": {"type": "object", "properties": {
+                            "lesson": {"type": "string"}, "vms": {"type": "integer"},
+                            "guest_bytes": {"type": "integer", "description": "a VM's guest memory (its memory request)"},
+                            "overhead_bytes": {"type": "integer", "description": "KubeVirt's per-VM overhead (the launcher pod's kubevirt.io/memory-overhead-bytes)"},
+                            "launcher_request_bytes": {"type": "integer", "description": "the launcher pod's compute container request: guest plus overhead"},
+                            "vm_bytes": {"type": "integer", "description": "what the quota is charged for one VM: the launcher pod's requests, its sidecar included"},
+                            "session_bytes": {"type": "integer", "description": "vm_bytes times vms"},
+                            "more_sessions": {"type": ["integer", "null"], "description": "how many more sessions of the lesson free_bytes allows (the VM limit aside); null without a memory quota"}}}}}})
 }
 
 /// The warm-pool admin routes (apart, to keep `json!`'s recursion in bounds).

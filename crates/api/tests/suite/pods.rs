@@ -162,6 +162,41 @@ async fn capacity_shows_the_namespace_quota() {
         before["quota"][0]["used"]["count/virtualmachines.kubevirt.io"],
         "0"
     );
+    // Memory against the quota. A VM of `quick` (256Mi, 1 core) costs its launcher pod's
+    // requests: 256Mi + KubeVirt's overhead of 302514177 bytes (524289 of page tables, 240Mi
+    // for its processes, 8Mi for the vCPU, 8Mi for the IOThread, 32Mi of video RAM) in the
+    // compute container, and 35M for the console log's sidecar.
+    const QUICK_VM: u64 = 268_435_456 + 302_514_177 + 35_000_000;
+    const HARD: u64 = 48 << 30;
+    let m = &before["memory"];
+    assert_eq!(m["quota"], "ttlab-vms", "{before}");
+    assert_eq!(m["hard"], "48Gi");
+    assert_eq!(
+        (m["hard_bytes"].as_u64(), m["used_bytes"].as_u64()),
+        (Some(HARD), Some(0))
+    );
+    let lesson = |m: &Value, id: &str| {
+        m["lessons"]
+            .as_array()
+            .and_then(|ls| ls.iter().find(|l| l["lesson"] == id).cloned())
+            .unwrap_or_else(|| panic!("no {id} in {m}"))
+    };
+    let quick = lesson(m, "quick");
+    assert_eq!(quick["vms"], 1);
+    assert_eq!(quick["guest_bytes"], 268_435_456);
+    assert_eq!(quick["overhead_bytes"], 302_514_177);
+    assert_eq!(quick["launcher_request_bytes"], 268_435_456 + 302_514_177);
+    assert_eq!(quick["session_bytes"], QUICK_VM);
+    assert_eq!(quick["more_sessions"], HARD / QUICK_VM);
+    assert_eq!(lesson(m, "duo")["session_bytes"], 2 * QUICK_VM);
+    assert!(
+        m["lessons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["lesson"] != "shell"),
+        "pod lessons are not VMs: {m}"
+    );
 
     let alice = token("alice", Role::Student);
     let (_, v) = s
@@ -179,6 +214,19 @@ async fn capacity_shows_the_namespace_quota() {
     assert_ne!(q["used"]["requests.memory"], "0", "{after}");
     assert_eq!(after["live_vms"], 1);
     assert!(after["quota_error"].is_null(), "{after}");
+    // The quota was charged the VM's launcher pod, KubeVirt's overhead included, and the
+    // memory left allows that many fewer sessions.
+    let m = &after["memory"];
+    assert_eq!(m["used_bytes"], QUICK_VM, "{after}");
+    assert_eq!(m["free_bytes"], HARD - QUICK_VM);
+    assert_eq!(
+        lesson(m, "quick")["more_sessions"],
+        (HARD - QUICK_VM) / QUICK_VM
+    );
+    assert_eq!(
+        lesson(m, "duo")["more_sessions"],
+        (HARD - QUICK_VM) / (2 * QUICK_VM)
+    );
 
     // Every field shown is described by the OpenAPI document.
     let (_, doc) = s.raw("GET", "/api/openapi.json", None, None, vec![]).await;
