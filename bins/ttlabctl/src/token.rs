@@ -1,10 +1,11 @@
-//! `ttlabctl token`: mints a bearer token for the ttlab API.
+//! `ttlabctl token`: mints a bearer token for the ttlab API (the token format is
+//! `ttlab-auth`'s; nothing of the server is linked).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::Args;
-use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
+use ttlab_auth::{AuthSecret, Role};
 use ttlab_model::UserId;
 
 /// Arguments of `ttlabctl token`.
@@ -26,12 +27,12 @@ pub struct TokenArgs {
 
 /// Prints the token on standard output.
 pub fn run(args: TokenArgs) -> anyhow::Result<()> {
-    let auth = AuthConfig::new(AuthSecret::new(args.auth_secret.into_bytes())?);
+    let secret = AuthSecret::new(args.auth_secret.into_bytes())?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?
         .as_secs();
-    let token = auth.mint(&args.user, args.role, now, args.ttl)?;
+    let token = secret.mint(&args.user, args.role, now, args.ttl)?;
     println!("{token}");
     Ok(())
 }

@@ -192,3 +192,39 @@ fn the_dockerfile_builds_ttlabctl_without_its_dev_tools() {
         .expect("the Dockerfile builds ttlabctl");
     assert!(line.contains("--no-default-features"), "{line}");
 }
+
+#[test]
+fn production_ttlabctl_links_no_http_server() {
+    // `ttlabctl token` mints with ttlab-auth alone, and `ttlabctl class` is an HTTP client:
+    // no server framework, not the server, not hyper's server half.
+    let deps = linked("ttlab-ttlabctl-bin", &["--no-default-features"]);
+    assert!(
+        deps.contains_key("ttlab-auth"),
+        "the tree was read ({deps:?})"
+    );
+    for server_part in ["axum", "ttlab-api"] {
+        assert!(
+            !deps.contains_key(server_part),
+            "production ttlabctl links {server_part}"
+        );
+    }
+    if let Some(hyper) = deps.get("hyper") {
+        assert!(
+            !hyper.iter().any(|f| f == "server"),
+            "production ttlabctl builds hyper with its server feature ({hyper:?})"
+        );
+    }
+    // The server does link them: the checks above can fail.
+    let server = linked("ttlab-server-bin", &[]);
+    for server_part in ["axum", "ttlab-api"] {
+        assert!(
+            server.contains_key(server_part),
+            "ttlab-server should link {server_part}"
+        );
+    }
+    assert!(
+        server["hyper"].iter().any(|f| f == "server"),
+        "{:?}",
+        server["hyper"]
+    );
+}

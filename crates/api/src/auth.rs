@@ -3,92 +3,23 @@
 //! connections from that proxy's addresses ([`TrustedProxies`]), so a client going through
 //! the Ingress cannot name itself.
 //!
-//! [`CurrentUser`] and [`AdminUser`] are axum extractors usable by any router whose state
-//! gives an [`AuthConfig`] (`FromRef`), so other route modules (the console) reuse them.
-//! Only HS256 is accepted: `alg: none`, any other algorithm, a wrong signature, an expired
-//! token or missing claims are all 401.
+//! The token itself (its claims, the secret, minting and verifying) is `ttlab-auth`'s,
+//! re-exported here; this module reads it from requests. [`CurrentUser`] and [`AdminUser`]
+//! are axum extractors usable by any router whose state gives an [`AuthConfig`] (`FromRef`),
+//! so other route modules (the console) reuse them. Only HS256 is accepted: `alg: none`, any
+//! other algorithm, a wrong signature, an expired token or missing claims are all 401.
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, FromRef, FromRequestParts};
 use axum::http::HeaderName;
 use axum::http::request::Parts;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use serde::{Deserialize, Serialize};
 use ttlab_model::UserId;
 
+pub use ttlab_auth::{AuthError, AuthSecret, Claims, MIN_SECRET_BYTES, Role};
+
 use crate::ApiError;
-
-/// The shortest secret accepted, in bytes.
-pub const MIN_SECRET_BYTES: usize = 32;
-
-/// The HMAC secret tokens are signed with. Its `Debug` never shows it.
-#[derive(Clone)]
-pub struct AuthSecret(Vec<u8>);
-
-impl AuthSecret {
-    /// Accepts a secret of at least [`MIN_SECRET_BYTES`] bytes.
-    pub fn new(secret: impl Into<Vec<u8>>) -> Result<Self, ApiError> {
-        let secret = secret.into();
-        if secret.len() < MIN_SECRET_BYTES {
-            return Err(ApiError::Config(format!(
-                "TTLAB_AUTH_SECRET is {} bytes; it must be at least {MIN_SECRET_BYTES} \
-                 (e.g. `openssl rand -hex 32`)",
-                secret.len()
-            )));
-        }
-        Ok(Self(secret))
-    }
-}
-
-impl fmt::Debug for AuthSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AuthSecret(*** {} bytes)", self.0.len())
-    }
-}
-
-/// What a user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr)]
-#[strum(
-    serialize_all = "lowercase",
-    parse_err_ty = String,
-    parse_err_fn = unknown_role
-)]
-pub enum Role {
-    /// Opens, uses and finishes their own session.
-    Student,
-    /// Also reads every session and uses the admin routes.
-    Admin,
-}
-
-impl Role {
-    /// Lowercase name, as in the `role` claim.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-fn unknown_role(s: &str) -> String {
-    format!("unknown role {s:?}: expected `student` or `admin`")
-}
-
-/// The claims of a ttlab token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Claims {
-    /// The user id.
-    pub sub: String,
-    /// The role.
-    pub role: Role,
-    /// Expiry, seconds since the Unix epoch.
-    pub exp: u64,
-    /// Issued at, seconds since the Unix epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iat: Option<u64>,
-}
 
 /// The peers an authenticating proxy's user header is accepted from: addresses and CIDR
 /// blocks (`10.1.2.3`, `10.0.0.0/8`, `fd00::/8`), comma-separated.
@@ -195,37 +126,15 @@ impl AuthConfig {
         now_unix: u64,
         ttl: Duration,
     ) -> Result<String, ApiError> {
-        mint_token(&self.secret, user, role, now_unix, ttl)
+        Ok(self.secret.mint(user, role, now_unix, ttl)?)
     }
 
     /// Checks a bearer token and returns who it names.
     pub fn verify(&self, token: &str) -> Result<CurrentUser, ApiError> {
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = 5;
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        hs256::install();
-        let data = jsonwebtoken::decode::<Claims>(
-            token,
-            &DecodingKey::from_secret(&self.secret.0)
-                .map_err(|e| ApiError::Internal(format!("the signing key: {e}")))?,
-            &validation,
-        )
-        .map_err(|e| {
-            use jsonwebtoken::errors::ErrorKind;
-            let why = match e.kind() {
-                ErrorKind::ExpiredSignature => "the token has expired",
-                ErrorKind::InvalidSignature => "the token's signature is not valid",
-                ErrorKind::InvalidAlgorithm => "the token must be signed with HS256",
-                ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
-                _ => "the token is not a valid ttlab token",
-            };
-            ApiError::Unauthorized(why.to_owned())
-        })?;
-        let user = UserId::new(data.claims.sub)
-            .map_err(|e| ApiError::Unauthorized(format!("the token's subject: {e}")))?;
+        let verified = self.secret.verify(token)?;
         Ok(CurrentUser {
-            user,
-            role: data.claims.role,
+            user: verified.user,
+            role: verified.role,
         })
     }
 
@@ -274,113 +183,6 @@ impl AuthConfig {
             "sign in first: send `Authorization: Bearer <token>`".into(),
         ))
     }
-}
-
-/// The one signing algorithm ttlab uses, as a `jsonwebtoken` crypto provider: HMAC-SHA256 over
-/// RustCrypto's `hmac` and `sha2`. jsonwebtoken is built without a bundled backend (its
-/// `rust_crypto` backend would also compile RSA, ECDSA and EdDSA); every other algorithm is
-/// refused here, besides `Validation` accepting only HS256.
-mod hs256 {
-    use hmac::{Hmac, KeyInit, Mac};
-    use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier, KeyUtils};
-    use jsonwebtoken::errors::{Error, ErrorKind};
-    use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, EncodingKey};
-    use sha2::Sha256;
-
-    type HmacSha256 = Hmac<Sha256>;
-
-    struct Hs256(HmacSha256);
-
-    impl Hs256 {
-        fn new(key: &[u8]) -> Result<Self, Error> {
-            HmacSha256::new_from_slice(key)
-                .map(Self)
-                .map_err(|_| ErrorKind::InvalidKeyFormat.into())
-        }
-    }
-
-    impl signature::Signer<Vec<u8>> for Hs256 {
-        fn try_sign(&self, msg: &[u8]) -> Result<Vec<u8>, signature::Error> {
-            let mut mac = self.0.clone();
-            mac.update(msg);
-            Ok(mac.finalize().into_bytes().to_vec())
-        }
-    }
-
-    impl signature::Verifier<Vec<u8>> for Hs256 {
-        fn verify(&self, msg: &[u8], sig: &Vec<u8>) -> Result<(), signature::Error> {
-            let mut mac = self.0.clone();
-            mac.update(msg);
-            // Constant-time comparison.
-            mac.verify_slice(sig).map_err(|_| signature::Error::new())
-        }
-    }
-
-    impl JwtSigner for Hs256 {
-        fn algorithm(&self) -> Algorithm {
-            Algorithm::HS256
-        }
-    }
-
-    impl JwtVerifier for Hs256 {
-        fn algorithm(&self) -> Algorithm {
-            Algorithm::HS256
-        }
-    }
-
-    fn signer(alg: &Algorithm, key: &EncodingKey) -> Result<Box<dyn JwtSigner>, Error> {
-        if *alg != Algorithm::HS256 || key.family() != AlgorithmFamily::Hmac {
-            return Err(ErrorKind::InvalidAlgorithm.into());
-        }
-        Ok(Box::new(Hs256::new(key.as_bytes())?))
-    }
-
-    fn verifier(alg: &Algorithm, key: &DecodingKey) -> Result<Box<dyn JwtVerifier>, Error> {
-        if *alg != Algorithm::HS256 || key.family() != AlgorithmFamily::Hmac {
-            return Err(ErrorKind::InvalidAlgorithm.into());
-        }
-        Ok(Box::new(Hs256::new(key.try_get_as_bytes()?)?))
-    }
-
-    static PROVIDER: CryptoProvider = CryptoProvider {
-        signer_factory: signer,
-        verifier_factory: verifier,
-        // No JWKs: ttlab's keys are a shared secret.
-        key_utils: KeyUtils::new_unimplemented(),
-    };
-
-    /// Installs the provider for the process (once; a provider another part of the process
-    /// installed first is kept, and HS256 is all ttlab asks of it).
-    pub(super) fn install() {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            let _ = PROVIDER.install_default();
-        });
-    }
-}
-
-/// Signs an HS256 token with claims `sub`, `role`, `iat` and `exp = now + ttl`.
-pub fn mint_token(
-    secret: &AuthSecret,
-    user: &UserId,
-    role: Role,
-    now_unix: u64,
-    ttl: Duration,
-) -> Result<String, ApiError> {
-    let claims = Claims {
-        sub: user.as_str().to_owned(),
-        role,
-        exp: now_unix.saturating_add(ttl.as_secs()),
-        iat: Some(now_unix),
-    };
-    hs256::install();
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(&secret.0)
-            .map_err(|e| ApiError::Internal(format!("the signing key: {e}")))?,
-    )
-    .map_err(|e| ApiError::Internal(format!("signing a token: {e}")))
 }
 
 /// The authenticated caller of a request.
@@ -436,19 +238,6 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn role_names_read_back_and_an_unknown_one_is_named() {
-        for (role, name) in [(Role::Student, "student"), (Role::Admin, "admin")] {
-            assert_eq!(role.as_str(), name);
-            assert_eq!(role.to_string(), name);
-            assert_eq!(name.parse::<Role>(), Ok(role));
-        }
-        assert_eq!(
-            "root".parse::<Role>(),
-            Err("unknown role \"root\": expected `student` or `admin`".to_owned())
-        );
-    }
-
     fn config() -> AuthConfig {
         AuthConfig::new(AuthSecret::new(vec![7u8; 32]).unwrap())
     }
@@ -477,13 +266,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn short_secrets_are_refused() {
-        let err = AuthSecret::new(vec![1u8; 31]).unwrap_err();
-        assert!(err.to_string().contains("at least 32"), "{err}");
-        assert!(!format!("{:?}", AuthSecret::new(vec![b'x'; 40]).unwrap()).contains("xxx"));
     }
 
     #[test]

@@ -369,6 +369,17 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<ttlab_auth::AuthError> for ApiError {
+    fn from(e: ttlab_auth::AuthError) -> Self {
+        use ttlab_auth::AuthError;
+        match e {
+            AuthError::SecretTooShort { .. } => Self::Config(e.to_string()),
+            AuthError::Rejected(why) => Self::Unauthorized(why),
+            AuthError::Key(_) | AuthError::Sign(_) => Self::Internal(e.to_string()),
+        }
+    }
+}
+
 impl From<ttlab_cluster::ClusterError> for ApiError {
     fn from(e: ttlab_cluster::ClusterError) -> Self {
         if e.is_retryable() {

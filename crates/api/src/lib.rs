@@ -3,7 +3,7 @@
 //! the operators' write-up), plus finishing a session.
 //!
 //! It owns composition: which routes exist and what they answer ([`routes`]), who may call
-//! them ([`auth`]), the order of provisioning and what a failure leaves behind ([`saga`]).
+//! them ([`auth`], over the token format of `ttlab-auth`), the order of provisioning and what a failure leaves behind ([`saga`]).
 //! It refuses to own anything below: SQL is `ttlab-store`'s, Kubernetes calls are
 //! `ttlab-cluster`'s, expiry maths is `ttlab-lifespan`'s (always fed the database clock),
 //! manifests and cloud-init are rendered by their own crates, and expired sessions are the
@@ -18,7 +18,7 @@
 //! use ttlab_api::{ApiError, CapacityUse};
 //!
 //! // Secrets shorter than 32 bytes are refused at start-up.
-//! assert!(matches!(AuthSecret::new("short"), Err(ApiError::Config(_))));
+//! assert!(matches!(AuthSecret::new("short").map_err(ApiError::from), Err(ApiError::Config(_))));
 //!
 //! let auth = AuthConfig::new(AuthSecret::new(vec![42u8; 32]).unwrap());
 //! let alice = "alice".parse().unwrap();
