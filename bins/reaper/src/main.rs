@@ -7,7 +7,6 @@
 //! another reaper of the environment acting (it keeps the leader lease renewed).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,30 +14,22 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use ttlab_cluster::{ClusterSettings, KubeCluster};
+use ttlab_cli::{ClusterArgs, DatabaseArgs};
 use ttlab_model::EnvName;
 use ttlab_reaper::{Metrics, OnceError, ReaperContext, ReaperSettings};
-use ttlab_store::{Store, StoreOptions};
+use ttlab_store::StoreOptions;
 
 /// Reclaims every VM, Secret and pod ttlab no longer needs, in one environment.
 #[derive(Debug, Parser)]
 #[command(name = "ttlab-reaper", version, about)]
 struct Args {
-    /// PostgreSQL URL of the ttlab database.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
-    database_url: String,
+    #[command(flatten)]
+    db: DatabaseArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// This reaper's environment: it only ever touches sessions and objects labelled with it.
     #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
     env: EnvName,
-    /// The namespace of the VMs.
-    #[arg(long, env = "TTLAB_NAMESPACE", default_value = "ttlab-vms")]
-    namespace: String,
-    /// Kubeconfig file (in-cluster service account, or ~/.kube/config, when absent).
-    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
-    /// Kubernetes API calls in flight at once.
-    #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
-    kube_concurrency: usize,
     /// The backstop sweep interval (cycles also run at each deadline and on collect requests).
     #[arg(long, env = "TTLAB_REAP_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     interval: Duration,
@@ -64,16 +55,6 @@ struct Args {
     /// a second) after the leader vanished. Keep it well under the sweep interval.
     #[arg(long, env = "TTLAB_LEADER_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
     leader_lease: Duration,
-    /// The server cancels a statement running longer (`statement_timeout`).
-    #[arg(long, env = "TTLAB_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
-    db_statement_timeout: Duration,
-    /// The server gives up waiting for a lock this long (`lock_timeout`).
-    #[arg(long, env = "TTLAB_DB_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    db_lock_timeout: Duration,
-    /// A request that gets no byte of answer for this long fails and its connection is given
-    /// up (half-open connections, stalled servers).
-    #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
-    db_call_timeout: Duration,
     /// The environment's VMs and Secrets are read from watch-fed listings, each rebuilt from
     /// a full list at least this often (a cycle lists them itself while a listing is being
     /// rebuilt or after its watch failed). 0 lists them every cycle. Not used with --once.
@@ -128,34 +109,17 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..ReaperSettings::default()
     };
     settings.validate()?;
-    let store = Store::connect(
-        &args.database_url,
-        StoreOptions {
-            max_connections: args.concurrency + 4,
-            timeouts: ttlab_store::Timeouts {
-                statement: args.db_statement_timeout,
-                lock: args.db_lock_timeout,
-                call: args.db_call_timeout,
-                ..ttlab_store::Timeouts::default()
-            },
-            leases: ttlab_store::LeaseTtls {
-                leader: args.leader_lease,
-                ..ttlab_store::LeaseTtls::default()
-            },
-            ..StoreOptions::default()
-        },
-    )
-    .await?;
-    let cluster_settings = ClusterSettings {
-        max_in_flight: args.kube_concurrency.max(1),
-        user_agent: USER_AGENT.to_owned(),
-        ..ClusterSettings::in_namespace(&args.namespace)
+    let mut options = StoreOptions {
+        max_connections: args.concurrency + 4,
+        ..args.db.store_options()
     };
-    let cluster = match &args.kubeconfig {
-        Some(path) => KubeCluster::from_kubeconfig(path, cluster_settings).await,
-        None => KubeCluster::try_default(cluster_settings).await,
-    }
-    .context("building the Kubernetes client")?;
+    options.leases.leader = args.leader_lease;
+    let store = args.db.connect(options).await?;
+    let cluster = args
+        .cluster
+        .connect(USER_AGENT)
+        .await
+        .context("building the Kubernetes client")?;
     let ctx =
         ReaperContext::new(store, Arc::new(cluster), args.env.clone()).with_settings(settings);
     let stall_after = args
@@ -190,7 +154,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let shutdown = ctx.shutdown.clone();
     let (bound, server) =
         ttlab_reaper::serve_metrics(args.metrics_listen, metrics.clone(), shutdown.clone()).await?;
-    tracing::info!(env = %args.env, namespace = %args.namespace, metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
+    tracing::info!(env = %args.env, namespace = %args.cluster.namespace, metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     ttlab_reaper::run(ctx, args.interval, metrics).await;
     shutdown.cancel();

@@ -9,25 +9,22 @@ use anyhow::Context as _;
 use clap::Parser;
 use ttlab_api::auth::{AuthConfig, AuthSecret};
 use ttlab_api::{ApiConfig, Server};
-use ttlab_cluster::{ClusterSettings, KubeCluster};
+use ttlab_cli::{ClusterArgs, DatabaseArgs};
 use ttlab_lesson::LessonSet;
 use ttlab_lifespan::Policy;
 use ttlab_model::EnvName;
-use ttlab_store::{Store, StoreOptions};
 
 /// ttlab-server: lab sessions on KubeVirt VMs.
 #[derive(Debug, Parser)]
 #[command(name = "ttlab-server", version, about)]
 struct Args {
-    /// PostgreSQL URL.
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
+    #[command(flatten)]
+    db: DatabaseArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Environment label stamped on every object (dev, prod, …).
     #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
     env: EnvName,
-    /// Namespace of the VMs.
-    #[arg(long, env = "TTLAB_NAMESPACE", default_value = "ttlab-vms")]
-    namespace: String,
     /// Address to listen on (students, admins, the web pages).
     #[arg(long, env = "TTLAB_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
@@ -83,9 +80,6 @@ struct Args {
     /// stopped, should nothing reclaim them first (e.g. 15m).
     #[arg(long, env = "TTLAB_HARD_DEADLINE_GRACE")]
     hard_deadline_grace: Option<String>,
-    /// Most concurrent Kubernetes API calls.
-    #[arg(long, env = "TTLAB_KUBE_CONCURRENCY", default_value_t = 16)]
-    kube_concurrency: usize,
     /// The guest agent binary to deliver (default: `ttlab-agent` beside this executable): its
     /// gzip becomes the shared ConfigMap `ttlab-agent-<digest prefix>` every VM mounts.
     #[arg(long, env = "TTLAB_AGENT_BINARY")]
@@ -105,23 +99,6 @@ struct Args {
     /// 429, a timeout, a lost connection) before the session fails (e.g. 60s; more than zero).
     #[arg(long, env = "TTLAB_CLUSTER_RETRY_BUDGET", default_value = "60s", value_parser = positive_duration)]
     cluster_retry_budget: std::time::Duration,
-    #[command(flatten)]
-    db: DbTimeouts,
-}
-
-/// Bounds on waiting for PostgreSQL (docs/postgres.md).
-#[derive(Debug, clap::Args)]
-struct DbTimeouts {
-    /// The server cancels a statement running longer (`statement_timeout`).
-    #[arg(long, env = "TTLAB_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
-    db_statement_timeout: std::time::Duration,
-    /// The server gives up waiting for a lock this long (`lock_timeout`).
-    #[arg(long, env = "TTLAB_DB_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    db_lock_timeout: std::time::Duration,
-    /// A request that gets no byte of answer for this long fails and its connection is given
-    /// up (half-open connections, stalled servers).
-    #[arg(long, env = "TTLAB_DB_CALL_TIMEOUT", default_value = "40s", value_parser = humantime::parse_duration)]
-    db_call_timeout: std::time::Duration,
 }
 
 /// A humantime duration (`90s`, `2m`) that is more than zero.
@@ -160,7 +137,9 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut auth = AuthConfig::new(AuthSecret::new(args.auth_secret.into_bytes())?);
+    let secret =
+        AuthSecret::new(args.auth_secret.into_bytes()).map_err(ttlab_api::ApiError::from)?;
+    let mut auth = AuthConfig::new(secret);
     if let Some(header) = args.auth_header.as_deref().filter(|h| !h.trim().is_empty()) {
         let proxies = args
             .auth_proxies
@@ -195,29 +174,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let agent = ttlab_cloudinit::AgentPayload::new(&agent_bytes)?;
 
-    let store = Store::connect(
-        &args.database_url,
-        StoreOptions {
-            timeouts: ttlab_store::Timeouts {
-                statement: args.db.db_statement_timeout,
-                lock: args.db.db_lock_timeout,
-                call: args.db.db_call_timeout,
-                capacity_lock: args.capacity_lock_timeout,
-                ..ttlab_store::Timeouts::default()
-            },
-            leases: ttlab_store::LeaseTtls {
-                provisioning: args.provisioning_lease,
-                ..ttlab_store::LeaseTtls::default()
-            },
-            ..StoreOptions::default()
-        },
-    )
-    .await?;
+    let mut options = args.db.store_options();
+    options.timeouts.capacity_lock = args.capacity_lock_timeout;
+    options.leases.provisioning = args.provisioning_lease;
+    let store = args.db.connect(options).await?;
     store.migrate().await?;
-    let mut settings = ClusterSettings::in_namespace(args.namespace);
-    settings.max_in_flight = args.kube_concurrency.max(1);
-    settings.user_agent = USER_AGENT.to_owned();
-    let cluster = KubeCluster::try_default(settings).await?;
+    let cluster = args.cluster.connect(USER_AGENT).await?;
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
     config.listen = args.listen;

@@ -1,8 +1,9 @@
 //! ttlabctl: the operator CLI. Each subcommand lives in its own module (`mod x;` with
 //! `pub async fn run(args) -> anyhow::Result<()>`, or a plain `fn run` for work that does no
 //! I/O); this file only parses the command line and reports errors: exit status 1 and one line
-//! on stderr. Subcommands that need the database flatten [`database::DatabaseArgs`]
-//! (`--database-url`, or `DATABASE_URL`).
+//! on stderr. Subcommands that need the database flatten `ttlab_cli::DatabaseArgs`
+//! (`--database-url`, or `DATABASE_URL`, and the database timeouts), as the server and the
+//! reaper do.
 //!
 //! Subcommands: `migrate` (apply the database schema), `render` (review what a session of a
 //! lesson would create), `token` (mint an API token), `class` (scheduled classes, through the
@@ -13,7 +14,6 @@
 
 mod api;
 mod class;
-mod database;
 #[cfg(feature = "dev-tools")]
 mod dev;
 mod migrate;

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::database::DatabaseArgs;
+use ttlab_cli::DatabaseArgs;
 
 /// Arguments of `ttlabctl migrate`.
 #[derive(Debug, Clone, Args)]
@@ -14,7 +14,7 @@ pub struct MigrateArgs {
 
 /// Applies the migrations and says what was done.
 pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
-    let store = args.db.connect().await?;
+    let store = args.db.connect(args.db.store_options()).await?;
     let report = store.migrate().await?;
     if report.applied.is_empty() {
         println!(

@@ -33,9 +33,9 @@ fn the_api_reference_is_generated_from_the_current_openapi_document() {
     }
 }
 
-/// Every `env = "NAME"` in the Rust sources under `dir`.
-fn env_settings(dir: &Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// The Rust sources under `dir`.
+fn sources(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).unwrap() {
@@ -43,13 +43,36 @@ fn env_settings(dir: &Path) -> BTreeSet<String> {
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                for piece in text.split("env = \"").skip(1) {
-                    if let Some(name) = piece.split('"').next() {
-                        out.insert(name.to_owned());
-                    }
-                }
+                out.push(std::fs::read_to_string(&path).unwrap());
             }
+        }
+    }
+    out
+}
+
+/// Every `env = "NAME"` in `text`.
+fn env_names(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split("env = \"")
+        .skip(1)
+        .filter_map(|piece| piece.split('"').next())
+        .map(str::to_owned)
+}
+
+/// The flag groups of `crates/cli` (`ttlab_cli::DatabaseArgs`, …) and the file declaring each.
+const SHARED_GROUPS: [(&str, &str); 2] = [
+    ("DatabaseArgs", "crates/cli/src/database.rs"),
+    ("ClusterArgs", "crates/cli/src/cluster.rs"),
+];
+
+/// Every `env = "NAME"` a binary reads: those in its own sources under `dir`, and those of
+/// each shared flag group its sources name.
+fn env_settings(dir: &Path) -> BTreeSet<String> {
+    let texts = sources(dir);
+    let mut out: BTreeSet<String> = texts.iter().flat_map(|t| env_names(t)).collect();
+    for (group, file) in SHARED_GROUPS {
+        if texts.iter().any(|t| t.contains(group)) {
+            let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+            out.extend(env_names(&text));
         }
     }
     out
