@@ -135,7 +135,7 @@ async fn killed_ten_times_at_random_points_the_system_still_converges() {
     let status = reaper(&h, "dev", &["--once"]).status().await.unwrap();
     assert!(status.success());
     let selector = env_selector(&common::env("dev"));
-    use ttlab_cluster::{Cluster as _, Kind};
+    use ttlab_cluster::{Kind, ReaperCluster as _};
     for kind in [
         Kind::VirtualMachine,
         Kind::Secret,

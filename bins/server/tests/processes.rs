@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
-use ttlab_cluster::{Cluster as _, ClusterSettings, Kind, KubeCluster};
+use ttlab_cluster::{ClusterSettings, Kind, KubeCluster, ReaperCluster as _};
 use ttlab_kube_sim::{KubeSim, SimConfig};
 use ttlab_store::testing::TestDb;
 

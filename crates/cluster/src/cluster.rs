@@ -1,4 +1,9 @@
-//! The [`Cluster`] trait: every Kubernetes operation the server and the reaper perform.
+//! The cluster traits: every Kubernetes operation the server and the reaper perform, split by
+//! who needs it, so each caller holds only what it uses. [`ReaperCluster`] (ttlab's objects by
+//! name and label: get, find, list, delete) is all the reaper and a session's teardown use;
+//! the server's provisioning adds [`ProvisionCluster`], its console and grading
+//! [`ConsoleCluster`], its capacity count and admin view [`CapacityCluster`]. [`Cluster`] is
+//! all four, what the server holds; [`KubeCluster`](crate::KubeCluster) implements each.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -14,15 +19,18 @@ use crate::types::{
 };
 use crate::{ClusterError, ObjectCache, Terminal};
 
-/// The future every [`Cluster`] method returns: boxed, `Send`, borrowing its arguments.
+/// The future every cluster method returns: boxed, `Send`, borrowing its arguments.
 pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
 
-/// Everything ttlab does to Kubernetes, in one namespace.
+/// Everything ttlab does to Kubernetes, in one namespace: [`ReaperCluster`],
+/// [`ProvisionCluster`], [`ConsoleCluster`] and [`CapacityCluster`] together, implemented for
+/// every type that implements the four.
 ///
 /// Methods return boxed futures ([`ClusterFuture`]) rather than being `async fn`s, so the
-/// trait stays dyn-compatible: the server and the reaper hold an `Arc<dyn Cluster>`, and
-/// unit tests of pure logic may substitute their own implementation. The one real
-/// implementation is [`KubeCluster`](crate::KubeCluster).
+/// traits stay dyn-compatible: the server holds an `Arc<dyn Cluster>` (and hands out
+/// `&dyn ReaperCluster` or `Arc<dyn ConsoleCluster>` where that is all a part needs), the
+/// reaper an `Arc<dyn ReaperCluster>`, and unit tests of pure logic may substitute their own
+/// implementation. The one real implementation is [`KubeCluster`](crate::KubeCluster).
 ///
 /// Conventions: a missing object is `Ok(None)` / [`Deleted::AlreadyGone`] where absence is an
 /// answer (get, delete), and [`ClusterError::NotFound`] where it is a failure (the VMI of a
@@ -31,37 +39,20 @@ pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
 /// one to create, and is not being deleted, is adopted — the create returns it as if it had
 /// made it (a create whose reply was lost, or that the client retried after it was applied);
 /// any other holder of the name is a [`ClusterError::Conflict`] that names whose it is.
-pub trait Cluster: Send + Sync {
+pub trait Cluster: ReaperCluster + ProvisionCluster + ConsoleCluster + CapacityCluster {}
+
+impl<T> Cluster for T where
+    T: ReaperCluster + ProvisionCluster + ConsoleCluster + CapacityCluster + ?Sized
+{
+}
+
+/// What the reaper needs, and all a session's teardown uses: ttlab's objects by name and by
+/// label — read, listed page by page or from a watch-fed listing, and deleted. The reaper holds
+/// an `Arc<dyn ReaperCluster>`; the server's [`Cluster`] is one too (upcast to it where only
+/// this is needed, as [`teardown_session`](crate::teardown_session) takes it).
+pub trait ReaperCluster: Send + Sync {
     /// The namespace every call works in.
     fn namespace(&self) -> &str;
-
-    /// Creates a `kubevirt.io/v1` VirtualMachine from its JSON manifest (the object must say
-    /// `kind: VirtualMachine`; a missing namespace is filled in, a different one is refused).
-    /// Returns its uid, which the VM's Secret (and, in multi-VM sessions, the other objects)
-    /// name as their owner.
-    fn create_vm(&self, vm: serde_json::Value) -> ClusterFuture<'_, Created>;
-
-    /// Creates a Secret. Create only — ttlab never updates or patches a Secret, so its owner
-    /// reference must be in `secret` already (create the VM first, then the Secret with
-    /// [`Created::owner_reference`] of the VM).
-    fn create_secret(&self, secret: Secret) -> ClusterFuture<'_, Created>;
-
-    /// Creates a Service.
-    fn create_service(&self, service: Service) -> ClusterFuture<'_, Created>;
-
-    /// Creates a NetworkPolicy.
-    fn create_network_policy(&self, policy: NetworkPolicy) -> ClusterFuture<'_, Created>;
-
-    /// Creates a Pod.
-    fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created>;
-
-    /// Makes sure the ConfigMap `config_map` (shared, immutable: the agent of one version)
-    /// exists: reads its metadata by name (`get`), and creates it if absent. Never updates.
-    /// Found — or created meanwhile by another process (`409 AlreadyExists`) — with every
-    /// annotation `config_map` carries (the agent's digest) is [`Ensured::Present`]; a holder
-    /// of the name with other annotations is a [`ClusterError::Conflict`], one being deleted
-    /// a [`ClusterError::Transient`] (retry: it is gone in a moment).
-    fn ensure_config_map(&self, config_map: ConfigMap) -> ClusterFuture<'_, Ensured>;
 
     /// Reads one object's metadata by name; `Ok(None)` if it does not exist (the reaper's
     /// direct get before it declares a session a ghost).
@@ -72,7 +63,7 @@ pub trait Cluster: Send + Sync {
     /// lingers — a VM whose guest is still shutting down, an object held by a finalizer.
     /// [`KubeCluster`](crate::KubeCluster) reads it with a metadata-only `list` pinned to the
     /// name, which both Roles grant on every kind ttlab creates; the default is
-    /// [`Cluster::get`].
+    /// [`ReaperCluster::get`].
     fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
         self.get(kind, name)
     }
@@ -126,17 +117,39 @@ pub trait Cluster: Send + Sync {
         name: &'a str,
         propagation: Propagation,
     ) -> ClusterFuture<'a, Deleted>;
+}
 
-    /// Counts the VirtualMachines in the namespace that ttlab manages, whatever their
-    /// environment (`ttlab_model::labels::managed_selector`): ghosts and the other
-    /// environment's VMs hold node memory too. VMs being deleted still count, since their
-    /// guests hold memory until they are gone.
-    fn count_live_vms(&self) -> ClusterFuture<'_, usize> {
-        Box::pin(async move {
-            let selector = ttlab_model::labels::managed_selector();
-            Ok(self.list_all(Kind::VirtualMachine, &selector).await?.len())
-        })
-    }
+/// What the server's provisioning needs besides [`ReaperCluster`] (which its rollback uses):
+/// creating a session's objects, making sure of the agent's ConfigMap, observing the golden
+/// disk, and waiting for a VMI or a Pod to run.
+pub trait ProvisionCluster: Send + Sync {
+    /// Creates a `kubevirt.io/v1` VirtualMachine from its JSON manifest (the object must say
+    /// `kind: VirtualMachine`; a missing namespace is filled in, a different one is refused).
+    /// Returns its uid, which the VM's Secret (and, in multi-VM sessions, the other objects)
+    /// name as their owner.
+    fn create_vm(&self, vm: serde_json::Value) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Secret. Create only — ttlab never updates or patches a Secret, so its owner
+    /// reference must be in `secret` already (create the VM first, then the Secret with
+    /// [`Created::owner_reference`] of the VM).
+    fn create_secret(&self, secret: Secret) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Service.
+    fn create_service(&self, service: Service) -> ClusterFuture<'_, Created>;
+
+    /// Creates a NetworkPolicy.
+    fn create_network_policy(&self, policy: NetworkPolicy) -> ClusterFuture<'_, Created>;
+
+    /// Creates a Pod.
+    fn create_pod(&self, pod: Pod) -> ClusterFuture<'_, Created>;
+
+    /// Makes sure the ConfigMap `config_map` (shared, immutable: the agent of one version)
+    /// exists: reads its metadata by name (`get`), and creates it if absent. Never updates.
+    /// Found — or created meanwhile by another process (`409 AlreadyExists`) — with every
+    /// annotation `config_map` carries (the agent's digest) is [`Ensured::Present`]; a holder
+    /// of the name with other annotations is a [`ClusterError::Conflict`], one being deleted
+    /// a [`ClusterError::Transient`] (retry: it is gone in a moment).
+    fn ensure_config_map(&self, config_map: ConfigMap) -> ClusterFuture<'_, Ensured>;
 
     /// Observes a PersistentVolumeClaim in `namespace` (`None`: the client's namespace).
     fn observe_pvc<'a>(
@@ -192,14 +205,6 @@ pub trait Cluster: Send + Sync {
         })
     }
 
-    /// Reads a VMI's state; `Ok(None)` if there is no VMI of that name.
-    fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>>;
-
-    /// Reads a VirtualMachine's status (is it meant to run, stopped, restarting?); `Ok(None)` if
-    /// there is no VM of that name. Read with a list pinned to the name (`fieldSelector
-    /// metadata.name=…`), so the `list` the capacity count needs is all the access it takes.
-    fn vm_status<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmStatus>>;
-
     /// Waits, by watching (not polling), until the VMI `name` is `Running`, and returns its
     /// state then. The VMI need not exist yet (KubeVirt creates it shortly after the VM).
     ///
@@ -212,6 +217,24 @@ pub trait Cluster: Send + Sync {
         name: &'a str,
         timeout: Duration,
     ) -> ClusterFuture<'a, VmiState>;
+
+    /// Waits, by watching (not polling), until the Pod `name` is `Running` and ready. The
+    /// Pod need not exist yet. How the wait ended is a value ([`PodWait`]): running, ended
+    /// (`Succeeded`/`Failed`, or deleted) or timed out with the last state seen; only a
+    /// failure to get answers at all is an error.
+    fn wait_pod_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, PodWait>;
+}
+
+/// What the server's console and grading need of a running lab: its VMI's or Pod's state
+/// and address, the VM's status (why a console ended), the serial console, and commands in a
+/// pod (a shell for the terminal, one command for grading).
+pub trait ConsoleCluster: Send + Sync {
+    /// Reads a VMI's state; `Ok(None)` if there is no VMI of that name.
+    fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>>;
 
     /// The VMI's IP address (`status.interfaces[0].ipAddress`), where its agent listens;
     /// `Ok(None)` until reported. [`ClusterError::NotFound`] if there is no such VMI.
@@ -226,24 +249,28 @@ pub trait Cluster: Send + Sync {
         })
     }
 
+    /// Reads a VirtualMachine's status (is it meant to run, stopped, restarting?); `Ok(None)` if
+    /// there is no VM of that name. Read with a list pinned to the name (`fieldSelector
+    /// metadata.name=…`), so the `list` the capacity count needs is all the access it takes.
+    fn vm_status<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmStatus>>;
+
+    /// Reads a Pod's state (phase, readiness, address); `Ok(None)` if there is no such Pod.
+    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>>;
+
     /// Opens the VMI's serial console (`plain.kubevirt.io`: raw bytes in binary frames).
     /// KubeVirt allows one console per VMI: opening one closes the previous connection.
     /// [`ClusterError::ConsoleNotReady`] while the VMI is not running (retry each second),
     /// [`ClusterError::Conflict`] if it has failed, [`ClusterError::NotFound`] if absent.
     fn open_console<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Terminal>;
 
-    /// Reads a Pod's state (phase, readiness, address); `Ok(None)` if there is no such Pod.
-    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>>;
-
-    /// Waits, by watching (not polling), until the Pod `name` is `Running` and ready. The
-    /// Pod need not exist yet. How the wait ended is a value ([`PodWait`]): running, ended
-    /// (`Succeeded`/`Failed`, or deleted) or timed out with the last state seen; only a
-    /// failure to get answers at all is an error.
-    fn wait_pod_running<'a>(
+    /// Runs `command` in a pod's container (`None`: the pod's only or default container)
+    /// with a TTY and stdin attached, for pod labs.
+    fn exec_pod<'a>(
         &'a self,
-        name: &'a str,
-        timeout: Duration,
-    ) -> ClusterFuture<'a, PodWait>;
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+    ) -> ClusterFuture<'a, Terminal>;
 
     /// Runs one command in a Pod's container (`None`: its only or default container)
     /// without a TTY or stdin, and returns its exit status and output (for grading pod
@@ -256,17 +283,23 @@ pub trait Cluster: Send + Sync {
         command: Vec<String>,
         timeout: Duration,
     ) -> ClusterFuture<'a, ExecOutput>;
+}
+
+/// What the capacity count and the admin page's capacity view need besides listing objects:
+/// the VMs that hold memory, and the namespace's quotas.
+pub trait CapacityCluster: ReaperCluster {
+    /// Counts the VirtualMachines in the namespace that ttlab manages, whatever their
+    /// environment (`ttlab_model::labels::managed_selector`): ghosts and the other
+    /// environment's VMs hold node memory too. VMs being deleted still count, since their
+    /// guests hold memory until they are gone.
+    fn count_live_vms(&self) -> ClusterFuture<'_, usize> {
+        Box::pin(async move {
+            let selector = ttlab_model::labels::managed_selector();
+            Ok(self.list_all(Kind::VirtualMachine, &selector).await?.len())
+        })
+    }
 
     /// The namespace's ResourceQuotas with their limits and usage (the second layer of the
     /// capacity limit, after the VM count), sorted by name.
     fn resource_quotas(&self) -> ClusterFuture<'_, Vec<QuotaSummary>>;
-
-    /// Runs `command` in a pod's container (`None`: the pod's only or default container)
-    /// with a TTY and stdin attached, for pod labs.
-    fn exec_pod<'a>(
-        &'a self,
-        pod: &'a str,
-        container: Option<&'a str>,
-        command: Vec<String>,
-    ) -> ClusterFuture<'a, Terminal>;
 }

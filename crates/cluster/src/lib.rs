@@ -1,5 +1,9 @@
-//! The [`Cluster`] trait and its kube-rs implementation, [`KubeCluster`]: the only code in
-//! ttlab that talks to Kubernetes.
+//! The cluster traits and their kube-rs implementation, [`KubeCluster`]: the only code in
+//! ttlab that talks to Kubernetes. The traits are cut by who calls them: [`ReaperCluster`]
+//! (objects by name and label: get, find, list, delete) for the reaper and every teardown,
+//! [`ProvisionCluster`] for provisioning, [`ConsoleCluster`] for consoles and grading,
+//! [`CapacityCluster`] for the capacity count; [`Cluster`] is the four together, what the
+//! server holds.
 //!
 //! It owns the API calls the server and the reaper make — creating (or, after a lost reply,
 //! adopting an object of the same session under the same name) VirtualMachines, their
@@ -15,15 +19,18 @@
 //! It refuses to own policy: what to create (manifests come from `ttlab-vm-manifest` and
 //! `ttlab-cloudinit` as values), which disk to use (`ttlab-disk-select` decides from the raw
 //! [`GoldenFacts`] observed here), what is an orphan (the reaper), or when a session is
-//! ready (the api crate combines [`Cluster::wait_vmi_running`] with the agent).
+//! ready (the api crate combines [`ProvisionCluster::wait_vmi_running`] with the agent).
 //!
 //! ```
 //! use std::sync::Arc;
-//! use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Created, Kind};
+//! use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Created, Kind, ReaperCluster};
 //!
-//! // The server and the reaper hold the cluster as a trait object.
-//! fn takes(_cluster: Arc<dyn Cluster>) {}
-//! let _ = takes;
+//! // The server holds the whole cluster as a trait object, the reaper only its part; the
+//! // server's is the reaper's too.
+//! fn server(cluster: Arc<dyn Cluster>) -> Arc<dyn ReaperCluster> {
+//!     cluster
+//! }
+//! let _ = server;
 //!
 //! let settings = ClusterSettings::in_namespace("ttlab-vms");
 //! assert_eq!(settings.max_in_flight, 16);
@@ -51,7 +58,9 @@ mod types;
 
 pub use cache::ObjectCache;
 pub use client::KubeCluster;
-pub use cluster::{Cluster, ClusterFuture};
+pub use cluster::{
+    CapacityCluster, Cluster, ClusterFuture, ConsoleCluster, ProvisionCluster, ReaperCluster,
+};
 pub use error::ClusterError;
 pub use pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaSummary};
 pub use settings::{ClusterSettings, DEFAULT_USER_AGENT};

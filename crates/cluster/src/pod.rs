@@ -1,8 +1,8 @@
 //! What the cluster reports about a lab Pod, a command run in it, and the namespace's
-//! ResourceQuotas: the values [`Cluster::pod_state`](crate::Cluster::pod_state),
-//! [`Cluster::wait_pod_running`](crate::Cluster::wait_pod_running),
-//! [`Cluster::exec_pod_command`](crate::Cluster::exec_pod_command) and
-//! [`Cluster::resource_quotas`](crate::Cluster::resource_quotas) return.
+//! ResourceQuotas: the values [`ConsoleCluster::pod_state`](crate::ConsoleCluster::pod_state),
+//! [`ProvisionCluster::wait_pod_running`](crate::ProvisionCluster::wait_pod_running),
+//! [`ConsoleCluster::exec_pod_command`](crate::ConsoleCluster::exec_pod_command) and
+//! [`CapacityCluster::resource_quotas`](crate::CapacityCluster::resource_quotas) return.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -12,7 +12,7 @@
 //! object, what happened. An accepted deletion is not the end: real KubeVirt keeps a VM through
 //! its guest's shutdown grace (and for ever on a dead node), and finalizers hold any object. So
 //! every object whose deletion was accepted is then looked for once more
-//! ([`Cluster::find`]): absent, it is confirmed gone; still there, it is
+//! ([`ReaperCluster::find`]): absent, it is confirmed gone; still there, it is
 //! [`Outcome::Terminating`]. Objects found already terminating by the label sweep are deleted
 //! again (an accepted no-op that retries them) and looked for like the others. The caller
 //! marks the session final only when [`TeardownReport::all_gone`] holds; until then the
@@ -25,7 +25,7 @@ use ttlab_background::Backoff;
 use ttlab_model::labels::session_selector;
 use ttlab_model::{EnvName, NodeName, Runtime, SessionId};
 
-use crate::{Cluster, ClusterError, Deleted, Kind, Propagation};
+use crate::{ClusterError, Deleted, Kind, Propagation, ReaperCluster};
 
 /// When the teardown also lists, kind by kind, what is still labelled with the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -187,7 +187,7 @@ const LOOK_AGAIN: Backoff =
 /// once more for each whose deletion was accepted, and reports each outcome. Never stops at a
 /// failure: every object is attempted.
 pub async fn teardown_session(
-    cluster: &dyn Cluster,
+    cluster: &dyn ReaperCluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
 ) -> TeardownReport {
@@ -200,10 +200,10 @@ pub async fn teardown_session(
 /// growing pause (50 ms, doubling up to 250 ms) for at most `gone_within`: a VM whose guest
 /// stops quickly is confirmed gone in the same teardown. An object still there after that is
 /// [`Outcome::Terminating`]. Objects of the kinds in `get_kinds` are looked for with
-/// [`Cluster::get`] (for a caller whose Role grants `get` on them: the reaper's, for
-/// VirtualMachines and Pods), the others with [`Cluster::find`].
+/// [`ReaperCluster::get`] (for a caller whose Role grants `get` on them: the reaper's, for
+/// VirtualMachines and Pods), the others with [`ReaperCluster::find`].
 pub async fn teardown_session_within(
-    cluster: &dyn Cluster,
+    cluster: &dyn ReaperCluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
     gone_within: Duration,
@@ -226,7 +226,7 @@ pub async fn teardown_session_within(
 }
 
 async fn delete_all(
-    cluster: &dyn Cluster,
+    cluster: &dyn ReaperCluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
 ) -> TeardownReport {
@@ -284,7 +284,11 @@ async fn delete_all(
 /// Looks once more for every object whose deletion was accepted: absent, it stays
 /// [`Outcome::Deleted`]; still there, it becomes [`Outcome::Terminating`]; a failed look is
 /// [`Outcome::Failed`] (nothing is confirmed).
-async fn confirm_gone(cluster: &dyn Cluster, report: &mut TeardownReport, get_kinds: &[Kind]) {
+async fn confirm_gone(
+    cluster: &dyn ReaperCluster,
+    report: &mut TeardownReport,
+    get_kinds: &[Kind],
+) {
     look_again(cluster, report, get_kinds, |o| {
         matches!(o, Outcome::Deleted)
     })
@@ -293,7 +297,7 @@ async fn confirm_gone(cluster: &dyn Cluster, report: &mut TeardownReport, get_ki
 
 /// Looks for every object whose outcome satisfies `which`, as [`confirm_gone`] does.
 async fn look_again(
-    cluster: &dyn Cluster,
+    cluster: &dyn ReaperCluster,
     report: &mut TeardownReport,
     get_kinds: &[Kind],
     which: impl Fn(&Outcome) -> bool,

@@ -95,7 +95,7 @@ impl fmt::Display for Kind {
     }
 }
 
-/// What [`crate::Cluster::ensure_config_map`] found.
+/// What [`crate::ProvisionCluster::ensure_config_map`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ensured {
     /// It was there already (or another process created it meanwhile), with the same

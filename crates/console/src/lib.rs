@@ -12,7 +12,7 @@
 //!
 //! It refuses to own the I/O on either side: the browser side is any `Sink`/`Stream` of
 //! [`Frame`]s (the server adapts its WebSocket; tests use channels) and the VM side is an
-//! [`Upstream`] (the server's opens `Cluster::open_console` or `Cluster::exec_pod`). Who may
+//! [`Upstream`] (the server's opens `ConsoleCluster::open_console` or `ConsoleCluster::exec_pod`). Who may
 //! open a console, which node, and when a session expires are the server's decisions, passed in
 //! as an [`Upstream`] and [`Controls`].
 //!

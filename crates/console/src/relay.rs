@@ -73,7 +73,7 @@ pub type Connected<'a, U> =
 
 /// The VM side of a relay: how to open the console, and how to tell why it ended.
 ///
-/// The server implements it over `Cluster::open_console` (VMs) or `Cluster::exec_pod` (pod
+/// The server implements it over `ConsoleCluster::open_console` (VMs) or `ConsoleCluster::exec_pod` (pod
 /// labs); tests implement it over in-memory channels.
 pub trait Upstream: Send {
     /// Bytes to the console (keystrokes). Closing it closes the console connection.

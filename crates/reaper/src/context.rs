@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use ttlab_cluster::{Cluster, Kind, LabelSweep, ObjectCache};
+use ttlab_cluster::{Kind, LabelSweep, ObjectCache, ReaperCluster};
 use ttlab_model::EnvName;
 use ttlab_model::labels::env_selector;
 use ttlab_store::Store;
@@ -86,8 +86,9 @@ impl ReaperSettings {
 pub struct ReaperContext {
     /// The database (the only channel to the server).
     pub store: Store,
-    /// The cluster, in the VM namespace.
-    pub cluster: Arc<dyn Cluster>,
+    /// The cluster, in the VM namespace: only what the reaper needs of it (objects by name and
+    /// label: get, find, list, delete).
+    pub cluster: Arc<dyn ReaperCluster>,
     /// This reaper's environment: it touches only sessions and objects of this environment.
     pub env: EnvName,
     /// How a cycle behaves.
@@ -115,7 +116,7 @@ impl std::fmt::Debug for ReaperContext {
 
 impl ReaperContext {
     /// A context with default settings and a fresh shutdown token.
-    pub fn new(store: Store, cluster: Arc<dyn Cluster>, env: EnvName) -> Self {
+    pub fn new(store: Store, cluster: Arc<dyn ReaperCluster>, env: EnvName) -> Self {
         Self {
             store,
             cluster,

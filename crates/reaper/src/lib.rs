@@ -32,7 +32,8 @@
 //! lists that kind itself.
 //!
 //! It refuses to own the lifespan rule (`ttlab-lifespan`), SQL (`ttlab-store`), Kubernetes
-//! calls (`ttlab-cluster`) and configuration parsing (the `ttlab-reaper` binary). It never
+//! calls (`ttlab-cluster`: the reaper holds only its [`ttlab_cluster::ReaperCluster`] part —
+//! get, find, list, delete —, never what creates objects) and configuration parsing (the `ttlab-reaper` binary). It never
 //! talks to the server except through the database.
 //!
 //! ```

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::TimeDelta;
 use common::{Harness, env};
 use ttlab_cloudinit::AgentPayload;
-use ttlab_cluster::{Cluster, Kind};
+use ttlab_cluster::{Kind, ProvisionCluster as _, ReaperCluster as _};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_model::SessionStatus;
 use ttlab_reaper::reap_once;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use common::{Harness, node};
-use ttlab_cluster::{Cluster, Kind};
+use ttlab_cluster::{CapacityCluster as _, Kind, ProvisionCluster as _, ReaperCluster as _};
 use ttlab_kube_sim::{FaultRule, Verb};
 use ttlab_model::{SessionId, SessionStatus};
 use ttlab_reaper::{ReaperSettings, delete_orphans, find_orphans, reap_once};

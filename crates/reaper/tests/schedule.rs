@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use common::Harness;
-use ttlab_cluster::Cluster as _;
+use ttlab_cluster::ReaperCluster as _;
 use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
 use ttlab_model::SessionStatus;
 use ttlab_reaper::Metrics;

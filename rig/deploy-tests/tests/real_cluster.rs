@@ -785,7 +785,7 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
     )
     .await
     .unwrap();
-    use ttlab_cluster::Cluster as _;
+    use ttlab_cluster::{ProvisionCluster as _, ReaperCluster as _};
     let behind_the_back = [
         (
             ttlab_cluster::Kind::VirtualMachine,

@@ -1,5 +1,5 @@
 //! The VM side of a console: the VMI's serial console (VM labs) or a login shell in the pod
-//! (pod labs), over the `Cluster` trait, with KubeVirt's answers turned into what the relay
+//! (pod labs), over the cluster's `ConsoleCluster` part, with KubeVirt's answers turned into what the relay
 //! decides on. The page's terminal size reaches a VM through its agent (`POST
 //! /v1/console-size`: the serial console has no resize channel) and a pod through the exec's
 //! resize channel.
@@ -12,7 +12,7 @@ use futures::SinkExt as _;
 use ttlab_agent::AgentClient;
 use ttlab_agent::protocol::ConsoleSize;
 use ttlab_cluster::{
-    ByteSink, ByteStream, Cluster, ClusterError, Kind, ResizeSink, TtySize, VmStatus, VmiPhase,
+    ByteSink, ByteStream, ClusterError, ConsoleCluster, ResizeSink, TtySize, VmStatus, VmiPhase,
     VmiState,
 };
 use ttlab_console::{CloseReason, Connected, ConsoleError, TermSize, Upstream};
@@ -37,7 +37,7 @@ const RESIZE_RETRY_FOR: Duration = Duration::from_secs(600);
 pub(super) struct VmConsole {
     pub(super) state: AppState,
     pub(super) session: SessionId,
-    pub(super) cluster: Arc<dyn Cluster>,
+    pub(super) cluster: Arc<dyn ConsoleCluster>,
     pub(super) vm: String,
     /// The lab node the VM is (its agent's token is the node's).
     pub(super) node: String,
@@ -59,7 +59,7 @@ impl Drop for VmConsole {
 /// stored token.
 async fn agent_of(
     state: &AppState,
-    cluster: &dyn Cluster,
+    cluster: &dyn ConsoleCluster,
     session: SessionId,
     vm: &str,
     node: &str,
@@ -128,7 +128,7 @@ impl VmConsole {
 pub(super) struct PodShell {
     pub(super) state: AppState,
     pub(super) session: SessionId,
-    pub(super) cluster: Arc<dyn Cluster>,
+    pub(super) cluster: Arc<dyn ConsoleCluster>,
     pub(super) pod: String,
     pub(super) shell: Option<&'static str>,
     /// The resize channel of the open exec.
@@ -178,7 +178,7 @@ enum VmSeen {
     Unknown,
 }
 
-async fn look_at_vm(cluster: &dyn Cluster, vm: &str) -> VmSeen {
+async fn look_at_vm(cluster: &dyn ConsoleCluster, vm: &str) -> VmSeen {
     let vmi = match cluster.vmi_state(vm).await {
         Ok(vmi) => vmi,
         Err(_) => return VmSeen::Unknown,
@@ -335,7 +335,7 @@ impl Upstream for PodShell {
             if let Some(reason) = session_says(&self.state, self.session).await {
                 return reason;
             }
-            match self.cluster.get(Kind::Pod, &self.pod).await {
+            match self.cluster.pod_state(&self.pod).await {
                 Ok(None) => CloseReason::VmStopped,
                 Ok(Some(pod)) if pod.deleting => CloseReason::VmStopped,
                 _ => CloseReason::ConsoleLost(format!("the shell ended ({detail})")),

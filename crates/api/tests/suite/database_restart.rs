@@ -203,7 +203,7 @@ async fn postgres_stopped_and_restarted_under_load() {
     // Every VM in the cluster belongs to a live session. The cluster is listed first: a VM
     // is only created after its name is recorded on its session's row.
     let cluster = w.cluster().await;
-    use ttlab_cluster::Cluster as _;
+    use ttlab_cluster::ReaperCluster as _;
     let vms = cluster
         .list_all(
             ttlab_cluster::Kind::VirtualMachine,

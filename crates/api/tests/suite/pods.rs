@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::{NS, World, policy, token};
 use ttlab_api::auth::Role;
-use ttlab_cluster::{Cluster as _, Kind};
+use ttlab_cluster::{Kind, ReaperCluster as _};
 
 fn id(v: &Value) -> String {
     v["id"].as_str().expect("an id").to_owned()

@@ -227,7 +227,7 @@ async fn fails_with(w: &World, lesson: &str, reason_part: &str) {
         ttlab_cluster::Kind::Secret,
         ttlab_cluster::Kind::VirtualMachine,
     ] {
-        use ttlab_cluster::Cluster as _;
+        use ttlab_cluster::ReaperCluster as _;
         let left = cluster.list_all(kind, &selector).await.unwrap();
         assert!(left.iter().all(|o| o.deleting), "{kind} left: {left:?}");
     }
@@ -589,7 +589,7 @@ async fn a_quota_that_refuses_until_it_has_recounted_a_deletion_is_ridden_out() 
 
 #[tokio::test]
 async fn the_capacity_refusal_counts_vms_still_shutting_down_apart_from_open_labs() {
-    use ttlab_cluster::Cluster as _;
+    use ttlab_cluster::{ProvisionCluster as _, ReaperCluster as _};
     let w = World::new().await;
     let cluster = w.cluster().await;
     // Two VMs of labs that ended: deleted, but their guests still shutting down (a finalizer
@@ -961,7 +961,7 @@ async fn a_create_that_keeps_failing_fails_the_lab_within_the_budget_saying_so()
 
 #[tokio::test]
 async fn the_admin_capacity_names_what_is_still_terminating() {
-    use ttlab_cluster::Cluster as _;
+    use ttlab_cluster::ReaperCluster as _;
     let w = World::new().await;
     let s = w.server(policy(3600, 7200, 3), 8).await;
     let alice = token("alice", Role::Student);

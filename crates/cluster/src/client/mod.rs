@@ -1,4 +1,4 @@
-//! [`KubeCluster`]: the [`Cluster`] trait over a kube-rs client.
+//! [`KubeCluster`]: the cluster traits ([`Cluster`](crate::Cluster)) over a kube-rs client.
 
 mod console;
 mod convert;
@@ -28,7 +28,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::cluster::{Cluster, ClusterFuture};
+use crate::cluster::{
+    CapacityCluster, ClusterFuture, ConsoleCluster, ProvisionCluster, ReaperCluster,
+};
 use crate::pod::{ExecOutput, PodState, PodWait, QuotaSummary};
 use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, Kind, Lookup, ObjectSummary, Page,
@@ -36,7 +38,7 @@ use crate::types::{
 };
 use crate::{ClusterError, ClusterSettings, Terminal};
 
-/// The [`Cluster`] implementation over a kube-rs [`Client`]: the same code runs in a pod
+/// The [`Cluster`](crate::Cluster) implementation over a kube-rs [`Client`]: the same code runs in a pod
 /// (in-cluster service account), against a kubeconfig, and against kube-sim.
 ///
 /// Every API call holds one permit of a semaphore of
@@ -434,11 +436,98 @@ fn check_name(kind: &str, name: &str) -> Result<(), ClusterError> {
     }
 }
 
-impl Cluster for KubeCluster {
+impl ReaperCluster for KubeCluster {
     fn namespace(&self) -> &str {
         &self.inner.namespace
     }
 
+    fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
+        Box::pin(async move {
+            check_name(kind.name(), name)?;
+            // Metadata only (`as=PartialObjectMetadata`): the summary needs nothing else, and
+            // a cloud-init Secret carries the whole guest agent.
+            let api = self.dynamic(kind);
+            let found = self
+                .call(&format!("get {kind} {name}"), api.get_metadata_opt(name))
+                .await?;
+            Ok(found.map(|o| convert::summary(kind, &o.metadata)))
+        })
+    }
+
+    fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
+        Box::pin(self.find_by_name(kind, name))
+    }
+
+    fn cached_listing(
+        &self,
+        kind: Kind,
+        selector: &str,
+        max_age: Duration,
+    ) -> Option<crate::ObjectCache> {
+        Some(self.object_cache(kind, selector, max_age))
+    }
+
+    fn list_page<'a>(
+        &'a self,
+        kind: Kind,
+        selector: &'a str,
+        continue_token: Option<String>,
+    ) -> ClusterFuture<'a, Page> {
+        Box::pin(async move {
+            let mut lp = ListParams::default().limit(self.inner.settings.page_size.max(1));
+            if !selector.is_empty() {
+                lp = lp.labels(selector);
+            }
+            if let Some(token) = continue_token.as_deref() {
+                lp = lp.continue_token(token);
+            }
+            // Metadata only (`as=PartialObjectMetadataList`): a page of 500 cloud-init
+            // Secrets in full would be hundreds of megabytes (each embeds the guest agent),
+            // and a summary needs names, labels, owners and timestamps alone.
+            let api = self.dynamic(kind);
+            let list = self
+                .call(&format!("list {kind}"), api.list_metadata(&lp))
+                .await?;
+            Ok(Page {
+                items: list
+                    .items
+                    .iter()
+                    .map(|o| convert::summary(kind, &o.metadata))
+                    .collect(),
+                continue_token: list.metadata.continue_.filter(|t| !t.is_empty()),
+            })
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        kind: Kind,
+        name: &'a str,
+        propagation: Propagation,
+    ) -> ClusterFuture<'a, Deleted> {
+        Box::pin(async move {
+            check_name(kind.name(), name)?;
+            let dp = DeleteParams {
+                propagation_policy: Some(match propagation {
+                    Propagation::Background => PropagationPolicy::Background,
+                    Propagation::Foreground => PropagationPolicy::Foreground,
+                }),
+                ..DeleteParams::default()
+            };
+            let api = self.dynamic(kind);
+            match self
+                .call(&format!("delete {kind} {name}"), api.delete(name, &dp))
+                .await
+            {
+                Ok(_) => Ok(Deleted::Deleted),
+                Err(ClusterError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
+                Err(other) => Err(other),
+            }
+        })
+    }
+}
+
+impl ProvisionCluster for KubeCluster {
     fn create_vm(&self, vm: serde_json::Value) -> ClusterFuture<'_, Created> {
         Box::pin(async move {
             let kind = Kind::VirtualMachine;
@@ -531,91 +620,6 @@ impl Cluster for KubeCluster {
         })
     }
 
-    fn get<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
-        Box::pin(async move {
-            check_name(kind.name(), name)?;
-            // Metadata only (`as=PartialObjectMetadata`): the summary needs nothing else, and
-            // a cloud-init Secret carries the whole guest agent.
-            let api = self.dynamic(kind);
-            let found = self
-                .call(&format!("get {kind} {name}"), api.get_metadata_opt(name))
-                .await?;
-            Ok(found.map(|o| convert::summary(kind, &o.metadata)))
-        })
-    }
-
-    fn find<'a>(&'a self, kind: Kind, name: &'a str) -> ClusterFuture<'a, Option<ObjectSummary>> {
-        Box::pin(self.find_by_name(kind, name))
-    }
-
-    fn cached_listing(
-        &self,
-        kind: Kind,
-        selector: &str,
-        max_age: Duration,
-    ) -> Option<crate::ObjectCache> {
-        Some(self.object_cache(kind, selector, max_age))
-    }
-
-    fn list_page<'a>(
-        &'a self,
-        kind: Kind,
-        selector: &'a str,
-        continue_token: Option<String>,
-    ) -> ClusterFuture<'a, Page> {
-        Box::pin(async move {
-            let mut lp = ListParams::default().limit(self.inner.settings.page_size.max(1));
-            if !selector.is_empty() {
-                lp = lp.labels(selector);
-            }
-            if let Some(token) = continue_token.as_deref() {
-                lp = lp.continue_token(token);
-            }
-            // Metadata only (`as=PartialObjectMetadataList`): a page of 500 cloud-init
-            // Secrets in full would be hundreds of megabytes (each embeds the guest agent),
-            // and a summary needs names, labels, owners and timestamps alone.
-            let api = self.dynamic(kind);
-            let list = self
-                .call(&format!("list {kind}"), api.list_metadata(&lp))
-                .await?;
-            Ok(Page {
-                items: list
-                    .items
-                    .iter()
-                    .map(|o| convert::summary(kind, &o.metadata))
-                    .collect(),
-                continue_token: list.metadata.continue_.filter(|t| !t.is_empty()),
-            })
-        })
-    }
-
-    fn delete<'a>(
-        &'a self,
-        kind: Kind,
-        name: &'a str,
-        propagation: Propagation,
-    ) -> ClusterFuture<'a, Deleted> {
-        Box::pin(async move {
-            check_name(kind.name(), name)?;
-            let dp = DeleteParams {
-                propagation_policy: Some(match propagation {
-                    Propagation::Background => PropagationPolicy::Background,
-                    Propagation::Foreground => PropagationPolicy::Foreground,
-                }),
-                ..DeleteParams::default()
-            };
-            let api = self.dynamic(kind);
-            match self
-                .call(&format!("delete {kind} {name}"), api.delete(name, &dp))
-                .await
-            {
-                Ok(_) => Ok(Deleted::Deleted),
-                Err(ClusterError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
-                Err(other) => Err(other),
-            }
-        })
-    }
-
     fn observe_pvc<'a>(
         &'a self,
         namespace: Option<&'a str>,
@@ -675,6 +679,30 @@ impl Cluster for KubeCluster {
         })
     }
 
+    fn wait_vmi_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, VmiState> {
+        Box::pin(async move {
+            check_name("VirtualMachineInstance", name)?;
+            wait::wait_running(self, name, timeout).await
+        })
+    }
+
+    fn wait_pod_running<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, PodWait> {
+        Box::pin(async move {
+            check_name("Pod", name)?;
+            pod::wait_running(self, name, timeout).await
+        })
+    }
+}
+
+impl ConsoleCluster for KubeCluster {
     fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>> {
         Box::pin(async move {
             check_name("VirtualMachineInstance", name)?;
@@ -705,14 +733,13 @@ impl Cluster for KubeCluster {
         })
     }
 
-    fn wait_vmi_running<'a>(
-        &'a self,
-        name: &'a str,
-        timeout: Duration,
-    ) -> ClusterFuture<'a, VmiState> {
+    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>> {
         Box::pin(async move {
-            check_name("VirtualMachineInstance", name)?;
-            wait::wait_running(self, name, timeout).await
+            check_name("Pod", name)?;
+            let found = self
+                .call(&format!("get Pod {name}"), self.pods().get_opt(name))
+                .await?;
+            Ok(found.as_ref().map(pod::pod_state))
         })
     }
 
@@ -737,49 +764,6 @@ impl Cluster for KubeCluster {
         })
     }
 
-    fn pod_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<PodState>> {
-        Box::pin(async move {
-            check_name("Pod", name)?;
-            let found = self
-                .call(&format!("get Pod {name}"), self.pods().get_opt(name))
-                .await?;
-            Ok(found.as_ref().map(pod::pod_state))
-        })
-    }
-
-    fn wait_pod_running<'a>(
-        &'a self,
-        name: &'a str,
-        timeout: Duration,
-    ) -> ClusterFuture<'a, PodWait> {
-        Box::pin(async move {
-            check_name("Pod", name)?;
-            pod::wait_running(self, name, timeout).await
-        })
-    }
-
-    fn exec_pod_command<'a>(
-        &'a self,
-        pod: &'a str,
-        container: Option<&'a str>,
-        command: Vec<String>,
-        timeout: Duration,
-    ) -> ClusterFuture<'a, ExecOutput> {
-        Box::pin(async move {
-            check_name("Pod", pod)?;
-            if command.is_empty() {
-                return Err(ClusterError::Invalid {
-                    message: "exec needs a command".to_owned(),
-                });
-            }
-            pod::exec_command(self, pod, container, command, timeout).await
-        })
-    }
-
-    fn resource_quotas(&self) -> ClusterFuture<'_, Vec<QuotaSummary>> {
-        Box::pin(pod::quotas(self))
-    }
-
     fn exec_pod<'a>(
         &'a self,
         pod: &'a str,
@@ -802,6 +786,30 @@ impl Cluster for KubeCluster {
                 .await?;
             exec::terminal(process)
         })
+    }
+
+    fn exec_pod_command<'a>(
+        &'a self,
+        pod: &'a str,
+        container: Option<&'a str>,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> ClusterFuture<'a, ExecOutput> {
+        Box::pin(async move {
+            check_name("Pod", pod)?;
+            if command.is_empty() {
+                return Err(ClusterError::Invalid {
+                    message: "exec needs a command".to_owned(),
+                });
+            }
+            pod::exec_command(self, pod, container, command, timeout).await
+        })
+    }
+}
+
+impl CapacityCluster for KubeCluster {
+    fn resource_quotas(&self) -> ClusterFuture<'_, Vec<QuotaSummary>> {
+        Box::pin(pod::quotas(self))
     }
 }
 

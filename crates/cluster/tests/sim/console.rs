@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
-use ttlab_cluster::{Cluster, ClusterSettings, Terminal};
+use ttlab_cluster::{ClusterSettings, ConsoleCluster as _, ProvisionCluster as _, Terminal};
 
 use crate::common::{self, Harness, within};
 

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Kind, Propagation};
+use ttlab_cluster::{
+    ClusterError, ClusterSettings, Kind, Propagation, ProvisionCluster as _, ReaperCluster as _,
+};
 use ttlab_kube_sim::{FaultAction, FaultRule, Verb};
 
 use crate::common::{self, Harness, within};

@@ -10,7 +10,8 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 use ttlab_cluster::{
-    Cluster, ClusterError, ClusterSettings, Deleted, GoldenRef, Kind, Lookup, Propagation,
+    CapacityCluster as _, ClusterError, ClusterSettings, Deleted, GoldenRef, Kind, Lookup,
+    Propagation, ProvisionCluster as _, ReaperCluster as _,
 };
 use ttlab_kube_sim::Verb;
 use ttlab_model::labels::{self, ObjectLabels};

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
-use ttlab_cluster::{Cluster as _, PodPhase, PodWait};
+use ttlab_cluster::{
+    CapacityCluster as _, ConsoleCluster as _, PodPhase, PodWait, ProvisionCluster as _,
+};
 
 use crate::common::{self, Harness, retry_quota};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use ttlab_cluster::{Cluster, ClusterError, Terminal, VmiPhase};
+use ttlab_cluster::{ClusterError, ConsoleCluster as _, ProvisionCluster as _, Terminal, VmiPhase};
 use ttlab_kube_sim::{FaultRule, Verb};
 
 use crate::common::{self, Harness, within};

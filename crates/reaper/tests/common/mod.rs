@@ -15,7 +15,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use ttlab_cluster::{Cluster, ClusterError, ClusterSettings, Kind, KubeCluster};
+use ttlab_cluster::{
+    ClusterError, ClusterSettings, Kind, KubeCluster, ProvisionCluster as _, ReaperCluster as _,
+};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
 use ttlab_kube_sim::{KubeSim, SimConfig, Verb};
 use ttlab_model::labels::{COMPONENT, ObjectLabels};

@@ -42,7 +42,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
 use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
 use ttlab_cloudinit::AgentPayload;
-use ttlab_cluster::{Cluster, ClusterSettings, Kind, KubeCluster};
+use ttlab_cluster::{
+    ClusterSettings, Kind, KubeCluster, ProvisionCluster as _, ReaperCluster as _,
+};
 use ttlab_lesson::{Lesson, LessonSet};
 use ttlab_model::labels::ENV as ENV_LABEL;
 use ttlab_model::{EnvName, Runtime, SessionId, SessionStatus, UserId};

@@ -26,7 +26,7 @@ use clap::Args;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use ttlab_cluster::{Cluster, ClusterSettings, KubeCluster};
+use ttlab_cluster::{ClusterSettings, KubeCluster, ProvisionCluster as _};
 use ttlab_kube_sim::{KubeSim, SimConfig, Verb};
 use ttlab_model::labels::ObjectLabels;
 use ttlab_model::{EnvName, FinalStatus, NodeName, Runtime, SessionId, SessionStatus, UserId};
