@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use ttlab_background::Backoff;
 use ttlab_cluster::{Kind, LabelSweep, Outcome, TeardownReport, teardown_session_within};
 use ttlab_model::{SessionId, SessionStatus};
 use ttlab_store::Session;
@@ -24,9 +25,9 @@ pub(crate) const GONE_WITHIN: Duration = Duration::from_secs(3);
 /// How long this server keeps looking for a session's objects still terminating after
 /// [`GONE_WITHIN`] before it leaves the session to the reaper.
 const FOLLOW_UP_FOR: Duration = Duration::from_secs(5 * 60);
-/// First and longest pause between those looks.
-const FOLLOW_UP_FIRST: Duration = Duration::from_millis(500);
-const FOLLOW_UP_MAX: Duration = Duration::from_secs(10);
+/// Pauses between those looks: 500 ms, doubling up to 10 s.
+const FOLLOW_UP: Backoff =
+    Backoff::doubling(Duration::from_millis(500), Duration::from_secs(10)).without_jitter();
 
 /// What one attempt at completing a session did.
 enum Attempt {
@@ -169,15 +170,15 @@ fn follow_up(state: &AppState, id: SessionId, mut left: Left) {
     let st = state.clone();
     state.spawn(async move {
         let start = tokio::time::Instant::now();
-        let mut pause = FOLLOW_UP_FIRST;
+        let mut pauses = FOLLOW_UP.pauses();
         loop {
+            let pause = pauses.next_pause();
             if start.elapsed() + pause > FOLLOW_UP_FOR {
                 tracing::warn!(session = %id, objects = left.objects.len(), "objects still terminating after {} s; left to the reaper", start.elapsed().as_secs());
                 st.metrics().set_terminating(id, Vec::new());
                 return;
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(FOLLOW_UP_MAX);
             if !left.failed && !all_absent(&st, &left.objects).await {
                 continue;
             }

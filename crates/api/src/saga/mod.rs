@@ -7,36 +7,42 @@
 //! session and marks it `failed` with a reason a student can read. Every live server adopts
 //! the `starting` sessions nobody holds the lease of and resumes them ([`recover`]); a server
 //! told to stop hands its sessions over ([`hand_over`]).
+//!
+//! Where to read: a VM lesson's walk is `vm::provision`, its steps in order, each a function
+//! of `vm.rs` below it; a pod lesson's is `pod::provision`. The steps both share (the lesson,
+//! stages, marking running) are in `steps`, the retries (a database that went away, a create
+//! refused for now) in `retry`, and every failure's wording for the student in `failure`.
 
 mod agent;
 mod disk;
+mod failure;
 mod gone;
 mod open;
 mod pod;
+mod retry;
+mod steps;
 mod tokens;
 mod vm;
 
-use std::future::Future;
 use std::time::Duration;
 
-use ttlab_cluster::{ClusterError, LabelSweep, SessionTarget, teardown_session};
+use ttlab_cluster::{LabelSweep, SessionTarget, teardown_session};
 use ttlab_model::{FinalStatus, NodeName, Runtime, SessionStatus};
 use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
 pub use agent::{AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, record_agent_seen};
+use failure::Failure;
 use gone::complete;
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
 pub use open::open_session;
 pub(crate) use open::{count_vms, listed_vms};
 pub(crate) use pod::LAB_CONTAINER;
+pub(crate) use retry::{create_object, with_db};
 pub(crate) use tokens::fresh as fresh_token;
 pub(crate) use tokens::stored as agent_token;
-
-/// How long a provisioning step retries a database that went away before giving up.
-const DB_RETRY_FOR: Duration = Duration::from_secs(120);
 
 /// Why provisioning stopped.
 #[derive(Debug)]
@@ -50,174 +56,8 @@ pub(crate) enum Stop {
 
 impl From<StoreError> for Stop {
     fn from(e: StoreError) -> Self {
-        Stop::Failed(format!("the database failed during provisioning: {e}"))
+        Failure::Database(e).into()
     }
-}
-
-fn db_unavailable(e: &StoreError) -> bool {
-    crate::error::store_unavailable(e)
-}
-
-/// Runs a database step, retrying with backoff while the database is unreachable (up to
-/// two minutes), so a database restart does not lose a session being provisioned.
-pub(crate) async fn with_db<T, F, Fut>(mut step: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    let start = tokio::time::Instant::now();
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match step().await {
-            Err(e) if db_unavailable(&e) && start.elapsed() < DB_RETRY_FOR => {
-                tracing::debug!(error = %e, "database unavailable; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            other => return other,
-        }
-    }
-}
-
-/// First and longest pause between creates refused by a quota the cluster has not counted yet
-/// (each pause is drawn between half and all of the current one, so servers retrying at once
-/// spread out).
-const QUOTA_RETRY_FIRST: Duration = Duration::from_millis(250);
-const QUOTA_RETRY_MAX: Duration = Duration::from_secs(4);
-
-/// First and longest pause between attempts of a cluster call that failed transiently (a 5xx,
-/// 429, a timeout, a lost connection), jittered like the quota pauses. kube-rs has already
-/// retried 429, 503 and 504 inside the call, honouring `Retry-After`, before such a failure
-/// reaches this loop; it retries nothing else.
-const FAULT_RETRY_FIRST: Duration = Duration::from_millis(200);
-const FAULT_RETRY_MAX: Duration = Duration::from_secs(5);
-
-/// Creates one object of `session` with `create`.
-///
-/// A create is safe to repeat: the cluster adopts an object of the same name that carries this
-/// session's labels (a create whose reply was lost, or that kube-rs retried after it was
-/// applied), and refuses one that is not this session's as a conflict. So a create that failed
-/// transiently ([`ClusterError::is_retryable`]: a 5xx, 429, a timeout, a lost connection) is
-/// tried again with jittered backoff for at most [`crate::ApiConfig::cluster_retry_budget`],
-/// then fails with a reason that names the object and how many attempts failed.
-///
-/// A create refused only because a ResourceQuota has not been counted yet
-/// ([`ClusterError::QuotaPending`]: a quota or resource type that appeared moments ago;
-/// nothing was created) is tried again for at most [`crate::ApiConfig::quota_settle_wait`];
-/// one refused as exceeded ([`ClusterError::QuotaExceeded`]) for at most
-/// [`crate::ApiConfig::quota_recount_wait`] (the server's own count admitted the session; the
-/// quota recounts what deletions freed a moment later). Every retry stops if the session left
-/// `starting` meanwhile. Any other failure (a foreign object holding the name, a missing
-/// permission, an invalid object) ends provisioning at once.
-pub(crate) async fn create_object<T, F, Fut>(
-    state: &AppState,
-    session: &Session,
-    what: &str,
-    mut create: F,
-) -> Result<T, Stop>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ClusterError>>,
-{
-    let start = tokio::time::Instant::now();
-    let mut pause = QUOTA_RETRY_FIRST;
-    let mut fault_pause = FAULT_RETRY_FIRST;
-    let mut refusals = 0u32;
-    let mut faults = 0u32;
-    loop {
-        let (e, budget) = match create().await {
-            Ok(created) => return Ok(created),
-            Err(e @ ClusterError::QuotaPending { .. }) => (e, state.config().quota_settle_wait),
-            Err(e @ ClusterError::QuotaExceeded { .. }) => (e, state.config().quota_recount_wait),
-            Err(e) if e.is_retryable() => {
-                faults += 1;
-                let wait = jittered(fault_pause);
-                if start.elapsed() + wait > state.config().cluster_retry_budget {
-                    tracing::warn!(what, faults, error = %e, "the cluster kept failing; giving up");
-                    return Err(gave_up(&format!("create the {what}"), faults, start, &e));
-                }
-                tracing::info!(what, faults, error = %e, "the create failed transiently; retrying");
-                tokio::time::sleep(wait).await;
-                fault_pause = (fault_pause * 2).min(FAULT_RETRY_MAX);
-                ensure_starting(state, session).await?;
-                continue;
-            }
-            Err(e) => return Err(create_failed(what, &e)),
-        };
-        refusals += 1;
-        let wait = jittered(pause);
-        if start.elapsed() + wait > budget {
-            if let ClusterError::QuotaExceeded { .. } = e {
-                tracing::warn!(what, refusals, error = %e, "the quota still refuses; giving up");
-                return Err(create_failed(what, &e));
-            }
-            tracing::warn!(what, refusals, error = %e, "the quota was still not counted; giving up");
-            return Err(Stop::Failed(format!(
-                "the cluster had still not counted the lab namespace's quota after {} s (it \
-                 refused the {what} {refusals} times); try again in a minute",
-                start.elapsed().as_secs().max(1)
-            )));
-        }
-        tracing::info!(what, refusals, error = %e, "refused by the quota; retrying the create");
-        tokio::time::sleep(wait).await;
-        pause = (pause * 2).min(QUOTA_RETRY_MAX);
-        ensure_starting(state, session).await?;
-    }
-}
-
-/// The final reason of a call that kept failing transiently.
-fn gave_up(what: &str, attempts: u32, start: tokio::time::Instant, last: &ClusterError) -> Stop {
-    Stop::Failed(format!(
-        "could not {what}: the cluster failed {attempts} times in {} s (last: {last}); try \
-         again in a few minutes",
-        start.elapsed().as_secs().max(1)
-    ))
-}
-
-/// Between half and all of `pause`, at random.
-fn jittered(pause: Duration) -> Duration {
-    let mut bytes = [0u8; 4];
-    let draw = match getrandom::fill(&mut bytes) {
-        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX),
-        Err(_) => 0.5,
-    };
-    pause.mul_f64(0.5 + draw / 2.0)
-}
-
-/// Why creating `what` failed, for the student.
-pub(crate) fn create_failed(what: &str, e: &ClusterError) -> Stop {
-    match e {
-        ClusterError::QuotaExceeded { .. } => Stop::Failed(format!(
-            "the lab namespace is full (its quota refused the {what}); try again later"
-        )),
-        other => Stop::Failed(format!("could not create the {what}: {other}")),
-    }
-}
-
-/// Stops if the row left `starting` (finished by the student, failed by the reaper).
-pub(crate) async fn ensure_starting(state: &AppState, session: &Session) -> Result<(), Stop> {
-    let row = with_db(|| async { state.store().sessions().get(session.id).await }).await?;
-    match row {
-        Some(r) if r.status == SessionStatus::Starting => Ok(()),
-        _ => Err(Stop::Superseded),
-    }
-}
-
-/// Records that provisioning of `session` reached `stage` (retrying while the database is
-/// away).
-pub(crate) async fn record_stage(
-    state: &AppState,
-    session: &Session,
-    stage: ttlab_store::Stage,
-) -> Result<bool, StoreError> {
-    with_db(|| async {
-        state
-            .store()
-            .sessions()
-            .record_stage(session.id, stage)
-            .await
-    })
-    .await
 }
 
 /// Starts provisioning `session` in the background, holding its provisioning lease (renewed
@@ -287,36 +127,6 @@ pub async fn hand_over(state: &AppState) {
     } else {
         tracing::warn!("some provisioning tasks did not stop in time; their leases expire");
     }
-}
-
-/// The agent tokens of a session being provisioned: those already stored when every node has
-/// one (a session resumed after its provisioner stopped: its Secrets may carry them already,
-/// and a Secret found in place is adopted, not rewritten), else fresh ones.
-pub(crate) async fn resume_tokens(
-    state: &AppState,
-    session: &Session,
-    nodes: &[NodeName],
-) -> Result<Vec<ttlab_agent::protocol::AgentToken>, Stop> {
-    let mut stored = Vec::with_capacity(nodes.len());
-    for node in nodes {
-        let token =
-            with_db(|| async { state.store().agent_tokens().get(session.id, node).await }).await?;
-        match token
-            .as_deref()
-            .and_then(ttlab_agent::protocol::AgentToken::parse)
-        {
-            Some(t) => stored.push(t),
-            None => break,
-        }
-    }
-    if stored.len() == nodes.len() {
-        return Ok(stored);
-    }
-    nodes
-        .iter()
-        .map(|_| tokens::fresh())
-        .collect::<Result<_, _>>()
-        .map_err(|e| Stop::Failed(e.to_string()))
 }
 
 #[tracing::instrument(skip_all, fields(session = %session.id, lesson = %session.lesson))]
@@ -550,21 +360,4 @@ pub(crate) async fn adopt_abandoned(state: &AppState) -> Result<usize, ApiError>
         adopted += 1;
     }
     Ok(adopted)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quota_retry_pauses_are_jittered_within_half_and_all_of_the_pause() {
-        let pause = Duration::from_secs(4);
-        let draws: Vec<Duration> = (0..64).map(|_| jittered(pause)).collect();
-        assert!(
-            draws.iter().all(|d| *d >= pause / 2 && *d <= pause),
-            "{draws:?}"
-        );
-        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
-        assert!(distinct.len() > 1, "no jitter: {draws:?}");
-    }
 }

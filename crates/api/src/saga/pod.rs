@@ -3,6 +3,7 @@
 //! policy, so it ends by itself even if nothing reclaims it. The session is running only
 //! once the Pod is `Running` and ready (watched, within the lesson's readiness timeout);
 //! grading runs the lesson's commands in its container through the cluster's pod exec.
+//! [`provision`] walks the steps, which follow it in order, as a VM lesson's do.
 
 use std::collections::BTreeMap;
 
@@ -18,24 +19,29 @@ use ttlab_model::labels::{self, ObjectLabels};
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
 use ttlab_vm_manifest::pod_name;
 
-use super::{Stop, with_db};
+use super::steps::{self, record_stage};
+use super::{Failure, Stop, create_object, with_db};
 use crate::AppState;
 
 /// The uid and gid the lab container runs as.
 pub const LAB_UID: i64 = 1000;
 
+/// Provisions a pod lesson's session, from its `starting` row to `running`.
 pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(), Stop> {
-    let lesson = state
-        .config()
-        .lessons
-        .get(&session.lesson)
-        .cloned()
-        .ok_or_else(|| {
-            Stop::Failed(format!(
-                "the lesson {} is no longer offered",
-                session.lesson
-            ))
-        })?;
+    let lesson = steps::offered_lesson(state, session)?;
+    let name = record_pod_name(state, session, &lesson).await?;
+    create_pod(state, session, &lesson, &name).await?;
+    wait_pod_running(state, session, &lesson, &name).await?;
+    steps::mark_running(state, session).await
+}
+
+/// The Pod's name, recorded on the row (as its one "VM", with the container disk) before it
+/// is created.
+async fn record_pod_name(
+    state: &AppState,
+    session: &Session,
+    lesson: &Lesson,
+) -> Result<String, Stop> {
     let store = state.store();
     let node = lesson.nodes.first().clone();
     let name = pod_name(session.id, &node);
@@ -47,47 +53,56 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     })
     .await?;
     let vms = [SessionVm {
-        node: node.clone(),
+        node,
         name: name.clone(),
     }];
     with_db(|| async { store.sessions().record_vms(session.id, &vms).await }).await?;
-    let pod = lab_pod(state, session, &lesson, &name);
-    super::create_object(state, session, "lab pod", || {
+    Ok(name)
+}
+
+/// The lab Pod ([`lab_pod`]); the `vm_created` stage once it is.
+async fn create_pod(
+    state: &AppState,
+    session: &Session,
+    lesson: &Lesson,
+    name: &str,
+) -> Result<(), Stop> {
+    let pod = lab_pod(state, session, lesson, name);
+    create_object(state, session, "lab pod", || {
         state.cluster().create_pod(pod.clone())
     })
     .await?;
-    super::record_stage(state, session, Stage::VmCreated).await?;
+    record_stage(state, session, Stage::VmCreated).await?;
+    Ok(())
+}
 
-    // Running only once the Pod runs and is ready, within the lesson's readiness timeout.
+/// The Pod running and ready within the lesson's readiness timeout (watched); the pod's
+/// "VMI running" stage then: its container runs.
+async fn wait_pod_running(
+    state: &AppState,
+    session: &Session,
+    lesson: &Lesson,
+    name: &str,
+) -> Result<(), Stop> {
     let readiness = lesson.readiness_timeout;
     let waited = state
         .cluster()
-        .wait_pod_running(&name, readiness)
+        .wait_pod_running(name, readiness)
         .await
-        .map_err(|e| Stop::Failed(format!("could not watch the lab pod start: {e}")))?;
+        .map_err(Failure::PodUnwatchable)?;
     match waited {
         PodWait::Running(_) => {}
-        PodWait::Ended(s) => {
-            return Err(Stop::Failed(format!(
-                "the lab pod stopped before it was ready ({})",
-                s.describe()
-            )));
-        }
+        PodWait::Ended(s) => return Err(Failure::PodEnded(s.describe()).into()),
         PodWait::TimedOut { last, .. } => {
-            let seen = last.map(|s| format!(" (last seen: {})", s.describe()));
-            return Err(Stop::Failed(format!(
-                "lab pod did not start within {} s{}",
-                readiness.as_secs(),
-                seen.unwrap_or_default()
-            )));
+            return Err(Failure::PodTimedOut {
+                within: readiness,
+                seen: last.map(|s| s.describe()),
+            }
+            .into());
         }
     }
-    // The pod's "VMI running" stage: its container runs.
-    super::record_stage(state, session, Stage::VmiRunning).await?;
-    match with_db(|| async { store.sessions().mark_running(session.id, None).await }).await? {
-        Some(_) => Ok(()),
-        None => Err(Stop::Superseded),
-    }
+    record_stage(state, session, Stage::VmiRunning).await?;
+    Ok(())
 }
 
 /// The name of the lab container in the Pod (exec and grading run there).

@@ -5,7 +5,9 @@
 
 use ttlab_agent::protocol::AgentToken;
 use ttlab_model::{NodeName, SessionId};
+use ttlab_store::Session;
 
+use super::{Failure, Stop, with_db};
 use crate::{ApiError, AppState};
 
 /// A new token from the operating system's CSPRNG.
@@ -38,6 +40,34 @@ pub(crate) async fn stored(
             "the stored agent token of node {node} is malformed"
         ))
     })
+}
+
+/// The agent tokens of a session being provisioned, one per node in `nodes`' order: those
+/// already stored when every node has one (a session resumed after its provisioner stopped:
+/// its Secrets may carry them already, and a Secret found in place is adopted, not
+/// rewritten), else fresh ones.
+pub(crate) async fn for_nodes(
+    state: &AppState,
+    session: &Session,
+    nodes: &[NodeName],
+) -> Result<Vec<AgentToken>, Stop> {
+    let mut stored = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let token =
+            with_db(|| async { state.store().agent_tokens().get(session.id, node).await }).await?;
+        match token.as_deref().and_then(AgentToken::parse) {
+            Some(t) => stored.push(t),
+            None => break,
+        }
+    }
+    if stored.len() == nodes.len() {
+        return Ok(stored);
+    }
+    nodes
+        .iter()
+        .map(|_| fresh())
+        .collect::<Result<_, _>>()
+        .map_err(|e| Failure::Tokens(e.to_string()).into())
 }
 
 #[cfg(test)]

@@ -1,205 +1,305 @@
 //! Steps ③ to ⑧ for a VM lesson: disk, Secrets and VMs, then VMI Running, then the agent's
-//! readiness marker.
+//! readiness marker. [`provision`] is the walk, one named step per line; the steps follow it
+//! in the same order. A step that fails returns [`Stop`]; whatever was created is deleted by
+//! the caller (`saga::provision`), which marks the session failed with the reason.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use ttlab_agent::AgentClient;
 use ttlab_agent::protocol::AgentToken;
+use ttlab_background::Backoff;
 use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
-use ttlab_cluster::{ClusterError, Created};
+use ttlab_cluster::{ClusterError, Created, VmiState};
+use ttlab_disk_select::DiskDecision;
 use ttlab_lesson::Lesson;
 use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
-use ttlab_vm_manifest::{AgentDisk, SessionVms, render_with_agent, secret_name, vm_name};
+use ttlab_vm_manifest::{
+    AgentDisk, SessionManifests, SessionVms, VirtualMachine, render_with_agent, secret_name,
+    vm_name,
+};
 
-use super::{Stop, create_object, ensure_starting, with_db};
+use super::steps::{self, ensure_starting, observe_stage, record_stage};
+use super::{Failure, Stop, create_object, with_db};
 use crate::AppState;
 
-/// Polls of the VMI's address: first pause, longest pause.
-const AGENT_POLL_FIRST: Duration = Duration::from_millis(50);
-const AGENT_POLL_MAX: Duration = Duration::from_millis(200);
+/// Polls of the VMI's address: 50 ms, doubling up to 200 ms.
+const ADDRESS_POLL: Backoff =
+    Backoff::doubling(Duration::from_millis(50), Duration::from_millis(200)).without_jitter();
 /// Pause between readiness polls of the agent once the VMI runs: fixed and short, so a
 /// session is marked running at most this long (plus one request) after its guest is ready.
 const READY_POLL: Duration = Duration::from_millis(100);
 
+/// Provisions a VM lesson's session, from its `starting` row to `running`.
 pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(), Stop> {
-    let lesson = state
-        .config()
-        .lessons
-        .get(&session.lesson)
-        .cloned()
-        .ok_or_else(|| {
-            Stop::Failed(format!(
-                "the lesson {} is no longer offered",
-                session.lesson
-            ))
-        })?;
-    let store = state.store();
-
-    // ④ the root disk.
-    let (decision, reason) = super::disk::decide(state, &lesson).await;
-    let kind = match decision {
-        ttlab_disk_select::DiskDecision::Golden { .. } => DiskKind::Golden,
-        ttlab_disk_select::DiskDecision::ContainerDisk { .. } => DiskKind::Container,
+    let lesson = steps::offered_lesson(state, session)?;
+    let vm = VmProvisioning {
+        state,
+        session,
+        lesson: &lesson,
     };
-    with_db(|| async {
-        store
-            .sessions()
-            .record_disk(session.id, kind, &reason)
-            .await
-    })
-    .await?;
-    state
-        .metrics()
-        .disk_decisions
-        .get_or_create(&crate::metrics::DiskLabels {
-            kind: kind.as_str().to_owned(),
-            reason: reason.clone(),
-        })
-        .inc();
-
-    // The names first, so a crash after any creation leaves a row naming what to delete.
-    let nodes: Vec<NodeName> = lesson.nodes.as_slice().to_vec();
-    let vms: Vec<SessionVm> = nodes
-        .iter()
-        .map(|n| SessionVm {
-            node: n.clone(),
-            name: vm_name(session.id, n),
-        })
-        .collect();
-    with_db(|| async { store.sessions().record_vms(session.id, &vms).await }).await?;
-
-    let agent = &state.config().agent;
-    let manifests = render_with_agent(
-        &SessionVms {
-            session: session.id,
-            env: state.config().env.clone(),
-            lesson: lesson.id.clone(),
-            namespace: None,
-            image: lesson.image.clone(),
-            memory: lesson.memory.as_str().to_owned(),
-            cores: lesson.cores,
-            nodes: nodes.clone(),
-            disk: decision,
-            termination_grace_period_seconds:
-                ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
-        },
-        &AgentDisk {
-            config_map: agent.config_map_name(),
-            volume_label: agent.volume_label().to_owned(),
-        },
-    )
-    .map_err(|e| Stop::Failed(format!("the lesson cannot be turned into a VM: {e}")))?;
-
-    let power_off_at = session.lifespan().hard_deadline(&state.config().policy);
-
-    // ③ a fresh agent token per VM (those already stored, for a resumed session), stored
-    // before any Secret carries it.
-    let tokens: Vec<AgentToken> = super::resume_tokens(state, session, &nodes).await?;
-    let pairs: Vec<(NodeName, &str)> = nodes
-        .iter()
-        .cloned()
-        .zip(tokens.iter().map(AgentToken::reveal))
-        .collect();
-    if !with_db(|| async { store.agent_tokens().put(session.id, &pairs).await }).await? {
-        return Err(Stop::Superseded);
-    }
-
-    // The agent's shared ConfigMap, before any VM references it: the version is recorded as
-    // seen first (the reaper keeps what a server saw within its minimum age), then the
-    // ConfigMap is made sure of.
-    with_db(|| async { super::record_agent_seen(state).await }).await?;
-    create_object(state, session, "agent ConfigMap", || {
-        super::ensure_agent_config_map(state)
-    })
-    .await?;
-
-    // ③ + ⑤: each VM, then its Secret owned by it; the representative (first) VM owns the
-    // other VMs, the Service and the NetworkPolicy.
-    let mut representative: Option<Created> = None;
-    for ((vm, node), token) in manifests.vms.into_iter().zip(&nodes).zip(&tokens) {
-        let mut vm = vm;
-        if let Some(rep) = &representative {
-            vm.metadata.owner_references = Some(vec![rep.owner_reference()]);
-        }
-        let json = serde_json::to_value(&vm)
-            .map_err(|e| Stop::Failed(format!("cannot encode the VM: {e}")))?;
-        let created = create_object(state, session, "VM", || {
-            state.cluster().create_vm(json.clone())
-        })
+    let disk = vm.choose_disk().await?; // ④
+    let vms = vm.record_vm_names().await?;
+    let manifests = vm.render(disk)?;
+    let tokens = vm.store_agent_tokens(&vms).await?; // ③
+    vm.ensure_agent_config_map().await?;
+    let owner = vm.create_vms_and_secrets(manifests.vms, &tokens).await?; // ③ + ⑤
+    vm.create_peer_network(manifests.service, manifests.network_policy, owner)
         .await?;
-        if representative.is_none() {
-            super::record_stage(state, session, Stage::VmCreated).await?;
-            observe_stage(state, session, "vm_created").await;
-        }
-        ensure_starting(state, session).await?;
-        let secret = user_data_secret(state, session, &lesson, node, token, power_off_at)?
-            .to_secret(Some(created.owner_reference()));
-        create_object(state, session, "cloud-init Secret", || {
-            state.cluster().create_secret(secret.clone())
-        })
-        .await?;
-        if representative.is_none() {
-            representative = Some(created);
-        }
-    }
-    let owner = representative
-        .as_ref()
-        .map(Created::owner_reference)
-        .ok_or_else(|| Stop::Failed("the lesson has no node".into()))?;
-    if let Some(mut service) = manifests.service {
-        service.metadata.owner_references = Some(vec![owner.clone()]);
-        create_object(state, session, "session Service", || {
-            state.cluster().create_service(service.clone())
-        })
-        .await?;
-    }
-    if let Some(mut policy) = manifests.network_policy {
-        policy.metadata.owner_references = Some(vec![owner]);
-        create_object(state, session, "session NetworkPolicy", || {
-            state.cluster().create_network_policy(policy.clone())
-        })
-        .await?;
-    }
     ensure_starting(state, session).await?;
-
-    // ⑥–⑦: every VMI Running within the lesson's readiness timeout.
-    let readiness = lesson.readiness_timeout;
-    let running = try_join_all(vms.iter().map(|v| async move {
-        state
-            .cluster()
-            .wait_vmi_running(&v.name, readiness)
-            .await
-            .map_err(|e| vmi_failed(&e, readiness))
-    }))
-    .await;
-    let running = match running {
-        Ok(running) => running,
-        Err(stop) => {
-            // A VM that did not start may be waiting for its agent disk: check it again next
-            // time rather than trust the earlier finding.
-            super::agent::distrust_agent(state).await;
-            return Err(stop);
-        }
-    };
-    super::record_stage(state, session, Stage::VmiRunning).await?;
-    observe_stage(state, session, "vmi_running").await;
+    let running = vm.wait_vmis_running(&vms).await?; // ⑥–⑦
     ensure_starting(state, session).await?;
+    vm.wait_agents_ready(&vms, running, &tokens).await?; // ⑧
+    steps::mark_running(state, session).await?;
+    observe_stage(state, session, "ready").await;
+    Ok(())
+}
 
-    // ⑧: the agent's readiness marker on every node, within the setup timeout.
-    let setup = lesson.setup_timeout;
-    let agent_up = std::sync::atomic::AtomicBool::new(false);
-    try_join_all(
-        vms.iter()
-            .zip(running)
-            .zip(&tokens)
-            .map(|((v, vmi), token)| {
-                let agent_up = &agent_up;
-                async move {
+/// One session of a VM lesson being provisioned: what every step works with.
+struct VmProvisioning<'a> {
+    state: &'a AppState,
+    session: &'a Session,
+    lesson: &'a Lesson,
+}
+
+impl VmProvisioning<'_> {
+    /// ④ The root disk: what the cluster shows of the golden disk, through the decision
+    /// table; recorded on the row (kind and reason) and counted in the metrics.
+    async fn choose_disk(&self) -> Result<DiskDecision, Stop> {
+        let (decision, reason) = super::disk::decide(self.state, self.lesson).await;
+        let kind = match decision {
+            DiskDecision::Golden { .. } => DiskKind::Golden,
+            DiskDecision::ContainerDisk { .. } => DiskKind::Container,
+        };
+        with_db(|| async {
+            self.state
+                .store()
+                .sessions()
+                .record_disk(self.session.id, kind, &reason)
+                .await
+        })
+        .await?;
+        self.state
+            .metrics()
+            .disk_decisions
+            .get_or_create(&crate::metrics::DiskLabels {
+                kind: kind.as_str().to_owned(),
+                reason,
+            })
+            .inc();
+        Ok(decision)
+    }
+
+    /// The VMs' names, one per lesson node, recorded on the row before anything is created,
+    /// so a crash after any creation leaves a row naming what to delete.
+    async fn record_vm_names(&self) -> Result<Vec<SessionVm>, Stop> {
+        let vms: Vec<SessionVm> = self
+            .lesson
+            .nodes
+            .as_slice()
+            .iter()
+            .map(|n| SessionVm {
+                node: n.clone(),
+                name: vm_name(self.session.id, n),
+            })
+            .collect();
+        with_db(|| async {
+            self.state
+                .store()
+                .sessions()
+                .record_vms(self.session.id, &vms)
+                .await
+        })
+        .await?;
+        Ok(vms)
+    }
+
+    /// The session's VirtualMachines (and, with several nodes, its Service and
+    /// NetworkPolicy), with `disk` as their root disk and the agent's ConfigMap as a disk.
+    fn render(&self, disk: DiskDecision) -> Result<SessionManifests, Stop> {
+        let state = self.state;
+        let agent = &state.config().agent;
+        render_with_agent(
+            &SessionVms {
+                session: self.session.id,
+                env: state.config().env.clone(),
+                lesson: self.lesson.id.clone(),
+                namespace: None,
+                image: self.lesson.image.clone(),
+                memory: self.lesson.memory.as_str().to_owned(),
+                cores: self.lesson.cores,
+                nodes: self.lesson.nodes.as_slice().to_vec(),
+                disk,
+                termination_grace_period_seconds:
+                    ttlab_vm_manifest::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
+            },
+            &AgentDisk {
+                config_map: agent.config_map_name(),
+                volume_label: agent.volume_label().to_owned(),
+            },
+        )
+        .map_err(|e| Failure::Unrenderable(e.to_string()).into())
+    }
+
+    /// ③ A fresh agent token per VM (those already stored, for a resumed session), stored
+    /// before any Secret carries it.
+    async fn store_agent_tokens(&self, vms: &[SessionVm]) -> Result<Vec<AgentToken>, Stop> {
+        let nodes: Vec<NodeName> = vms.iter().map(|v| v.node.clone()).collect();
+        let tokens = super::tokens::for_nodes(self.state, self.session, &nodes).await?;
+        let pairs: Vec<(NodeName, &str)> = nodes
+            .into_iter()
+            .zip(tokens.iter().map(AgentToken::reveal))
+            .collect();
+        let stored = with_db(|| async {
+            self.state
+                .store()
+                .agent_tokens()
+                .put(self.session.id, &pairs)
+                .await
+        })
+        .await?;
+        if !stored {
+            return Err(Stop::Superseded);
+        }
+        Ok(tokens)
+    }
+
+    /// The agent's shared ConfigMap, before any VM references it: the version is recorded as
+    /// seen first (the reaper keeps what a server saw within its minimum age), then the
+    /// ConfigMap is made sure of.
+    async fn ensure_agent_config_map(&self) -> Result<(), Stop> {
+        with_db(|| async { super::record_agent_seen(self.state).await }).await?;
+        create_object(self.state, self.session, "agent ConfigMap", || {
+            super::ensure_agent_config_map(self.state)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// ③ + ⑤ Each VM, then its cloud-init Secret owned by it; the first VM (the
+    /// representative) owns the other VMs. Returns the owner reference of the representative,
+    /// which the session's other objects carry too.
+    async fn create_vms_and_secrets(
+        &self,
+        vms: Vec<VirtualMachine>,
+        tokens: &[AgentToken],
+    ) -> Result<OwnerReference, Stop> {
+        let (state, session) = (self.state, self.session);
+        let power_off_at = self.power_off_at();
+        let mut representative: Option<Created> = None;
+        for ((mut vm, node), token) in vms
+            .into_iter()
+            .zip(self.lesson.nodes.as_slice())
+            .zip(tokens)
+        {
+            if let Some(rep) = &representative {
+                vm.metadata.owner_references = Some(vec![rep.owner_reference()]);
+            }
+            let json = serde_json::to_value(&vm).map_err(|e| Failure::VmEncoding(e.to_string()))?;
+            let created = create_object(state, session, "VM", || {
+                state.cluster().create_vm(json.clone())
+            })
+            .await?;
+            if representative.is_none() {
+                record_stage(state, session, Stage::VmCreated).await?;
+                observe_stage(state, session, "vm_created").await;
+            }
+            ensure_starting(state, session).await?;
+            let secret = self
+                .user_data_secret(node, token, power_off_at)?
+                .to_secret(Some(created.owner_reference()));
+            create_object(state, session, "cloud-init Secret", || {
+                state.cluster().create_secret(secret.clone())
+            })
+            .await?;
+            if representative.is_none() {
+                representative = Some(created);
+            }
+        }
+        representative
+            .as_ref()
+            .map(Created::owner_reference)
+            .ok_or_else(|| Failure::NoNode.into())
+    }
+
+    /// The session's Service and NetworkPolicy (a lesson of several nodes), owned by the
+    /// representative VM.
+    async fn create_peer_network(
+        &self,
+        service: Option<Service>,
+        policy: Option<NetworkPolicy>,
+        owner: OwnerReference,
+    ) -> Result<(), Stop> {
+        let (state, session) = (self.state, self.session);
+        if let Some(mut service) = service {
+            service.metadata.owner_references = Some(vec![owner.clone()]);
+            create_object(state, session, "session Service", || {
+                state.cluster().create_service(service.clone())
+            })
+            .await?;
+        }
+        if let Some(mut policy) = policy {
+            policy.metadata.owner_references = Some(vec![owner]);
+            create_object(state, session, "session NetworkPolicy", || {
+                state.cluster().create_network_policy(policy.clone())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// ⑥–⑦ Every VMI `Running` within the lesson's readiness timeout (watched); the stage is
+    /// recorded. Returns their states then, in `vms`' order.
+    async fn wait_vmis_running(&self, vms: &[SessionVm]) -> Result<Vec<VmiState>, Stop> {
+        let (state, session) = (self.state, self.session);
+        let readiness = self.lesson.readiness_timeout;
+        let running = try_join_all(vms.iter().map(|v| async move {
+            state
+                .cluster()
+                .wait_vmi_running(&v.name, readiness)
+                .await
+                .map_err(|e| vmi_failed(e, readiness))
+        }))
+        .await;
+        let running = match running {
+            Ok(running) => running,
+            Err(stop) => {
+                // A VM that did not start may be waiting for its agent disk: check it again
+                // next time rather than trust the earlier finding.
+                super::agent::distrust_agent(state).await;
+                return Err(stop);
+            }
+        };
+        record_stage(state, session, Stage::VmiRunning).await?;
+        observe_stage(state, session, "vmi_running").await;
+        Ok(running)
+    }
+
+    /// ⑧ The agent's readiness marker on every node, within the lesson's setup timeout. The
+    /// first agent to answer records the `agent_up` stage.
+    async fn wait_agents_ready(
+        &self,
+        vms: &[SessionVm],
+        running: Vec<VmiState>,
+        tokens: &[AgentToken],
+    ) -> Result<(), Stop> {
+        let state = self.state;
+        let setup = self.lesson.setup_timeout;
+        let agent_up = AtomicBool::new(false);
+        let agent_up = &agent_up;
+        try_join_all(
+            vms.iter()
+                .zip(running)
+                .zip(tokens)
+                .map(|((v, vmi), token)| async move {
                     let ip = match vmi.ip {
                         Some(ip) => ip,
                         None => wait_ip(state, &v.name, setup).await?,
@@ -210,56 +310,94 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
                     )
                     .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
                     .with_user_agent(state.config().user_agent.as_str());
-                    wait_agent(state, session, &client, setup, agent_up).await
+                    self.wait_agent(&client, setup, agent_up).await
+                }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Polls the agent's readiness every [`READY_POLL`] until the marker is reported (Ok), the
+    /// setup reports failure, or `within` runs out.
+    async fn wait_agent(
+        &self,
+        client: &AgentClient,
+        within: Duration,
+        agent_up: &AtomicBool,
+    ) -> Result<(), Stop> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut polls = Backoff::constant(READY_POLL).pauses();
+        let mut answered = false;
+        loop {
+            match client.ready().await {
+                Ok(r) => {
+                    if !answered {
+                        answered = true;
+                        if !agent_up.swap(true, Ordering::SeqCst) {
+                            record_stage(self.state, self.session, Stage::AgentUp).await?;
+                            observe_stage(self.state, self.session, "agent_up").await;
+                        }
+                    }
+                    if let Some(reason) = r.failed {
+                        return Err(Failure::SetupFailed(reason.trim().to_owned()).into());
+                    }
+                    if r.ready {
+                        return Ok(());
+                    }
                 }
-            }),
-    )
-    .await?;
-
-    match with_db(|| async { store.sessions().mark_running(session.id, None).await }).await? {
-        Some(_) => {
-            observe_stage(state, session, "ready").await;
-            Ok(())
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(Failure::AgentRefused(e.to_string()).into()),
+            }
+            let pause = polls.next_pause();
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(if answered {
+                    Failure::SetupTimedOut(within)
+                } else {
+                    Failure::AgentSilent(within)
+                }
+                .into());
+            }
+            tokio::time::sleep(pause).await;
         }
-        None => Err(Stop::Superseded),
+    }
+
+    /// When the guests power themselves off, should nothing reclaim them first: the
+    /// lifespan's hard deadline.
+    fn power_off_at(&self) -> DateTime<Utc> {
+        self.session
+            .lifespan()
+            .hard_deadline(&self.state.config().policy)
+    }
+
+    /// The cloud-init Secret of `node`'s VM.
+    fn user_data_secret(
+        &self,
+        node: &NodeName,
+        token: &AgentToken,
+        power_off_at: DateTime<Utc>,
+    ) -> Result<UserDataSecret, Stop> {
+        let (state, lesson) = (self.state, self.lesson);
+        let user_data = render_user_data(&UserDataInput {
+            lesson,
+            node,
+            agent: &state.config().agent,
+            token,
+            power_off_at,
+        })
+        .map_err(|e| Failure::CloudInit(e.to_string()))?;
+        let labels = ObjectLabels::new(
+            self.session.id,
+            state.config().env.clone(),
+            lesson.id.clone(),
+            Some(node.clone()),
+        );
+        UserDataSecret::new(secret_name(self.session.id, node), labels, user_data)
+            .map_err(|e| Failure::CloudInitSecret(e.to_string()).into())
     }
 }
 
-fn user_data_secret(
-    state: &AppState,
-    session: &Session,
-    lesson: &Lesson,
-    node: &NodeName,
-    token: &AgentToken,
-    power_off_at: DateTime<Utc>,
-) -> Result<UserDataSecret, Stop> {
-    let user_data = render_user_data(&UserDataInput {
-        lesson,
-        node,
-        agent: &state.config().agent,
-        token,
-        power_off_at,
-    })
-    .map_err(|e| Stop::Failed(format!("cannot render cloud-init: {e}")))?;
-    let labels = ObjectLabels::new(
-        session.id,
-        state.config().env.clone(),
-        lesson.id.clone(),
-        Some(node.clone()),
-    );
-    UserDataSecret::new(secret_name(session.id, node), labels, user_data)
-        .map_err(|e| Stop::Failed(format!("cannot build the cloud-init Secret: {e}")))
-}
-
-/// Records the time from the request to `stage` in the metrics (database clock).
-async fn observe_stage(state: &AppState, session: &Session, stage: &str) {
-    if let Ok(now) = state.store().db_now().await {
-        let secs = (now - session.created_at).num_milliseconds() as f64 / 1000.0;
-        state.metrics().observe_stage(stage, secs);
-    }
-}
-
-fn vmi_failed(e: &ClusterError, readiness: Duration) -> Stop {
+/// Why a VMI did not come up, for the student.
+fn vmi_failed(e: ClusterError, readiness: Duration) -> Stop {
     match e {
         ClusterError::WaitTimedOut {
             last, watch_faults, ..
@@ -277,87 +415,29 @@ fn vmi_failed(e: &ClusterError, readiness: Duration) -> Stop {
                 })
                 .or_else(|| watch_faults.as_ref().map(|f| format!(" ({f})")))
                 .unwrap_or_default();
-            Stop::Failed(format!(
-                "VM did not start within {} s{why}",
-                readiness.as_secs()
-            ))
+            Failure::VmiTimedOut {
+                within: readiness,
+                why,
+            }
         }
-        ClusterError::VmiEnded { state, .. } => Stop::Failed(format!(
-            "the VM stopped before it was ready ({})",
-            state.describe()
-        )),
-        other => Stop::Failed(format!("could not watch the VM start: {other}")),
+        ClusterError::VmiEnded { state, .. } => Failure::VmiEnded(state.describe()),
+        other => Failure::VmiUnwatchable(other),
     }
+    .into()
 }
 
+/// The VMI's address, polled until reported or `within` runs out.
 async fn wait_ip(state: &AppState, vmi: &str, within: Duration) -> Result<IpAddr, Stop> {
     let deadline = tokio::time::Instant::now() + within;
-    let mut pause = AGENT_POLL_FIRST;
+    let mut polls = ADDRESS_POLL.pauses();
     loop {
         if let Ok(Some(ip)) = state.cluster().vmi_ip(vmi).await {
             return Ok(ip);
         }
+        let pause = polls.next_pause();
         if tokio::time::Instant::now() + pause > deadline {
-            return Err(Stop::Failed(format!(
-                "the VM got no network address within {} s",
-                within.as_secs()
-            )));
+            return Err(Failure::NoAddress(within).into());
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(AGENT_POLL_MAX);
-    }
-}
-
-/// Polls the agent's readiness every [`READY_POLL`] until the marker is reported (Ok), the
-/// setup reports failure, or `within` runs out.
-async fn wait_agent(
-    state: &AppState,
-    session: &Session,
-    client: &AgentClient,
-    within: Duration,
-    agent_up: &std::sync::atomic::AtomicBool,
-) -> Result<(), Stop> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut answered = false;
-    loop {
-        match client.ready().await {
-            Ok(r) => {
-                if !answered {
-                    answered = true;
-                    if !agent_up.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        super::record_stage(state, session, Stage::AgentUp).await?;
-                        observe_stage(state, session, "agent_up").await;
-                    }
-                }
-                if let Some(reason) = r.failed {
-                    let reason = reason.trim();
-                    return Err(Stop::Failed(if reason.is_empty() {
-                        "setup script failed".to_owned()
-                    } else {
-                        format!("setup script failed: {reason}")
-                    }));
-                }
-                if r.ready {
-                    return Ok(());
-                }
-            }
-            Err(e) if e.is_retryable() => {}
-            Err(e) => {
-                return Err(Stop::Failed(format!(
-                    "the VM's agent refused the server: {e}"
-                )));
-            }
-        }
-        if tokio::time::Instant::now() + READY_POLL > deadline {
-            return Err(Stop::Failed(if answered {
-                format!("setup script did not finish within {} s", within.as_secs())
-            } else {
-                format!(
-                    "the VM's agent did not answer within {} s",
-                    within.as_secs()
-                )
-            }));
-        }
-        tokio::time::sleep(READY_POLL).await;
     }
 }
