@@ -50,22 +50,25 @@
 //!    that looks lost, still wins (another replica's takeover announcement may arrive after
 //!    KubeVirt has already dropped this connection).
 
+mod pump;
+mod warnings;
+
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::{FutureExt as _, Sink, SinkExt as _, Stream, StreamExt as _};
+use futures::{Sink, SinkExt as _, Stream, StreamExt as _};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use tokio::sync::watch;
-
-use crate::safe::Inserter;
 use crate::{
     BrowserControl, CloseFrame, CloseReason, ConsoleError, Controls, Frame, LabKind, TermSize,
 };
+use pump::{Counters, Ended, pump};
 
 /// What [`Upstream::connect`] returns: the console's input and output halves.
 pub type Connected<'a, U> =
@@ -179,13 +182,68 @@ pub fn notice(text: &str) -> Bytes {
     Bytes::from(format!("\r\n\x1b[1;33m[ttlab] {text}\x1b[0m\r\n"))
 }
 
+/// The browser's sending half, as the relay holds it (boxed: whatever the server's WebSocket
+/// is); a failure to send means the browser is gone.
+type ToBrowser<'a> = Pin<Box<dyn Sink<Frame, Error = Gone> + Send + 'a>>;
+/// The browser's receiving half; an error, like the end of the stream, means it is gone.
+type FromBrowser<'a> = Pin<Box<dyn Stream<Item = Result<Frame, Gone>> + Send + 'a>>;
+/// Keystrokes to the console (the [`Upstream::Input`] of an open console, boxed); an error
+/// says, in words, how the connection ended.
+type ToConsole<'a> = Pin<Box<dyn Sink<Bytes, Error = String> + Send + 'a>>;
+/// The console's output (the [`Upstream::Output`] of an open console, boxed); an error says,
+/// in words, how the connection ended.
+type FromConsole<'a> = Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send + 'a>>;
+
+/// The browser's socket failed or closed.
+#[derive(Debug)]
+struct Gone;
+
+/// The browser's two halves.
+struct Browser<'a> {
+    to: ToBrowser<'a>,
+    from: FromBrowser<'a>,
+}
+
+/// An open console's two halves.
+struct Console<'a> {
+    to: ToConsole<'a>,
+    from: FromConsole<'a>,
+}
+
+impl<'a> Console<'a> {
+    /// The halves [`Upstream::connect`] returned, boxed, their errors put in words.
+    fn new<I, O, E>(input: I, output: O) -> Self
+    where
+        I: Sink<Bytes, Error = E> + Send + 'a,
+        O: Stream<Item = Result<Bytes, E>> + Send + 'a,
+        E: fmt::Display,
+    {
+        Self {
+            to: Box::pin(input.sink_map_err(|e| e.to_string())),
+            from: Box::pin(output.map(|r| r.map_err(|e| e.to_string()))),
+        }
+    }
+}
+
+/// What the relay asks of an [`Upstream`] once its console is open: to pass on the terminal's
+/// size.
+trait Resize: Send {
+    fn resize(&mut self, size: TermSize) -> BoxFuture<'_, ()>;
+}
+
+impl<U: Upstream> Resize for U {
+    fn resize(&mut self, size: TermSize) -> BoxFuture<'_, ()> {
+        Upstream::resize(self, size)
+    }
+}
+
 /// Runs one console connection until it closes; see the [module docs](self) for the rules.
 ///
 /// `to_browser` and `from_browser` are the two halves of the browser's WebSocket, `upstream`
 /// opens the VM's console, and `controls` carry the deadline and close orders.
 pub async fn relay<BS, BR, BE, U>(
-    mut to_browser: BS,
-    mut from_browser: BR,
+    to_browser: BS,
+    from_browser: BR,
     mut upstream: U,
     mut controls: Controls,
     config: RelayConfig,
@@ -196,20 +254,16 @@ where
     U: Upstream,
 {
     let config = &config;
+    let mut browser = Browser {
+        to: Box::pin(to_browser.sink_map_err(|_| Gone)),
+        from: Box::pin(from_browser.map(|frame| frame.map_err(|_| Gone))),
+    };
     let (sizes, _) = watch::channel(None);
-    let opened = open(
-        &mut to_browser,
-        &mut from_browser,
-        &mut upstream,
-        &mut controls,
-        &sizes,
-        config,
-    )
-    .await;
-    let (mut input, output) = match opened {
-        Ok(io) => io,
+    let opened = open(&mut browser, &mut upstream, &mut controls, &sizes, config).await;
+    let mut console = match opened {
+        Ok((input, output)) => Console::new(input, output),
         Err(reason) => {
-            say_goodbye(&mut to_browser, &reason, config).await;
+            say_goodbye(&mut browser.to, &reason, config).await;
             return RelayEnd {
                 reason,
                 connected: false,
@@ -219,15 +273,11 @@ where
         }
     };
 
-    let counters = Counters::default();
+    let counters = Counters::new();
     let ended = pump(
-        Browser {
-            to: &mut to_browser,
-            from: &mut from_browser,
-        },
+        &mut browser,
+        &mut console,
         &mut upstream,
-        &mut input,
-        output,
         &mut controls,
         &sizes,
         config,
@@ -242,8 +292,8 @@ where
         },
     };
     tracing::debug!(%reason, "console relay closing");
-    say_goodbye(&mut to_browser, &reason, config).await;
-    let _ = tokio::time::timeout(config.close_timeout, input.close()).await;
+    say_goodbye(&mut browser.to, &reason, config).await;
+    let _ = tokio::time::timeout(config.close_timeout, console.to.close()).await;
     RelayEnd {
         reason,
         connected: true,
@@ -278,35 +328,29 @@ async fn why_ended<U: Upstream>(
 }
 
 /// Opens the console, retrying while it is not ready; returns the reason to close otherwise.
-async fn open<BS, BR, BE, U>(
-    to_browser: &mut BS,
-    from_browser: &mut BR,
+async fn open<U: Upstream>(
+    browser: &mut Browser<'_>,
     upstream: &mut U,
     controls: &mut Controls,
     sizes: &watch::Sender<Option<TermSize>>,
     config: &RelayConfig,
-) -> Result<(U::Input, U::Output), CloseReason>
-where
-    BS: Sink<Frame> + Unpin + Send,
-    BR: Stream<Item = Result<Frame, BE>> + Unpin + Send,
-    U: Upstream,
-{
+) -> Result<(U::Input, U::Output), CloseReason> {
     let started = Instant::now();
     let mut shown: Option<String> = None;
     loop {
-        let attempt = interruptible(upstream.connect(), controls, from_browser, sizes).await?;
+        let attempt = interruptible(upstream.connect(), controls, &mut browser.from, sizes).await?;
         let message = match attempt {
             Ok(io) => {
                 if shown.is_some() {
                     send_quietly(
-                        to_browser,
+                        &mut browser.to,
                         Frame::Binary(Bytes::from_static(b"\r\n")),
                         config,
                     )
                     .await;
                 }
                 if let Some(text) = &config.connected_message {
-                    send_quietly(to_browser, Frame::Binary(notice(text)), config).await;
+                    send_quietly(&mut browser.to, Frame::Binary(notice(text)), config).await;
                 }
                 return Ok(io);
             }
@@ -334,11 +378,11 @@ where
             ))
         };
         shown = Some(message);
-        send_quietly(to_browser, Frame::Binary(text), config).await;
+        send_quietly(&mut browser.to, Frame::Binary(text), config).await;
         interruptible(
             tokio::time::sleep(config.retry_interval),
             controls,
-            from_browser,
+            &mut browser.from,
             sizes,
         )
         .await?;
@@ -347,15 +391,12 @@ where
 
 /// Awaits `work` unless a close order, the deadline or the browser leaving comes first.
 /// Keystrokes read meanwhile are dropped; the terminal's size is kept (in `sizes`).
-async fn interruptible<T, BR, BE>(
+async fn interruptible<T>(
     work: impl Future<Output = T>,
     controls: &mut Controls,
-    from_browser: &mut BR,
+    from_browser: &mut FromBrowser<'_>,
     sizes: &watch::Sender<Option<TermSize>>,
-) -> Result<T, CloseReason>
-where
-    BR: Stream<Item = Result<Frame, BE>> + Unpin,
-{
+) -> Result<T, CloseReason> {
     let mut work = std::pin::pin!(work);
     loop {
         // Biased: work that is already done wins over a browser frame waiting to be read, so
@@ -366,7 +407,7 @@ where
             reason = controls.until_close() => return Err(reason),
             frame = from_browser.next() => {
                 match frame {
-                    None | Some(Err(_) | Ok(Frame::Close(_))) => {
+                    None | Some(Err(Gone) | Ok(Frame::Close(_))) => {
                         return Err(CloseReason::BrowserClosed);
                     }
                     Some(Ok(Frame::Text(text))) => {
@@ -383,347 +424,26 @@ where
     }
 }
 
-#[derive(Default)]
-struct Counters {
-    to_browser: AtomicU64,
-    to_console: AtomicU64,
-    /// Milliseconds since `epoch` when the browser was last heard from.
-    last_heard_ms: AtomicU64,
-    /// The relay is waiting for the console to take keystrokes (so the browser's frames are
-    /// not being read, and its silence proves nothing).
-    console_busy: AtomicBool,
-}
-
-enum Ended {
-    Reason(CloseReason),
-    /// The console connection ended by itself (how, in words).
-    ConsoleEnded(String),
-}
-
-/// The browser's two halves.
-struct Browser<'a, BS, BR> {
-    to: &'a mut BS,
-    from: &'a mut BR,
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn pump<BS, BR, BE, U, I, O, E>(
-    browser: Browser<'_, BS, BR>,
-    upstream: &mut U,
-    input: &mut I,
-    mut output: O,
-    controls: &mut Controls,
-    sizes: &watch::Sender<Option<TermSize>>,
-    config: &RelayConfig,
-    counters: &Counters,
-) -> Ended
-where
-    BS: Sink<Frame> + Unpin + Send,
-    BR: Stream<Item = Result<Frame, BE>> + Unpin + Send,
-    U: Upstream,
-    I: Sink<Bytes, Error = E> + Unpin + Send,
-    O: Stream<Item = Result<Bytes, E>> + Unpin + Send,
-    E: fmt::Display,
-{
-    let Browser {
-        to: to_browser,
-        from: from_browser,
-    } = browser;
-    let epoch = Instant::now();
-    let since_epoch = move || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let mut deadlines = controls.deadlines();
-    // Bytes the relay itself types (the redraw), merged with the keystrokes.
-    let (inject, mut injected) = tokio::sync::mpsc::channel::<Bytes>(1);
-    // The console printed something since it opened.
-    let spoke = AtomicBool::new(false);
-    // The redraw is done (or was not needed): warnings may be written.
-    let (settled_tx, settled) = watch::channel(config.redraw.is_none());
-
-    let down = async {
-        let mut ping = tokio::time::interval_at(epoch + config.ping_interval, config.ping_interval);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut warnings = Warnings::new(&config.warnings);
-        let mut inserter = Inserter::new();
-        let mut settled = settled;
-        loop {
-            let deadline = deadlines.current();
-            let now = Instant::now();
-            let mut next_warning = None;
-            let ready = *settled.borrow_and_update();
-            if let Some(deadline) = deadline.filter(|_| ready) {
-                let remaining = deadline.saturating_duration_since(now);
-                if warnings.due(remaining) && !remaining.is_zero() {
-                    let line = notice(&warning_text(remaining));
-                    if let Some(line) = inserter.insert(line) {
-                        let len = line.len() as u64;
-                        if let Err(reason) =
-                            send(to_browser, Frame::Binary(line), config.write_timeout).await
-                        {
-                            return Ended::Reason(reason);
-                        }
-                        counters.to_browser.fetch_add(len, Ordering::Relaxed);
-                    }
-                }
-                next_warning = warnings.next_in(remaining).map(|wait| now + wait);
-            }
-            let warning_due = async {
-                match next_warning {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                chunk = output.next() => {
-                    let (data, then) = match chunk {
-                        Some(Ok(first)) => coalesce(first, &mut output, config.max_frame),
-                        Some(Err(e)) => return Ended::ConsoleEnded(e.to_string()),
-                        None => return Ended::ConsoleEnded("the console connection closed".to_owned()),
-                    };
-                    spoke.store(true, Ordering::Relaxed);
-                    let data = inserter.output(data);
-                    let len = data.len() as u64;
-                    if let Err(reason) = send(to_browser, Frame::Binary(data), config.write_timeout).await {
-                        return Ended::Reason(reason);
-                    }
-                    counters.to_browser.fetch_add(len, Ordering::Relaxed);
-                    if let Some(end) = then {
-                        return end;
-                    }
-                }
-                _ = ping.tick() => {
-                    let silent = since_epoch()
-                        .saturating_sub(counters.last_heard_ms.load(Ordering::Relaxed));
-                    let busy = counters.console_busy.load(Ordering::Relaxed);
-                    if !busy && Duration::from_millis(silent) >= config.browser_timeout {
-                        return Ended::Reason(CloseReason::BrowserUnresponsive);
-                    }
-                    if let Err(reason) = send(to_browser, Frame::Ping(Bytes::new()), config.write_timeout).await {
-                        return Ended::Reason(reason);
-                    }
-                }
-                () = deadlines.changed() => {}
-                () = warning_due => {}
-                Ok(()) = settled.changed(), if !ready => {}
-            }
-        }
-    };
-
-    let resizer = async {
-        let mut newest = sizes.subscribe();
-        if newest.borrow().is_none() {
-            let _ = tokio::time::timeout(config.redraw_wait, newest.changed()).await;
-        }
-        let first = *newest.borrow_and_update();
-        if let Some(size) = first {
-            upstream.resize(size).await;
-        }
-        let mut settle_at = None;
-        if let Some(redraw) = &config.redraw {
-            if spoke.load(Ordering::Relaxed) {
-                settled_tx.send_replace(true);
-            } else {
-                let _ = inject.send(redraw.clone()).await;
-                settle_at = Some(Instant::now() + config.redraw_settle);
-            }
-        }
-        loop {
-            tokio::select! {
-                changed = newest.changed() => {
-                    if changed.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                    let size = *newest.borrow_and_update();
-                    if let Some(size) = size {
-                        upstream.resize(size).await;
-                    }
-                }
-                () = tokio::time::sleep_until(settle_at.unwrap_or_else(Instant::now)), if settle_at.is_some() => {
-                    settle_at = None;
-                    settled_tx.send_replace(true);
-                }
-            }
-        }
-    };
-
-    let up = async {
-        loop {
-            let frame = tokio::select! {
-                biased;
-                Some(bytes) = injected.recv() => Some(Ok(Frame::Binary(bytes))),
-                frame = from_browser.next() => {
-                    counters
-                        .last_heard_ms
-                        .store(since_epoch(), Ordering::Relaxed);
-                    frame
-                }
-            };
-            let data = match frame {
-                Some(Ok(Frame::Binary(bytes))) => bytes,
-                Some(Ok(Frame::Text(text))) => match BrowserControl::parse(&text) {
-                    None => Bytes::from(text),
-                    Some(Ok(BrowserControl::Resize { cols, rows })) => {
-                        sizes.send_replace(Some(TermSize { cols, rows }));
-                        continue;
-                    }
-                    Some(Err(why)) => {
-                        tracing::debug!(%why, "control message from the page ignored");
-                        continue;
-                    }
-                },
-                Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
-                Some(Ok(Frame::Close(_)) | Err(_)) | None => {
-                    return Ended::Reason(CloseReason::BrowserClosed);
-                }
-            };
-            if data.is_empty() {
-                continue;
-            }
-            let len = data.len() as u64;
-            counters.console_busy.store(true, Ordering::Relaxed);
-            let sent = input.send(data).await;
-            counters.console_busy.store(false, Ordering::Relaxed);
-            counters
-                .last_heard_ms
-                .store(since_epoch(), Ordering::Relaxed);
-            if let Err(e) = sent {
-                return Ended::ConsoleEnded(e.to_string());
-            }
-            counters.to_console.fetch_add(len, Ordering::Relaxed);
-        }
-    };
-
-    tokio::select! {
-        end = down => end,
-        end = up => end,
-        () = resizer => unreachable!("the resizer never ends"),
-        reason = controls.until_close() => Ended::Reason(reason),
-    }
-}
-
-/// The warnings before a deadline: which were given, re-armed when an extension moves the
-/// deadline back past them.
-struct Warnings {
-    /// Lead time before the deadline, and whether its warning was given.
-    leads: Vec<(Duration, bool)>,
-}
-
-impl Warnings {
-    fn new(leads: &[Duration]) -> Self {
-        Self {
-            leads: leads
-                .iter()
-                .filter(|l| !l.is_zero())
-                .map(|&l| (l, false))
-                .collect(),
-        }
-    }
-
-    /// With `remaining` before the deadline: whether a warning is due now (one line for all
-    /// that fell due together). Marks them given.
-    fn due(&mut self, remaining: Duration) -> bool {
-        let mut due = false;
-        for (lead, given) in &mut self.leads {
-            if remaining > *lead {
-                *given = false;
-            } else if !*given {
-                *given = true;
-                due = true;
-            }
-        }
-        due
-    }
-
-    /// How long until the next warning falls due, with `remaining` before the deadline.
-    fn next_in(&self, remaining: Duration) -> Option<Duration> {
-        self.leads
-            .iter()
-            .filter(|(lead, given)| !given && remaining > *lead)
-            .map(|(lead, _)| remaining - *lead)
-            .min()
-    }
-}
-
-/// The warning line for `remaining` time left (whole minutes, rounded up).
-fn warning_text(remaining: Duration) -> String {
-    let minutes = remaining.as_secs().div_ceil(60).max(1);
-    if minutes == 1 {
-        "1 minute left in this lab. Save your work now: the lab closes when the time is up."
-            .to_owned()
-    } else {
-        format!(
-            "{minutes} minutes left in this lab. Save your work, or extend the lab on the page."
-        )
-    }
-}
-
-/// Appends output that is already waiting to `first`, up to `max` bytes. Returns the frame and,
-/// if the stream ended or failed while coalescing, how (to act on after sending the frame).
-fn coalesce<O, E>(first: Bytes, output: &mut O, max: usize) -> (Bytes, Option<Ended>)
-where
-    O: Stream<Item = Result<Bytes, E>> + Unpin,
-    E: fmt::Display,
-{
-    if first.len() >= max {
-        return (first, None);
-    }
-    let mut buf: Option<BytesMut> = None;
-    let mut len = first.len();
-    let mut then = None;
-    while len < max {
-        match output.next().now_or_never() {
-            Some(Some(Ok(more))) => {
-                let b = buf.get_or_insert_with(|| {
-                    let mut b = BytesMut::with_capacity(max.max(first.len() + more.len()));
-                    b.extend_from_slice(&first);
-                    b
-                });
-                b.extend_from_slice(&more);
-                len = b.len();
-            }
-            Some(Some(Err(e))) => {
-                then = Some(Ended::ConsoleEnded(e.to_string()));
-                break;
-            }
-            Some(None) => {
-                then = Some(Ended::ConsoleEnded(
-                    "the console connection closed".to_owned(),
-                ));
-                break;
-            }
-            None => break,
-        }
-    }
-    match buf {
-        Some(b) => (b.freeze(), then),
-        None => (first, then),
-    }
-}
-
 /// Sends one frame to the browser within `limit`.
-async fn send<BS>(to_browser: &mut BS, frame: Frame, limit: Duration) -> Result<(), CloseReason>
-where
-    BS: Sink<Frame> + Unpin,
-{
+async fn send(
+    to_browser: &mut ToBrowser<'_>,
+    frame: Frame,
+    limit: Duration,
+) -> Result<(), CloseReason> {
     match tokio::time::timeout(limit, to_browser.send(frame)).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(CloseReason::BrowserClosed),
+        Ok(Err(Gone)) => Err(CloseReason::BrowserClosed),
         Err(_) => Err(CloseReason::BrowserUnresponsive),
     }
 }
 
 /// Sends a status frame; a browser that is gone is noticed by the reading side.
-async fn send_quietly<BS>(to_browser: &mut BS, frame: Frame, config: &RelayConfig)
-where
-    BS: Sink<Frame> + Unpin,
-{
+async fn send_quietly(to_browser: &mut ToBrowser<'_>, frame: Frame, config: &RelayConfig) {
     let _ = send(to_browser, frame, config.write_timeout).await;
 }
 
 /// The reason as the terminal's last line and as the Close frame.
-async fn say_goodbye<BS>(to_browser: &mut BS, reason: &CloseReason, config: &RelayConfig)
-where
-    BS: Sink<Frame> + Unpin,
-{
+async fn say_goodbye(to_browser: &mut ToBrowser<'_>, reason: &CloseReason, config: &RelayConfig) {
     if matches!(
         reason,
         CloseReason::BrowserClosed | CloseReason::BrowserUnresponsive
@@ -740,38 +460,4 @@ where
         to_browser.close().await
     };
     let _ = tokio::time::timeout(config.close_timeout, goodbye).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIN: Duration = Duration::from_secs(60);
-
-    #[test]
-    fn warnings_fall_due_once_each_and_an_extension_re_arms_them() {
-        let mut w = Warnings::new(&[5 * MIN, MIN]);
-        assert!(!w.due(10 * MIN));
-        assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
-        assert!(w.due(5 * MIN));
-        assert!(!w.due(5 * MIN - Duration::from_secs(1)));
-        assert_eq!(w.next_in(4 * MIN), Some(3 * MIN));
-        assert!(w.due(MIN));
-        assert_eq!(w.next_in(MIN / 2), None);
-        // Extended by ten minutes: both come again.
-        assert!(!w.due(10 * MIN));
-        assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
-        // Opened with 3 minutes left: the 5-minute warning at once, then the last one.
-        let mut w = Warnings::new(&[5 * MIN, MIN]);
-        assert!(w.due(3 * MIN));
-        assert_eq!(w.next_in(3 * MIN), Some(2 * MIN));
-    }
-
-    #[test]
-    fn warning_lines_say_whole_minutes_rounded_up() {
-        assert!(warning_text(5 * MIN).starts_with("5 minutes left"));
-        assert!(warning_text(4 * MIN + Duration::from_secs(1)).starts_with("5 minutes left"));
-        assert!(warning_text(MIN).starts_with("1 minute left"));
-        assert!(warning_text(Duration::from_secs(3)).starts_with("1 minute left"));
-    }
 }
