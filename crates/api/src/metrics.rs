@@ -757,39 +757,11 @@ impl Drop for ConsoleOpen {
     }
 }
 
-/// The value of a Kubernetes quantity (`48Gi`, `8`, `500m`, `1.5G`, `12e9`), or `None` if
-/// `text` is not one.
+/// The value of a Kubernetes quantity (`48Gi`, `8`, `500m`, `1.5G`, `12e9`) as a gauge
+/// reads it, or `None` if `text` is not one.
 fn quantity(text: &str) -> Option<f64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exponent => {
-            let digits = exponent.strip_prefix(['e', 'E'])?;
-            10f64.powi(digits.parse().ok()?)
-        }
-    };
-    let value = number * factor;
-    value.is_finite().then_some(value)
+    let q: ttlab_model::Quantity = text.trim().parse().ok()?;
+    Some(q.milli() as f64 / 1000.0)
 }
 
 #[cfg(test)]
