@@ -2,7 +2,8 @@
 //! 503 once the loop has made no progress for `TTLAB_REAP_STALL_AFTER` (here: its PostgreSQL
 //! stopped), healthy again once the loop moves. And it never exits for want of its database:
 //! started without it, or with it stopped under it, it stays alive (`/healthz` 200) and not
-//! ready (`/readyz` 503 saying why), and reclaims again within seconds of its return.
+//! ready (`/readyz` 503 saying why), and reclaims again within seconds of its return; nor for
+//! want of its cluster.
 
 #[path = "../../../crates/reaper/tests/common/mod.rs"]
 mod common;
@@ -249,5 +250,61 @@ async fn without_its_database_the_reaper_stays_up_and_works_again_within_seconds
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
     store.close();
+    tokio::task::block_in_place(|| pg.stop()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reaper_whose_cluster_does_not_answer_at_start_stays_up() {
+    let pg = tokio::task::spawn_blocking(PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let url = pg.create_database("ttlab").await.unwrap();
+    let store = Store::connect(&url, StoreOptions::default()).await.unwrap();
+    store.migrate().await.unwrap();
+    store.close();
+    // An API server address nothing listens on: every call is refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        ttlab_kube_sim::kubeconfig_yaml(&format!("http://{dead}"), common::NS),
+    )
+    .unwrap();
+
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("DATABASE_URL", &url)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("TTLAB_ENV", "dev")
+        .env("TTLAB_NAMESPACE", common::NS)
+        .env("TTLAB_REAP_INTERVAL", "1s")
+        .env("TTLAB_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the reaper starts");
+    eventually("the reaper leads", 60, || async {
+        get(port, "/metrics")
+            .await
+            .is_some_and(|(_, m)| m.lines().any(|l| l.trim() == "ttlab_reaper_leader 1"))
+    })
+    .await;
+    // Cycles run against the unreachable cluster (their items fail): the process stays up,
+    // alive and ready (its database answers).
+    for _ in 0..4 {
+        assert_eq!(child.try_wait().unwrap(), None, "the reaper exited");
+        assert_eq!(get(port, "/healthz").await.map(|(s, _)| s), Some(200));
+        assert_eq!(get(port, "/readyz").await.map(|(s, _)| s), Some(200));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
     tokio::task::block_in_place(|| pg.stop()).unwrap();
 }

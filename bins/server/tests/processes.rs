@@ -5,7 +5,8 @@
 //! which finishes it; a server cut off from PostgreSQL (half-open connections, through a
 //! `FaultProxy`) has its session taken over by another replica within 30 s; and a server
 //! started without its PostgreSQL, or whose PostgreSQL stops under it, stays up (alive, not
-//! ready, saying why) and works again within seconds of the database's return.
+//! ready, saying why) and works again within seconds of the database's return; one whose
+//! Kubernetes API does not answer at start stays up and serves what needs only the database.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -668,4 +669,59 @@ async fn without_its_database_the_server_stays_up_and_works_again_within_seconds
 
     server.stop().await;
     tokio::task::block_in_place(|| pg.stop()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_whose_cluster_does_not_answer_at_start_stays_up_and_serves_from_its_database() {
+    let w = World::new().await;
+    // An API server address nothing listens on: every call is refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    std::fs::write(
+        w.path("kubeconfig"),
+        ttlab_kube_sim::kubeconfig_yaml(&format!("http://{dead}"), NS),
+    )
+    .unwrap();
+    let mut server = w.server_with(w.db.url(), &[]).await;
+    let alice = token("alice");
+    // The probe finds the cluster unreachable, and says so; the process stays up, alive and
+    // ready (reading a session needs only the database), and answers from its database.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, health) = server
+            .request("GET", "/healthz/cluster", &alice, None)
+            .await;
+        if status == 503 {
+            assert_eq!(health["reachable"], false, "{health}");
+            assert!(health["error"].is_string(), "{health}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the probe never reported the unreachable cluster: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            server.exited(),
+            None,
+            "the server exited without its cluster"
+        );
+        let (status, live) = server.request("GET", "/healthz", &alice, None).await;
+        assert_eq!(status, 200, "{live}");
+        let (status, ready) = server.request("GET", "/readyz", &alice, None).await;
+        assert_eq!(status, 200, "{ready}");
+        let (status, none) = server
+            .request("GET", "/api/sessions/current", &alice, None)
+            .await;
+        assert_eq!(
+            (status, none["error"].as_str()),
+            (404, Some("session_not_found")),
+            "{none}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    server.stop().await;
 }
