@@ -1,10 +1,14 @@
 //! ttlab-reaper: reclaims expired sessions, orphaned cluster objects and ghost rows of one
 //! environment (`ttlab-reaper` crate), on a timer, at each deadline and on "collect now".
 //!
-//! This file only parses the configuration and wires the parts together. Exit status: 0 after
-//! a clean shutdown or a `--once` cycle that ran (per-item failures are in its report);
-//! 1 when it could not start or the `--once` cycle could not run; 3 when `--once` found
-//! another reaper of the environment acting (it keeps the leader lease renewed).
+//! This file only parses the configuration and wires the parts together. As a service it
+//! never exits for want of its database or cluster: it starts without them, is not ready
+//! (`/readyz` says why) and keeps trying until they answer (a database that refuses it — its
+//! certificate, credentials or database name — is a wrong setting: exit status 1). Exit status: 0 after a clean
+//! shutdown or a `--once` cycle that ran (per-item failures are in its report); 1 when the
+//! configuration is wrong, or the `--once` cycle could not run (its database unreachable
+//! included: a one-shot does not wait); 3 when `--once` found another reaper of the
+//! environment acting (it keeps the leader lease renewed).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -43,7 +47,7 @@ struct Args {
     /// server has recorded it as seen for this long.
     #[arg(long, env = "TTLAB_AGENT_MIN_AGE", default_value = "1h", value_parser = humantime::parse_duration)]
     agent_min_age: Duration,
-    /// Where to serve /metrics and /healthz.
+    /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, env = "TTLAB_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     metrics_listen: SocketAddr,
     /// /healthz fails (503) after the loop made no progress (a cycle as the leader, an
@@ -60,7 +64,8 @@ struct Args {
     /// rebuilt or after its watch failed). 0 lists them every cycle. Not used with --once.
     #[arg(long, env = "TTLAB_REAP_RELIST_EVERY", default_value = "5m", value_parser = humantime::parse_duration)]
     relist_every: Duration,
-    /// Run one cycle and exit (for a CronJob).
+    /// Run one cycle and exit (for a CronJob). Unlike the service, a one-shot does not wait
+    /// for its database: it exits 1 when the database cannot be reached.
     #[arg(long, env = "TTLAB_REAP_ONCE")]
     once: bool,
     /// Report what would be deleted and marked; change nothing. With --once, prints every
@@ -114,7 +119,23 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..args.db.store_options()
     };
     options.leases.leader = args.leader_lease;
-    let store = args.db.connect(options).await?;
+    // A one-shot checks its database at once; the service opens its connections as it goes,
+    // and waits for a database that does not answer yet instead of exiting.
+    let store = if args.once {
+        args.db.connect(options).await?
+    } else {
+        let store = args.db.open(options)?;
+        // A database that refuses this reaper (a wrong CA, password or database name) is a
+        // setting to fix, which waiting would not; one that is away is waited for.
+        match store.ping().await {
+            Ok(()) => {}
+            Err(e) if e.is_rejection() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "the database does not answer yet; waiting for it")
+            }
+        }
+        store
+    };
     let cluster = args
         .cluster
         .connect(USER_AGENT)

@@ -1,5 +1,9 @@
 //! ttlab-server: the student-facing HTTP service. Parses the settings (flags or `TTLAB_*`
-//! variables), connects the database and the cluster, and runs `ttlab_api::Server`.
+//! variables), opens the database and the cluster clients, and runs `ttlab_api::Server`.
+//! Neither has to answer at start: the server serves at once, is not ready (`/readyz` says
+//! why) and keeps trying; it migrates the schema once the database answers. It exits only
+//! for a wrong setting (a database that refuses its certificate, credentials or database name
+//! included) or a port it cannot bind.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -177,8 +181,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut options = args.db.store_options();
     options.timeouts.capacity_lock = args.capacity_lock_timeout;
     options.leases.provisioning = args.provisioning_lease;
-    let store = args.db.connect(options).await?;
-    store.migrate().await?;
+    // The server's `database` task connects, migrates and retries; one attempt now tells a
+    // database that is away (the server waits for it) from one that refuses this server (a
+    // wrong CA, password or database name: a setting to fix, which waiting would not).
+    let store = args.db.open(options)?;
+    match store.ping().await {
+        Ok(()) => {}
+        Err(e) if e.is_rejection() => return Err(e.into()),
+        Err(e) => tracing::warn!(error = %e, "the database does not answer yet; waiting for it"),
+    }
+    // Only reads the kubeconfig (or the service account): the API server is first called by
+    // the tasks, which retry.
     let cluster = args.cluster.connect(USER_AGENT).await?;
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
@@ -196,6 +209,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.policy = policy;
     config.web_dir = args.web_dir;
     config.user_agent = USER_AGENT.to_owned();
+    config.migrate = true;
     let server = Server::bind(config, store, Arc::new(cluster)).await?;
     // The agent of this version: its ConfigMap made sure of now, its sighting recorded while
     // the server runs (the reaper keeps versions a server saw recently).

@@ -2,8 +2,11 @@
 //! agent: two replicas receiving 50 concurrent clicks of one student open one session; a
 //! server killed (SIGKILL) while provisioning has its session resumed once it starts again; a
 //! server stopped (SIGTERM, a deploy) mid-provisioning hands its session to another replica,
-//! which finishes it; and a server cut off from PostgreSQL (half-open connections, through a
-//! `FaultProxy`) has its session taken over by another replica within 30 s.
+//! which finishes it; a server cut off from PostgreSQL (half-open connections, through a
+//! `FaultProxy`) has its session taken over by another replica within 30 s; and a server
+//! started without its PostgreSQL, or whose PostgreSQL stops under it, stays up (alive, not
+//! ready, saying why) and works again within seconds of the database's return; one whose
+//! Kubernetes API does not answer at start stays up and serves what needs only the database.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -187,6 +190,19 @@ impl Server {
         tok: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
+        let (status, _, json) = self.exchange(method, path, tok, body).await;
+        (status, json)
+    }
+
+    /// One HTTP/1.1 request; returns the status, the head (status line and headers) and the
+    /// JSON body.
+    async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        tok: &str,
+        body: Option<Value>,
+    ) -> (u16, String, Value) {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let head = format!(
@@ -205,11 +221,19 @@ impl Server {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("not an HTTP response: {text}"));
-        let json = text
-            .split_once("\r\n\r\n")
-            .and_then(|(_, b)| serde_json::from_str(b).ok())
-            .unwrap_or(Value::Null);
-        (status, json)
+        let (head, json) = match text.split_once("\r\n\r\n") {
+            Some((head, b)) => (
+                head.to_owned(),
+                serde_json::from_str(b).unwrap_or(Value::Null),
+            ),
+            None => (text.to_string(), Value::Null),
+        };
+        (status, head, json)
+    }
+
+    /// Whether the process has exited (and then how).
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the child's status")
     }
 
     async fn wait_session(&self, id: &str, tok: &str, pred: impl Fn(&Value) -> bool) -> Value {
@@ -517,4 +541,187 @@ fn the_listening_line_names_the_address() {
         ),
         Some("127.0.0.1:4321".parse().unwrap())
     );
+}
+
+/// While its database is down the server stays up and says why: `/healthz` 200 (liveness),
+/// `/readyz` 503 naming the unreachable database, a student's request 503
+/// `database_unavailable` with `Retry-After`; checked for `secs` seconds.
+async fn stays_up_without_its_database(server: &mut Server, tok: &str, secs: u64) {
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    let mut checks = 0;
+    while std::time::Instant::now() < until || checks < 3 {
+        assert_eq!(
+            server.exited(),
+            None,
+            "the server exited without its database"
+        );
+        let (status, live) = server.request("GET", "/healthz", tok, None).await;
+        assert_eq!(status, 200, "liveness without the database: {live}");
+        let (status, ready) = server.request("GET", "/readyz", tok, None).await;
+        assert_eq!(status, 503, "ready without its database? {ready}");
+        let reason = ready["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("database") && ready["database"]["last_error"].is_string(),
+            "/readyz does not say why: {ready}"
+        );
+        let (status, head, body) = server
+            .exchange("GET", "/api/sessions/current", tok, None)
+            .await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (503, Some("database_unavailable")),
+            "{body}"
+        );
+        assert!(
+            head.to_ascii_lowercase().contains("\r\nretry-after: "),
+            "no Retry-After: {head}"
+        );
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Polls `works` every 100 ms until it holds; how long after `since` it did (at most 60 s).
+async fn working_again<F, Fut>(since: std::time::Instant, mut works: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    while since.elapsed() < Duration::from_secs(60) {
+        if works().await {
+            return since.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not working again 60 s after the database returned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_its_database_the_server_stays_up_and_works_again_within_seconds_of_its_return() {
+    let w = World::new().await;
+    let mut pg = tokio::task::spawn_blocking(ttlab_store::ephemeral::PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    // An empty database: the server migrates it once it answers.
+    let url = pg.create_database("ttlab").await.unwrap();
+    let alice = token("alice");
+
+    // 1. Started while PostgreSQL is down: it serves at once, not ready, and does not exit.
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    let mut server = w.server_with(&url, &[]).await;
+    stays_up_without_its_database(&mut server, &alice, 4).await;
+    tokio::task::block_in_place(|| pg.resume()).unwrap();
+    let returned = std::time::Instant::now();
+    // Working: a start (the capacity lock, the insert) is accepted.
+    let session = Mutex::new(None);
+    let took = working_again(returned, || async {
+        let (status, v) = server
+            .request(
+                "POST",
+                "/api/sessions",
+                &alice,
+                Some(json!({"lesson": "quick"})),
+            )
+            .await;
+        if status == 202 {
+            *session.lock().unwrap() = v["id"].as_str().map(str::to_owned);
+        }
+        status == 202
+    })
+    .await;
+    println!(
+        "ttlab-server: working again {:.1} s after the database returned (started without it)",
+        took.as_secs_f64()
+    );
+    assert!(took <= Duration::from_secs(5), "{took:?}");
+    let session = session
+        .into_inner()
+        .unwrap()
+        .expect("the started session's id");
+    server
+        .wait_session(&session, &alice, |v| v["status"] == "running")
+        .await;
+    let (status, ready) = server.request("GET", "/readyz", &alice, None).await;
+    assert_eq!(status, 200, "{ready}");
+
+    // 2. PostgreSQL stops under the running server: it stays up, and works again.
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    stays_up_without_its_database(&mut server, &alice, 4).await;
+    tokio::task::block_in_place(|| pg.resume()).unwrap();
+    let returned = std::time::Instant::now();
+    // Working: the student's session is read from the database.
+    let took = working_again(returned, || async {
+        let (status, v) = server
+            .request("GET", "/api/sessions/current", &alice, None)
+            .await;
+        status == 200 && v["id"].as_str() == Some(session.as_str())
+    })
+    .await;
+    println!(
+        "ttlab-server: working again {:.1} s after the database returned (stopped under it)",
+        took.as_secs_f64()
+    );
+    assert!(took <= Duration::from_secs(5), "{took:?}");
+    let (status, ready) = server.request("GET", "/readyz", &alice, None).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(server.exited(), None, "the server exited");
+
+    server.stop().await;
+    tokio::task::block_in_place(|| pg.stop()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_whose_cluster_does_not_answer_at_start_stays_up_and_serves_from_its_database() {
+    let w = World::new().await;
+    // An API server address nothing listens on: every call is refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    std::fs::write(
+        w.path("kubeconfig"),
+        ttlab_kube_sim::kubeconfig_yaml(&format!("http://{dead}"), NS),
+    )
+    .unwrap();
+    let mut server = w.server_with(w.db.url(), &[]).await;
+    let alice = token("alice");
+    // The probe finds the cluster unreachable, and says so; the process stays up, alive and
+    // ready (reading a session needs only the database), and answers from its database.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, health) = server
+            .request("GET", "/healthz/cluster", &alice, None)
+            .await;
+        if status == 503 {
+            assert_eq!(health["reachable"], false, "{health}");
+            assert!(health["error"].is_string(), "{health}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the probe never reported the unreachable cluster: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            server.exited(),
+            None,
+            "the server exited without its cluster"
+        );
+        let (status, live) = server.request("GET", "/healthz", &alice, None).await;
+        assert_eq!(status, 200, "{live}");
+        let (status, ready) = server.request("GET", "/readyz", &alice, None).await;
+        assert_eq!(status, 200, "{ready}");
+        let (status, none) = server
+            .request("GET", "/api/sessions/current", &alice, None)
+            .await;
+        assert_eq!(
+            (status, none["error"].as_str()),
+            (404, Some("session_not_found")),
+            "{none}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    server.stop().await;
 }

@@ -141,3 +141,43 @@ fn a_missing_url_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--database-url"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_it_waits_for_a_database_that_is_down_and_migrates_once_it_answers() {
+    let mut pg = tokio::task::spawn_blocking(ttlab_store::ephemeral::PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let url = pg.create_database("ttlab").await.unwrap();
+    tokio::task::block_in_place(|| pg.pause()).unwrap();
+    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
+        .args(["migrate", "--wait", "60s", "--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let waiting = tokio::spawn(waiting);
+    // Down for a while: it keeps trying instead of failing.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        !waiting.is_finished(),
+        "it gave up while the database was down"
+    );
+    tokio::task::block_in_place(|| pg.resume()).unwrap();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+        .await
+        .expect("it migrates soon after the database returned")
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("waiting for the database: cannot connect"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains(&format!("schema now at version {SCHEMA_VERSION}")),
+        "{}",
+        text(&out.stdout)
+    );
+    tokio::task::block_in_place(|| pg.stop()).unwrap();
+}

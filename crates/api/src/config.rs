@@ -59,6 +59,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `user_rate_limit` | `TTLAB_USER_RATE_BURST`, `TTLAB_USER_RATE_INTERVAL` | 10, 1 s |
 /// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
 /// | `cluster_retry_budget` | `TTLAB_CLUSTER_RETRY_BUDGET` (more than zero) | 60 s |
+/// | `migrate` | — (`ttlab-server` migrates) | false |
 #[derive(Clone)]
 pub struct ApiConfig {
     /// Where to listen.
@@ -126,6 +127,11 @@ pub struct ApiConfig {
     /// take it meanwhile, and when it lapses the place passes to the next in line. Default
     /// [`DEFAULT_WAITLIST_HOLD`].
     pub waitlist_hold: Duration,
+    /// Whether the server applies the schema migrations itself once its database answers
+    /// (`ttlab-server` does, retried until they apply, beside the `ttlabctl migrate`
+    /// initContainer: whichever comes first applies them, the other finds nothing to do).
+    /// False: the database must be migrated already (tests, the demo).
+    pub migrate: bool,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -169,6 +175,7 @@ impl ApiConfig {
             user_rate_limit: crate::limits::RateLimit::DEFAULT,
             cluster_retry_budget: DEFAULT_CLUSTER_RETRY_BUDGET,
             waitlist_hold: DEFAULT_WAITLIST_HOLD,
+            migrate: false,
         }
     }
 }

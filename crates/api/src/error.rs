@@ -88,7 +88,7 @@ pub enum ApiError {
     /// The body is not JSON (wrong or missing content type).
     #[error("send the body as application/json")]
     UnsupportedMediaType,
-    /// The database cannot be reached right now.
+    /// The database cannot be reached right now (503 with `Retry-After`).
     #[error("the service is temporarily unavailable (database: {0}); try again shortly")]
     DatabaseUnavailable(String),
     /// The cluster cannot be reached right now.
@@ -332,7 +332,9 @@ impl ApiError {
         match self {
             Self::RateLimited { retry_after, .. } => Some(*retry_after),
             Self::Overloaded | Self::RequestTimeout(_) => Some(std::time::Duration::from_secs(1)),
-            Self::ShuttingDown => Some(std::time::Duration::from_secs(2)),
+            Self::ShuttingDown | Self::DatabaseUnavailable(_) => {
+                Some(std::time::Duration::from_secs(2))
+            }
             _ => None,
         }
     }
@@ -520,6 +522,9 @@ mod tests {
         assert!(!cluster.public_message().contains("6443"));
         let db = ApiError::DatabaseUnavailable("db.internal:5432 refused".into());
         assert!(!db.public_message().contains("5432"));
+        // A client is told when to come back, as for every other outage it can ride out.
+        assert_eq!(db.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(db.retry_after().map(retry_after_secs), Some(2));
     }
 
     #[test]
@@ -540,6 +545,7 @@ mod tests {
         let e: ApiError = StoreError::Connect {
             target: "x".into(),
             reason: "connection refused".into(),
+            rejected: false,
         }
         .into();
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -78,7 +78,11 @@ pub use config::{
     DEFAULT_QUOTA_SETTLE_WAIT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_VM_LIMIT,
 };
 pub use error::{ApiError, CapacityUse, ErrorBody};
-pub use state::{AppState, ClusterHealth, HubEvent};
+pub use state::{AppState, ClusterHealth, DatabaseHealth, HubEvent};
+
+/// The longest [`Server::bind`] waits for the first check of the database (and, when it
+/// answers, the start-up's clean-up) before it returns.
+pub const STARTUP_CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A bound, not yet serving, server: the public port, and the ops port if one is configured.
 pub struct Server {
@@ -99,11 +103,15 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// Validates the configuration, binds `config.listen` and `config.ops_listen` (port 0
-    /// picks one), starts the background tasks ([`tasks`]: the cluster probe, the
-    /// notification hub, the waitlist, the pool refiller), cleans up sessions a previous run
-    /// left half-provisioned ([`saga::recover`]; a failure there is logged, not fatal, since
-    /// the reaper also cleans up), then starts the adoption of abandoned sessions. The
-    /// database must be migrated.
+    /// picks one) and starts the background tasks ([`tasks`]: the database check, the cluster
+    /// probe, the notification hub, the waitlist, the pool refiller). Neither the database
+    /// nor the cluster has to answer: at the database's first answer the `database` task
+    /// migrates the schema (with [`ApiConfig::migrate`]; otherwise the database must be
+    /// migrated), cleans up sessions a previous run left half-provisioned
+    /// ([`saga::recover`]; a failure there is logged, not fatal, since the reaper also cleans
+    /// up) and starts the adoption of abandoned sessions. Until then `/readyz` says why not,
+    /// and requests that need the database are answered 503 with `Retry-After`. Returns once
+    /// that first check ended (answered or not) or after [`STARTUP_CHECK_WAIT`].
     pub async fn bind(
         config: ApiConfig,
         store: Store,
@@ -138,12 +146,10 @@ impl Server {
         };
         let state = AppState::new(config, store, cluster);
         tasks::start(&state)?;
-        match saga::recover(&state).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
-            Err(e) => tracing::warn!(error = %e, "could not look for abandoned sessions"),
+        state.database_checked(STARTUP_CHECK_WAIT).await;
+        if let Some(why) = state.database_health().not_ready() {
+            tracing::warn!(reason = %why, "not ready: serving, and waiting for the database");
         }
-        tasks::start_adoption(&state)?;
         Ok(Self {
             state,
             listener,

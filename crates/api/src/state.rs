@@ -42,6 +42,66 @@ pub struct ClusterHealth {
     pub consecutive_failures: u32,
 }
 
+/// What the server knows of its database (`tasks::database`): whether it is ready for the
+/// requests that need it, and if not, since when and why not. `/readyz` serves it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DatabaseHealth {
+    /// The database answered and the schema is at this build's version (migrated by this
+    /// server when it migrates), and the start-up's clean-up ran: requests that need the
+    /// database are served. Stays true once set; an outage after that is seen per request.
+    pub prepared: bool,
+    /// Whether the last check answered. `None` before the first check ended.
+    pub reachable: Option<bool>,
+    /// When the last check ended.
+    pub checked_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Since when the checks have failed (`None` while the database answers).
+    pub unreachable_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why the last check failed.
+    pub last_error: Option<String>,
+}
+
+impl DatabaseHealth {
+    /// Records a check that ended at `now`: answered, or failed with the error.
+    pub(crate) fn record(&mut self, now: chrono::DateTime<chrono::Utc>, answer: Result<(), &str>) {
+        self.checked_at = Some(now);
+        match answer {
+            Ok(()) => {
+                self.reachable = Some(true);
+                self.unreachable_since = None;
+                self.last_error = None;
+            }
+            Err(e) => {
+                if self.reachable != Some(false) {
+                    self.unreachable_since = Some(now);
+                }
+                self.reachable = Some(false);
+                self.last_error = Some(e.to_owned());
+            }
+        }
+    }
+
+    /// Why the server is not ready for requests that need the database, in one sentence;
+    /// `None` when it is ready.
+    pub fn not_ready(&self) -> Option<String> {
+        let since = self
+            .unreachable_since
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        match (self.prepared, self.reachable, since, &self.last_error) {
+            (true, _, _, _) => None,
+            (false, None, _, _) => {
+                Some("the database has not been checked yet (the server is starting)".to_owned())
+            }
+            (false, Some(false), Some(since), Some(error)) => Some(format!(
+                "the database has been unreachable since {since} (the server keeps trying): {error}"
+            )),
+            (false, _, _, Some(error)) => Some(format!(
+                "the database is not ready yet (the server keeps trying): {error}"
+            )),
+            (false, _, _, None) => Some("the database is not ready yet".to_owned()),
+        }
+    }
+}
+
 /// What the routes share: configuration, database, cluster, metrics, the notification hub
 /// and the provisioning tasks. Cheap to clone.
 #[derive(Clone)]
@@ -61,6 +121,7 @@ struct Inner {
     /// `saga::agent::ensure_agent_config_map`).
     agent_present_at: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     cluster_health: Mutex<ClusterHealth>,
+    database: tokio::sync::watch::Sender<DatabaseHealth>,
     limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
     /// The long-lived loops ([`crate::tasks`]).
@@ -179,6 +240,7 @@ impl AppState {
                 listed_vms: tokio::sync::Mutex::new(None),
                 agent_present_at: tokio::sync::Mutex::new(None),
                 cluster_health: Mutex::new(ClusterHealth::default()),
+                database: tokio::sync::watch::channel(DatabaseHealth::default()).0,
                 limiter,
                 tasks: Mutex::new(JoinSet::new()),
                 background,
@@ -283,6 +345,23 @@ impl AppState {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// What the server knows of its database (`tasks::database`).
+    pub fn database_health(&self) -> DatabaseHealth {
+        self.inner.database.borrow().clone()
+    }
+
+    /// Records what a check of the database found (see `tasks::database`).
+    pub(crate) fn update_database_health(&self, update: impl FnOnce(&mut DatabaseHealth)) {
+        self.inner.database.send_modify(update);
+    }
+
+    /// Resolves once the first check of the database ended, answered or not, or after
+    /// `within`.
+    pub(crate) async fn database_checked(&self, within: Duration) {
+        let mut rx = self.inner.database.subscribe();
+        let _ = tokio::time::timeout(within, rx.wait_for(|h| h.checked_at.is_some())).await;
     }
 
     /// Whether this server is handing over (SIGTERM): it takes no new starts.

@@ -49,6 +49,13 @@ impl DatabaseArgs {
     pub async fn connect(&self, options: StoreOptions) -> Result<Store, StoreError> {
         Store::connect(&self.database_url, options).await
     }
+
+    /// Builds the pool without connecting (a wrong URL still fails here): connections open on
+    /// first use, so a process that starts before its database answers keeps trying instead
+    /// of exiting.
+    pub fn open(&self, options: StoreOptions) -> Result<Store, StoreError> {
+        Store::open(ttlab_store::DbUrl::parse(&self.database_url)?, options)
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,15 @@
 //!
 //! `/healthz` is the loop's heartbeat, not just "the process answers": it fails (503) when
 //! the reaper's loop has not made progress for the configured stall time
-//! ([`Metrics::with_stall_after`]) — as the leader, a cycle that ran; as a standby, a leader
-//! lock attempt the database answered. A reaper stuck on a hung call, or cut off from its
-//! database, is then restarted by its liveness probe instead of silently reclaiming nothing.
+//! ([`Metrics::with_stall_after`]) — as the leader, a cycle that ran; as a standby or while
+//! its database is away, a leader lock attempt that ended, answered or failed. A reaper stuck
+//! on a hung call is then restarted by its liveness probe instead of silently reclaiming
+//! nothing; one whose database is down stays alive and keeps trying (a restart would not
+//! bring the database back, and its back-off would keep the reaper away after the database
+//! returned).
+//!
+//! `/readyz` says whether the database answered the loop's last call, and if not, since when
+//! it has not and the last error ([`Metrics::readiness`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -126,6 +132,19 @@ pub struct Metrics {
     heartbeat: Mutex<Instant>,
     /// How long without progress `/healthz` tolerates; `None`: it always says ok.
     stall_after: Option<Duration>,
+    /// What the last call to the database found, for `/readyz`.
+    database: Mutex<DatabaseSeen>,
+}
+
+/// What the reaper's last calls to its database found (`/readyz`).
+#[derive(Debug, Clone, Default)]
+struct DatabaseSeen {
+    /// Whether the last attempt was answered.
+    answered: bool,
+    /// Since when the attempts have failed (`None` while it answers, or before the first).
+    unreachable_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// The last failure.
+    last_error: Option<String>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -212,6 +231,7 @@ impl Metrics {
             objects_terminating,
             heartbeat: Mutex::new(Instant::now()),
             stall_after: None,
+            database: Mutex::new(DatabaseSeen::default()),
         }
     }
 
@@ -228,6 +248,53 @@ impl Metrics {
             .heartbeat
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    /// Records that the database answered (a lock attempt, a cycle): ready again.
+    pub fn database_answered(&self) {
+        let mut seen = self
+            .database
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *seen = DatabaseSeen {
+            answered: true,
+            ..DatabaseSeen::default()
+        };
+    }
+
+    /// Records that a call to the database failed with `error`: not ready until one is
+    /// answered again.
+    pub fn database_failed(&self, error: &str) {
+        let mut seen = self
+            .database
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.answered || seen.unreachable_since.is_none() {
+            seen.unreachable_since = Some(chrono::Utc::now());
+        }
+        seen.answered = false;
+        seen.last_error = Some(error.to_owned());
+    }
+
+    /// Ok once the database answered the loop's last call; otherwise why not, in one line
+    /// (`/readyz`).
+    pub fn readiness(&self) -> Result<(), String> {
+        let seen = self
+            .database
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if seen.answered {
+            return Ok(());
+        }
+        Err(match (seen.unreachable_since, seen.last_error) {
+            (Some(since), Some(error)) => format!(
+                "the database has been unreachable since {} ({} s; the reaper keeps trying): {error}",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                (chrono::Utc::now() - since).num_seconds().max(0)
+            ),
+            _ => "the database has not answered yet".to_owned(),
+        })
     }
 
     /// Ok while the loop made progress within the stall time; otherwise how long it has not.
@@ -306,8 +373,9 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` and `GET /healthz` ([`Metrics::health`]: 200 `ok`, or 503 when the
-/// loop stalled) on `addr` until `shutdown` is cancelled. Binds before returning, so a taken
+/// Serves `GET /metrics`, `GET /healthz` ([`Metrics::health`]: 200 `ok`, or 503 when the
+/// loop stalled) and `GET /readyz` ([`Metrics::readiness`]: 200 `ready`, or 503 `not ready:`
+/// and why) on `addr` until `shutdown` is cancelled. Binds before returning, so a taken
 /// port fails at once.
 pub async fn serve_metrics(
     addr: SocketAddr,
@@ -322,6 +390,7 @@ pub async fn serve_metrics(
         .local_addr()
         .map_err(|source| ReaperError::Metrics { addr, source })?;
     let health = metrics.clone();
+    let ready = metrics.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -351,6 +420,21 @@ pub async fn serve_metrics(
                                 "stalled: the reaper loop has made no progress for {} s\n",
                                 since.as_secs()
                             ),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    match ready.readiness() {
+                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_owned()),
+                        Err(why) => (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
                         ),
                     }
                 }

@@ -14,7 +14,10 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use tokio::time::Instant;
 use ttlab_background::{Backoff, Reason, TaskRecord};
-use ttlab_store::{Channel, CollectRequestId, CycleTrigger, LeaderLock, Listener, ReaperCycle};
+use ttlab_store::{
+    Channel, CollectRequestId, CycleTrigger, LeaderLock, LeaseHolder, LeaseKind, Listener,
+    ReaperCycle,
+};
 
 use tokio_util::sync::CancellationToken;
 
@@ -64,10 +67,10 @@ pub async fn run_cycle(
     };
     metrics.observe(&report, trigger);
     if !report.ran() {
-        tracing::error!(
-            error = report.fatal.as_deref().unwrap_or(""),
-            "the cycle could not run"
-        );
+        let fatal = report.fatal.as_deref().unwrap_or("");
+        tracing::error!(error = fatal, "the cycle could not run");
+        // A cycle cannot run only when the database does not answer.
+        metrics.database_failed(&format!("the cycle could not run: {fatal}"));
         return RecordedCycle { report, row: None };
     }
     tracing::info!(trigger = trigger.as_str(), "{}", report.summary());
@@ -81,9 +84,13 @@ pub async fn run_cycle(
         )
         .await
     {
-        Ok(row) => Some(row),
+        Ok(row) => {
+            metrics.database_answered();
+            Some(row)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot record the cycle report");
+            metrics.database_failed(&format!("cannot record the cycle report: {e}"));
             None
         }
     };
@@ -148,15 +155,23 @@ pub enum OnceError {
 /// finished.
 pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) {
     let interval = interval.max(Duration::from_millis(10));
+    // The holder of a lease this process lost and could not release (its database was away):
+    // released first when the database answers again, so that the lease is taken again at
+    // once rather than after it expires.
+    let mut unreleased: Option<LeaseHolder> = None;
     loop {
-        let Some(lock) = wait_for_lock(&ctx, &metrics).await else {
+        let Some(lock) = wait_for_lock(&ctx, &metrics, &mut unreleased).await else {
             return;
         };
         tracing::info!(env = %ctx.env, "acting as the reaper of this environment");
         metrics.leader.set(1);
         act(&ctx, &lock, interval, metrics.clone()).await;
         metrics.leader.set(0);
-        let _ = lock.release().await;
+        let holder = lock.holder().clone();
+        if let Err(e) = lock.release().await {
+            tracing::debug!(error = %e, "cannot release the leader lease now; later");
+            unreleased = Some(holder);
+        }
         if ctx.shutdown.is_cancelled() {
             return;
         }
@@ -164,24 +179,44 @@ pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) 
     }
 }
 
-async fn wait_for_lock(ctx: &ReaperContext, metrics: &Metrics) -> Option<LeaderLock> {
+/// Takes the leader lease, trying every [`LEADER_RETRY`] until it is free (or released by
+/// its holder, or expired) — and, while the database does not answer, until it does: a
+/// reaper never exits for want of its database. Each attempt that ends, answered or failed,
+/// is progress of the loop (`/healthz`); whether it was answered is its readiness
+/// (`/readyz`).
+async fn wait_for_lock(
+    ctx: &ReaperContext,
+    metrics: &Metrics,
+    unreleased: &mut Option<LeaseHolder>,
+) -> Option<LeaderLock> {
     let mut announced = false;
     let mut pauses = LEADER_PACE.pauses();
     let mut reason = Reason::Start;
     loop {
         let began = metrics.leader_lease.began(reason);
         reason = Reason::Period;
-        let tried = ctx.store.try_leader_lock(&ctx.env).await;
+        let tried = async {
+            if let Some(holder) = unreleased.as_ref() {
+                ctx.store
+                    .leases()
+                    .release(LeaseKind::ReaperLeader, ctx.env.as_str(), holder)
+                    .await?;
+                *unreleased = None;
+            }
+            ctx.store.try_leader_lock(&ctx.env).await
+        }
+        .await;
+        // The attempt ended: the loop is alive (`/healthz`), whether or not it was answered.
+        metrics.beat();
         match &tried {
-            // The database answered: the standby's loop is alive (`/healthz`).
             Ok(_) => {
-                metrics.beat();
+                metrics.database_answered();
                 metrics.leader_lease.ended(began, Ok(()));
             }
             Err(e) => {
-                metrics
-                    .leader_lease
-                    .ended(began, Err(&format!("cannot try the leader lock: {e}")));
+                let error = format!("cannot try the leader lock: {e}");
+                metrics.database_failed(&error);
+                metrics.leader_lease.ended(began, Err(&error));
             }
         }
         match tried {

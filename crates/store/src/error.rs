@@ -22,6 +22,10 @@ pub enum StoreError {
         target: String,
         /// Why, in a few words (e.g. `connection refused`).
         reason: String,
+        /// The server answered and refused this client — its certificate did not verify, or
+        /// it refused the credentials or the database name: a setting to fix, which trying
+        /// again will not (as opposed to a server that is down or unreachable).
+        rejected: bool,
     },
     /// A statement failed on an open connection.
     #[error("{what}: {}", pg_reason(cause))]
@@ -131,6 +135,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the server answered a connection attempt and refused it (see
+    /// [`StoreError::Connect`]'s `rejected`): a setting is wrong, and waiting will not help.
+    pub fn is_rejection(&self) -> bool {
+        matches!(self, Self::Connect { rejected: true, .. })
+    }
+
     /// The SQLSTATE code of a failed statement, if the server sent one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -174,6 +184,29 @@ pub(crate) fn pg_reason(e: &tokio_postgres::Error) -> String {
 
 /// Why a connection attempt failed, in a few words: `connection refused`,
 /// `database "x" does not exist`, `timed out`.
+/// Whether a failed connection attempt was answered by a server that refused this client:
+/// its TLS certificate did not verify, or it refused the credentials (SQLSTATE class 28) or
+/// the database name (3D000). A server starting up, shutting down or full is not a refusal.
+pub(crate) fn connect_rejected(e: &tokio_postgres::Error) -> bool {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return code.starts_with("28") || code == "3D000";
+    }
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        let tls = err.downcast_ref::<rustls::Error>().is_some()
+            || err.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                io.get_ref()
+                    .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            });
+        if tls {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
 pub(crate) fn connect_reason(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return one_line(db.message());

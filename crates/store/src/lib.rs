@@ -341,14 +341,17 @@ impl Store {
             PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => StoreError::Connect {
                 target: self.target().to_owned(),
                 reason: "timed out waiting for a free pooled connection".into(),
+                rejected: false,
             },
             PoolError::Timeout(_) => StoreError::Connect {
                 target: self.target().to_owned(),
                 reason: "timed out".into(),
+                rejected: false,
             },
             other => StoreError::Connect {
                 target: self.target().to_owned(),
                 reason: error::one_line(&other.to_string()),
+                rejected: false,
             },
         }
     }
@@ -377,6 +380,7 @@ fn build_pool(url: &DbUrl, max: usize, acquire_timeout: Duration) -> Result<Pool
         .map_err(|e| StoreError::Connect {
             target: url.target().to_owned(),
             reason: e.to_string(),
+            rejected: false,
         })
 }
 

@@ -118,6 +118,13 @@ impl LeaderLock {
         &self.env
     }
 
+    /// Who holds the lease: after the lock was lost with the database away, the lease row
+    /// still names this holder until it expires, and only this holder may release it early
+    /// ([`Leases::release`](crate::Leases::release)).
+    pub fn holder(&self) -> &crate::LeaseHolder {
+        self.lease.holder()
+    }
+
     /// Confirms the lease is still ours to act on, from the local clock alone (no query, so a
     /// dead connection cannot make this wait). A reaper checks this before each cycle and
     /// stops acting when it fails ([`StoreError::LockLost`]).

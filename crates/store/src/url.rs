@@ -148,6 +148,7 @@ impl DbUrl {
             Err(reason) => StoreError::Connect {
                 target: self.target.clone(),
                 reason,
+                rejected: false,
             },
         })
     }
@@ -171,6 +172,7 @@ impl DbUrl {
         StoreError::Connect {
             target: self.target.clone(),
             reason: crate::error::connect_reason(e),
+            rejected: crate::error::connect_rejected(e),
         }
     }
 }

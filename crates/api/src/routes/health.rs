@@ -1,6 +1,7 @@
 //! The operators' routes, served on the ops port when one is configured (`ops_listen`, a port
-//! the Ingress does not route): `/healthz` (the process answers), `/readyz` (this process and
-//! its database), `/healthz/cluster` (what the last probe of the Kubernetes API found) and
+//! the Ingress does not route): `/healthz` (the process answers: liveness, fine while it
+//! waits for its database), `/readyz` (this process and its database, and if not ready, why:
+//! since when the database has not answered, the last error), `/healthz/cluster` (what the last probe of the Kubernetes API found) and
 //! `/metrics` (a scrape also reads the database and the cluster — sessions, the last reaper
 //! cycle, the VM places taken, the quotas — each part within a timeout).
 //!
@@ -39,11 +40,37 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    tokio::time::timeout(READY_DB_TIMEOUT, state.store().ping())
-        .await
-        .map_err(|_| ApiError::DatabaseUnavailable("no answer within 3 s".into()))??;
-    Ok(Json(json!({"status": "ready", "database": "ok"})))
+/// 200 `{"status": "ready", "database": "ok"}` once the server was prepared on its database
+/// and the database answers now; otherwise 503 with why (`reason`), what the database checks
+/// found (since when it has been unreachable, the last error) and, for the operator's
+/// information only, what the last cluster probe found.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let reason = match state.database_health().not_ready() {
+        Some(why) => why,
+        None => {
+            let error = match tokio::time::timeout(READY_DB_TIMEOUT, state.store().ping()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {} s", READY_DB_TIMEOUT.as_secs())),
+            };
+            let now = chrono::Utc::now();
+            state.update_database_health(|health| {
+                health.record(now, error.as_deref().map_or(Ok(()), Err));
+            });
+            match error {
+                None => return Json(json!({"status": "ready", "database": "ok"})).into_response(),
+                Some(e) => format!("the database does not answer: {e}"),
+            }
+        }
+    };
+    let body = json!({
+        "status": "not ready",
+        "error": ApiError::DatabaseUnavailable(String::new()).code(),
+        "reason": reason,
+        "database": state.database_health(),
+        "cluster": state.cluster_health(),
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 /// 200 while the last probe answered, 503 when it did not (for dashboards and alerts, not

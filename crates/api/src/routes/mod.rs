@@ -53,10 +53,16 @@ pub fn public_routes() -> Router<AppState> {
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
     let web = crate::web::web_dir(state.config().web_dir.as_deref());
+    // Until the database first answered (and the schema is ready), what needs it is
+    // answered 503 with `Retry-After`, and why; health, readiness and the pages are served.
+    let gated = public_routes().route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        require_database,
+    ));
     let routes = if state.config().ops_listen.is_some() {
-        public_routes()
+        gated
     } else {
-        routes()
+        gated.merge(health::routes())
     };
     let timeout = state.config().request_timeout;
     let shed_state = state.clone();
@@ -92,6 +98,19 @@ pub fn ops_router(state: AppState) -> Router {
             headers::set_security_headers,
         ))
         .with_state(state)
+}
+
+/// Answers 503 `database_unavailable` (with `Retry-After`) while the server has not yet been
+/// prepared on its database (`tasks::database`); passes the request on once it has.
+async fn require_database(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match state.database_health().not_ready() {
+        Some(why) => ApiError::DatabaseUnavailable(why).into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// The answer to a request the guard layers refused: 503 `overloaded` or `request_timeout`.

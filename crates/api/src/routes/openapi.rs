@@ -75,7 +75,7 @@ pub fn document() -> Value {
                  "description": "Lab sessions on KubeVirt VMs: start, follow, extend, grade, finish; admin views. Errors are {\"error\": code, \"message\": sentence}; failures on the server's side add a `reference` that the server's log line of the detail carries."},
         "paths": {
             "/healthz": {"get": {"summary": "The process answers. On the ops port when one is configured (TTLAB_OPS_LISTEN), not on the public one", "responses": {"200": ok("alive", json!({"type": "object"}))}}},
-            "/readyz": {"get": {"summary": "This process and its database answer (the cluster is not consulted: see /healthz/cluster). On the ops port when one is configured", "responses": {"200": ok("ready", json!({"type": "object"})), "503": err("database unreachable")}}},
+            "/readyz": {"get": {"summary": "This process and its database answer (the cluster is not consulted: see /healthz/cluster). 503 says why not: reason, database (unreachable_since, last_error) and the last cluster probe. On the ops port when one is configured", "responses": {"200": ok("ready", json!({"type": "object"})), "503": {"description": "not ready: the database has not answered (since when, the last error)", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/healthz/cluster": {"get": {"summary": "What the last probe of the Kubernetes API found (reachable, checked_at, latency_ms, error, consecutive_failures); reported, never used for readiness. On the ops port when one is configured", "responses": {"200": ok("the last probe answered", json!({"type": "object"})), "503": {"description": "the last probe failed", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics (OpenMetrics text). On the ops port when one is configured", "responses": {"200": {"description": "metrics", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
             "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": ok("OpenAPI document", json!({"type": "object"}))}}},
@@ -282,7 +282,7 @@ fn task_paths(admin_errors: impl Fn(Value) -> Value) -> Value {
 /// The `Task` schema.
 fn task_schema() -> Value {
     json!({"type": "object", "properties": {
-        "name": {"type": "string", "enum": ["cluster_probe", "hub", "waitlist", "pool_refill", "adoption", "console_sessions", "console_takeovers", "agent_keeper"]},
+        "name": {"type": "string", "enum": ["database", "cluster_probe", "hub", "waitlist", "pool_refill", "adoption", "console_sessions", "console_takeovers", "agent_keeper"]},
         "description": {"type": "string"},
         "period_seconds": {"type": ["number", "null"], "description": "how often it runs; null for a listener, which runs continuously"},
         "running": {"type": "boolean", "description": "an activation is running now (a listener: it is connected or connecting)"},

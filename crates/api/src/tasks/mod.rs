@@ -7,11 +7,12 @@
 //!
 //! | task | runs | does |
 //! |---|---|---|
+//! | [`database`] | every 1 s | pings the database: `/readyz`; at its first answer, the schema, the start-up's clean-up and [`adoption`] |
 //! | [`cluster_probe`] | every 10 s | lists one page of ttlab's VMs: `/healthz/cluster` |
 //! | [`hub`] | continuously (a listener) | session changes on any replica → the in-process hints |
 //! | [`waitlist`] | every 1 s and on hints | holds freed places for the first in line |
 //! | [`pool_refill`] | every 2 s and on hints | keeps the warm pools filled |
-//! | [`adoption`] | every 5 s, from 5 s after the start | resumes abandoned provisioning |
+//! | [`adoption`] | every 5 s, from 5 s after the database first answered | resumes abandoned provisioning |
 //! | [`console_sessions`] | every 10 s and on hints, from the first console ticket | closes and re-times open consoles |
 //! | [`console_takeovers`] | continuously, from the first console ticket | closes consoles opened elsewhere |
 //! | [`agent_keeper`] | at start and every 5 min (`ttlab-server` starts it) | the agent version's sighting |
@@ -26,6 +27,7 @@ pub mod agent_keeper;
 pub mod cluster_probe;
 pub mod console_sessions;
 pub mod console_takeovers;
+pub mod database;
 pub mod hub;
 pub mod pool_refill;
 pub mod waitlist;
@@ -58,13 +60,20 @@ fn started(registered: Result<(), BackgroundError>) -> Result<(), ApiError> {
     registered.map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-/// Starts the tasks every server runs from the start: the cluster probe, the hub, the
-/// waitlist and the pool refiller.
+/// Starts the tasks every server runs from the start: the database check, the cluster
+/// probe, the hub, the waitlist and the pool refiller. None needs the database to answer
+/// now: each fails and is retried with [`RESTART_BACKOFF`] until it does.
 pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     // Subscribed before the hub connects, so they see its first hint.
     let waitlist_hints = state.subscribe();
     let pool_hints = state.subscribe();
     let driver = state.background();
+    started(driver.register(
+        database::spec(),
+        database::Database {
+            state: state.clone(),
+        },
+    ))?;
     started(driver.register(
         cluster_probe::spec(),
         cluster_probe::ClusterProbe {
@@ -93,7 +102,7 @@ pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// Starts the adoption of abandoned sessions (after the start-up's own pass,
-/// [`crate::saga::recover`]).
+/// [`crate::saga::recover`], which [`database`] runs at the database's first answer).
 pub(crate) fn start_adoption(state: &AppState) -> Result<(), ApiError> {
     started(state.background().register(
         adoption::spec(),

@@ -84,6 +84,7 @@ async fn a_failing_tasks_error_shows_until_it_recovers() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     for expected in [
+        "database",
         "cluster_probe",
         "hub",
         "waitlist",

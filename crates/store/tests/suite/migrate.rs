@@ -65,6 +65,8 @@ async fn an_unreachable_server_is_named_without_the_password() {
     .await
     .unwrap_err();
     assert!(matches!(err, StoreError::Connect { .. }), "{err:?}");
+    // An outage, not a refusal: a process waits for it.
+    assert!(!err.is_rejection(), "{err:?}");
     assert_eq!(
         err.to_string(),
         "cannot connect to PostgreSQL at 127.0.0.1:1/ttlab: connection refused"

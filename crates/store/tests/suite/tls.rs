@@ -40,6 +40,8 @@ async fn verify_full_connects_and_a_wrong_ca_or_host_fails_clearly() {
         .unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, StoreError::Connect { .. }), "{err:?}");
+    // A refusal, not an outage: a process gives up on it instead of waiting.
+    assert!(err.is_rejection(), "{err:?}");
     assert!(text.contains("localhost"), "{text}");
     assert!(text.contains("certificate"), "{text}");
     assert!(text.contains("UnknownIssuer"), "{text}");

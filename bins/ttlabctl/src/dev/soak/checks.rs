@@ -767,24 +767,11 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     drop(calls_journal);
     table.rows.push(fivexx);
 
-    // Children that exited by themselves. A process that cannot reach PostgreSQL while it
-    // starts exits (its supervisor starts it again): excused during an outage.
+    // Children that exited by themselves. Neither the server nor the reaper exits for want of
+    // its database (they wait for it, not ready): every exit is a violation, outage or not.
     let mut crashes = Row::new("no process exited by itself");
     crashes.checks = 1;
-    let mut excused = 0;
     for c in lock(&input.journal.crashes).iter() {
-        // Its own connection to PostgreSQL cut off counts as an outage for it.
-        let own = super::rig::slot_of(&c.name)
-            .map(|(env, reaper)| link_windows(&disturbances, env, reaper, Some(Target::Postgres)))
-            .unwrap_or_default();
-        let in_outage = outages
-            .iter()
-            .chain(own.iter())
-            .any(|(a, b)| c.seen >= *a && c.seen <= *b + TimeDelta::seconds(5));
-        if in_outage {
-            excused += 1;
-            continue;
-        }
         crashes.violations += 1;
         if crashes.examples.len() < EXAMPLES {
             crashes.examples.push(format!(
@@ -792,11 +779,6 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                 c.name, c.status, c.seen, c.tail
             ));
         }
-    }
-    if excused > 0 {
-        table.notes.push(format!(
-            "processes that exited while PostgreSQL was down (started again): {excused}"
-        ));
     }
     table.rows.push(crashes);
 

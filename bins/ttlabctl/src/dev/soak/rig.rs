@@ -48,16 +48,6 @@ pub(crate) const LESSON_POD: &str = "soak-pod";
 /// the restarted reaper) takes over, so reclamation after a reaper kill waits up to this long.
 pub(crate) const LEADER_LEASE: Duration = Duration::from_secs(3);
 
-/// The environment and role (reaper or not) of a process name of [`NAMES`].
-pub(crate) fn slot_of(name: &str) -> Option<(usize, bool)> {
-    (0..NAMES.len()).find_map(|e| {
-        NAMES[e]
-            .iter()
-            .position(|n| *n == name)
-            .map(|r| (e, r == 1))
-    })
-}
-
 /// The kube-sim user of a process (`ttlab-dev-reaper`).
 pub(crate) fn kube_user(env: usize, reaper: bool) -> String {
     format!(
