@@ -23,7 +23,7 @@ title: Pooled
 runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 5
 pool:
   size: 2

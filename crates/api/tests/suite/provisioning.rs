@@ -1057,7 +1057,7 @@ async fn a_vmi_that_cannot_be_watched_fails_the_lab_saying_why() {
     assert_eq!(v["status"], "failed", "{v}");
     let reason = admin_reason(&s, &sid).await;
     assert!(
-        reason.starts_with("VM did not start within 5 s (the watch failed ")
+        reason.starts_with("VM did not start within 15 s (the watch failed ")
             && reason.contains("times (last: ")
             && reason.contains("500"),
         "{reason}"

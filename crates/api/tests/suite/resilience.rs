@@ -503,7 +503,7 @@ title: Graded slowly
 runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 5
 grading:
   - name: takes its time

@@ -23,14 +23,15 @@ use ttlab_store::testing::TestDb;
 pub const NS: &str = "ttlab-vms";
 pub const SECRET: &[u8] = b"a test secret that is long enough, 40+ b";
 
-/// Test lessons: short timeouts so failures are fast.
+/// Test lessons: short timeouts so failures are fast (a VM's start gets 15 s: kube-sim starts
+/// one in well under a second, but a saturated 2-core machine has taken over 5 s).
 pub const LESSONS: &str = r#"
 id: quick
 title: Quick
 runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 5
 grading:
   - name: passes
@@ -53,7 +54,7 @@ title: Broken setup
 runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 5
 ---
 id: hangs
@@ -61,7 +62,7 @@ title: Setup never finishes
 runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 1
 ---
 id: duo
@@ -70,7 +71,7 @@ runtime: vm
 image: quay.io/containerdisks/debian:12
 memory: 256Mi
 nodes: [one, two]
-readiness_timeout_seconds: 5
+readiness_timeout_seconds: 15
 setup_timeout_seconds: 5
 ---
 id: shell
@@ -334,14 +335,14 @@ impl Running {
             .await
     }
 
-    /// Polls the session until `pred` holds (bounded: 20 s).
+    /// Polls the session until `pred` holds (bounded: about 60 s).
     pub async fn wait_session(
         &self,
         id: &str,
         token: &str,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
-        for _ in 0..400 {
+        for _ in 0..1200 {
             let (status, v) = self.get(&format!("/api/sessions/{id}"), token).await;
             assert_eq!(status, 200, "{v}");
             if pred(&v) {
