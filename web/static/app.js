@@ -38,7 +38,7 @@ const state = {
   link: null,          // the console connection
   node: null,          // the node whose console is shown
   warnedFor: null,     // the expires_at the 5-minute warning was shown for
-  alerted: new Set(),  // "expires_at/minutes" of the notifications given
+  alerted: loadAlerted(), // "session/expires_at/minutes" of the notifications given (kept for the tab)
   ticking: null,
   startTimer: null,    // redraws the progress's elapsed times while starting
   offerCheckedFor: null, // the opens_at the view was re-read for once the extend window opened
@@ -669,11 +669,27 @@ function alertStudent(left) {
   const due = ALERT_AT.filter((m) => left > 0 && left <= m * 60);
   if (!due.length) return;
   const minutes = Math.min(...due);
-  if (state.alerted.has(`${expires}/${minutes}`)) return;
-  for (const m of due) state.alerted.add(`${expires}/${m}`);
+  const key = (m) => `${state.view.id}/${expires}/${m}`;
+  if (state.alerted.has(key(minutes))) return;
+  for (const m of due) state.alerted.add(key(m));
+  try {
+    sessionStorage.setItem('ttlab.alerted', JSON.stringify([...state.alerted].slice(-50)));
+  } catch {
+    // Private mode: a reload may notify again.
+  }
   notifyStudent(minutes === 1
     ? 'One minute left in your lab. Save your work now.'
     : `${minutes} minutes left in your lab. Save your work, or extend the lab.`);
+}
+
+/** The notifications given in this tab, across reloads (see `alertStudent`). */
+function loadAlerted() {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem('ttlab.alerted') || '[]');
+    return new Set(Array.isArray(saved) ? saved : []);
+  } catch {
+    return new Set();
+  }
 }
 
 function notifyStudent(text) {
@@ -929,6 +945,31 @@ function setConn(text, kind = '') {
   conn.className = `conn ${kind}`;
 }
 
+/**
+ * The warnings the server wrote into this session's terminal for its expiry `expiresAt`
+ * (lead times in seconds), kept for this tab (sessionStorage) so that a reconnect or a reload
+ * names them and they are not written again. An extension moves the expiry: the warnings
+ * come again.
+ */
+function warnedLeads(sessionId, expiresAt) {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(`ttlab.warned.${sessionId}`) || 'null');
+    return saved && saved.expires_at === expiresAt && Array.isArray(saved.leads) ? saved.leads : [];
+  } catch {
+    return [];
+  }
+}
+
+function rememberWarned(sessionId, expiresAt, leads) {
+  const all = [...new Set([...warnedLeads(sessionId, expiresAt), ...leads])]
+    .filter((n) => Number.isInteger(n) && n >= 0);
+  try {
+    sessionStorage.setItem(`ttlab.warned.${sessionId}`, JSON.stringify({ expires_at: expiresAt, leads: all }));
+  } catch {
+    // Private mode: the warning may be written again after a reload.
+  }
+}
+
 /** One console: ticket, WebSocket, and reconnecting after a drop. */
 class ConsoleLink {
   constructor(sessionId, node) {
@@ -966,23 +1007,47 @@ class ConsoleLink {
     const url = new URL(ticket.url, window.location.href);
     url.protocol = window.location.protocol === 'https:' ? 'wss:' : 'ws:';
     if (this.node) url.searchParams.set('node', this.node);
+    const warned = state.view ? warnedLeads(this.sessionId, state.view.expires_at) : [];
+    if (warned.length) url.searchParams.set('warned', warned.join(','));
     const ws = new WebSocket(url);
     ws.binaryType = 'arraybuffer';
     this.ws = ws;
     ws.onopen = () => {
+      // The server's end is open; its console (the VM's, or the container's shell) is not
+      // yet: the server says when it is.
       this.sendSize();
-      this.failures = 0;
-      setConn(this.node ? `Connected to ${this.node}` : 'Connected', 'ok');
-      hideReplaced();
-      state.term.focus();
-      refresh();
+      setConn(isPodLab() ? 'Connecting to the container…' : 'Connecting to the VM…');
     };
     ws.onmessage = (event) => {
+      if (typeof event.data === 'string' && event.data.startsWith('{"type":')) {
+        this.status(event.data);
+        return;
+      }
       state.term.write(typeof event.data === 'string' ? event.data : new Uint8Array(event.data));
     };
     ws.onclose = (event) => {
       if (this.ws === ws) this.closed(event.code, event.reason);
     };
+  }
+
+  /** A status message of the server (a text frame): the console is open, a warning was
+   *  written into the terminal. */
+  status(text) {
+    let message;
+    try {
+      message = JSON.parse(text);
+    } catch {
+      return;
+    }
+    if (message.type === 'connected') {
+      this.failures = 0;
+      setConn(this.node ? `Connected to ${this.node}` : 'Connected', 'ok');
+      hideReplaced();
+      state.term.focus();
+      refresh();
+    } else if (message.type === 'warned' && Array.isArray(message.leads) && state.view) {
+      rememberWarned(this.sessionId, state.view.expires_at, message.leads);
+    }
   }
 
   send(bytes) {

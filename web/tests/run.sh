@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Browser tests of the student and admin pages (browser.mjs), of the student's terminal
-# (terminal.mjs, against the same demo afterwards), of the waitlist (waitlist.mjs, against a
+# (terminal.mjs, against the same demo afterwards), of what the student sees of the console
+# (student.mjs, after them: "Connected" only once the VM's console is reached, a warning not
+# repeated), of the waitlist (waitlist.mjs, against a
 # demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
 # against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
 # `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
@@ -224,6 +226,10 @@ TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_SIM_URL="$sim" TTLAB
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
   node "$web/tests/terminal.mjs" || status=$?
+# What the student sees of the console: "Connected", warnings once.
+TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
+  TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+  node "$web/tests/student.mjs" || status=$?
 if [ "$status" != 0 ]; then
   say "server and reaper log (last 40 lines):"
   tail -n 40 "$log/err" >&2
