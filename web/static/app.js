@@ -37,6 +37,7 @@ const state = {
   fit: null,
   link: null,          // the console connection
   node: null,          // the node whose console is shown
+  termSession: null,   // the session whose console the terminal shows
   warnedFor: null,     // the expires_at the 5-minute warning was shown for
   alerted: loadAlerted(), // "session/expires_at/minutes" of the notifications given (kept for the tab)
   ticking: null,
@@ -524,6 +525,16 @@ function showStarting(view) {
 function showLab(view) {
   if (state.startTimer) clearInterval(state.startTimer);
   state.startTimer = null;
+  if (state.termSession !== view.id) {
+    // Another lab than the terminal last showed: nothing of the previous one stays on the
+    // screen or in the scrollback, and its node choice goes with it.
+    state.termSession = view.id;
+    state.node = null;
+    if (state.term) {
+      state.term.reset();
+      state.term.clear();
+    }
+  }
   document.getElementById('lab-lesson').textContent = title(view.lesson);
   renderNodes(view);
   renderExtend(view);

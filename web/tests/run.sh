@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Browser tests of the student and admin pages (browser.mjs), of the student's terminal
 # (terminal.mjs, against the same demo afterwards), of what the student sees of the console
-# (student.mjs, after them: "Connected" only once the VM's console is reached, a warning not
-# repeated), of the waitlist (waitlist.mjs, against a
+# (student.mjs, after them: "Connected" only once the VM's console is reached, a new lab's
+# terminal without the previous one's, a warning not repeated), of the waitlist (waitlist.mjs, against a
 # demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
 # against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
 # `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
@@ -226,7 +226,7 @@ TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_SIM_URL="$sim" TTLAB
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
   node "$web/tests/terminal.mjs" || status=$?
-# What the student sees of the console: "Connected", warnings once.
+# What the student sees of the console: "Connected", a new lab's terminal, warnings once.
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
   node "$web/tests/student.mjs" || status=$?

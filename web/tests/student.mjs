@@ -1,7 +1,7 @@
 // What the student sees is right, in headless Chromium against a running demo stack:
 // "Connected" shows only once the server reaches the VM's console (not when the page's
-// WebSocket opens), and the expiry warning written into the terminal is not written again
-// after a reload or a reconnect.
+// WebSocket opens), a new lab's terminal shows nothing of the previous lab, and the expiry
+// warning written into the terminal is not written again after a reload or a reconnect.
 // Started by web/tests/run.sh after terminal.mjs, with TTLAB_STUDENT_URL, TTLAB_SIM_URL (the
 // demo's kube-sim), TTLAB_SIM_NAMESPACE, TTLAB_ARTIFACTS and TTLAB_CHROMIUM. The demo's
 // lifespan is 5 minutes, so the 5-minute warning is due as soon as a lab starts.
@@ -98,6 +98,9 @@ try {
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
+  // The console WebSockets the page opens (without their tickets), for failure messages.
+  const consoles = [];
+  page.on('websocket', (ws) => consoles.push(ws.url().replace(/ticket=[^&]*/, 'ticket=…').replace(/^.*\/api\//, '/api/')));
   // "Finish lab" asks for confirmation.
   page.on('dialog', (d) => d.accept());
   await page.goto(studentUrl);
@@ -123,6 +126,21 @@ try {
     await shot(page, 'console-reached');
   });
 
+  await attempt('a new lab\'s terminal shows nothing of the previous lab', async () => {
+    await page.locator('#conn.ok').waitFor({ timeout: 30000 });
+    await waitForScreen(page, (t) => PROMPT.test(t), 'a root prompt');
+    // Past the redraw after connecting (keys typed before the console opens are dropped).
+    await page.waitForTimeout(2000);
+    await typeLine(page, 'echo previous-lab-$((6*7))');
+    await waitForScreen(page, (t) => t.includes('previous-lab-42'), 'the previous lab\'s output');
+    await finishLab(page);
+    await startLab(page);
+    const text = await screenText(page);
+    await shot(page, 'new-lab');
+    assert.ok(!text.includes('previous-lab'), `the new lab's terminal shows the previous lab's output:\n${text.slice(-2000)}`);
+    assert.ok(!text.includes('Waiting for'), `the new lab's terminal shows the previous lab's waiting line:\n${text.slice(-2000)}`);
+  });
+
   await attempt('the expiry warning is written once, not again after a reload', async () => {
     // A new lab has under 5 minutes: the warning is written into its terminal.
     await startLab(page);
@@ -135,7 +153,10 @@ try {
     await typeLine(page, 'echo reloaded-$((6*7))');
     const text = await waitForScreen(page, (t) => t.includes('reloaded-42'), 'the echo after the reload');
     await shot(page, 'reloaded');
-    assert.ok(!text.includes(WARNING), `the warning was written again after the reload:\n${text.slice(-2000)}`);
+    const remembered = await page.evaluate(() => Object.entries(sessionStorage)
+      .filter(([k]) => k.startsWith('ttlab.warned.')));
+    assert.ok(!text.includes(WARNING), `the warning was written again after the reload:\n${text.slice(-2000)}\n` +
+      `(consoles opened: ${consoles.join(', ')}; remembered: ${JSON.stringify(remembered)})`);
   });
 
   await attempt('…nor after the console drops and the page reconnects by itself', async () => {
