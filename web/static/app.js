@@ -69,6 +69,7 @@ async function main() {
   document.getElementById('cancel-start').addEventListener('click', finish);
   document.getElementById('take-place').addEventListener('click', takePlace);
   document.getElementById('leave-waitlist').addEventListener('click', leaveWaitlist);
+  document.getElementById('join-again').addEventListener('click', joinAgain);
   window.addEventListener('online', () => {
     if (state.link) state.link.retryNow();
   });
@@ -89,6 +90,7 @@ async function loadHome() {
         notice(null);
         if (await resumeWaiting()) return;
         await showLessons();
+        tellIfDropped();
         return;
       }
       if (!handleError(e)) return;
@@ -233,6 +235,7 @@ async function resumeWaiting() {
 }
 
 function enterWaiting(view) {
+  hideDropped();
   stopSession();
   state.takingPlace = false;
   onWaiting(view);
@@ -280,15 +283,18 @@ function onWaiting(view) {
   state.waitView = view;
   if (!view.waiting) {
     stopWaiting();
-    // The place was taken in this tab (the session view follows), or it lapsed, or they left.
+    // The place was taken in this tab (the session view follows), or it lapsed, or they left,
+    // or they waited too long without a place freeing.
     if (state.takingPlace) return;
     const lapsed = before && before.held_until;
     showLessons();
+    if (!lapsed && tellIfDropped()) return;
     notice(lapsed
       ? 'The place held for you was not taken in time and went to the next student. You can join the line again.'
       : 'You are no longer on the waitlist.', lapsed ? 'warn' : 'info');
     return;
   }
+  rememberWaiting(view);
   document.getElementById('subtitle').textContent = title(view.lesson);
   document.getElementById('waiting-lesson').textContent = `— ${title(view.lesson)}`;
   document.getElementById('waiting-position').textContent = ordinal(view.position);
@@ -319,6 +325,71 @@ function onWaiting(view) {
     if (document.title !== PAGE_TITLE) document.title = PAGE_TITLE;
   }
   show('view-waiting');
+}
+
+/**
+ * The place in line as this tab last saw it (sessionStorage): the lesson, when it lapses
+ * without a hold (this browser's clock) and the longest wait, so that a student taken off
+ * the list is told why, even after a reload.
+ */
+function rememberWaiting(view) {
+  if (typeof view.leaves_in_seconds !== 'number') {
+    // A place is held (it no longer lapses by waiting): a drop now is the hold lapsing.
+    forgetWaiting();
+    return;
+  }
+  try {
+    sessionStorage.setItem('ttlab.waiting', JSON.stringify({
+      lesson: view.lesson,
+      leaves_by: Date.now() + view.leaves_in_seconds * 1000,
+      max_wait: view.max_wait_seconds,
+    }));
+  } catch {
+    // Private mode: a reload after the drop does not say why.
+  }
+}
+
+function forgetWaiting() {
+  try { sessionStorage.removeItem('ttlab.waiting'); } catch { /* private mode */ }
+}
+
+/** A wait as the student reads it: `an hour`, `2 hours`, `30 minutes`, `45 seconds`. */
+function waitText(seconds) {
+  if (seconds === 3600) return 'an hour';
+  if (seconds % 3600 === 0) return `${seconds / 3600} hours`;
+  if (seconds % 60 === 0) return seconds === 60 ? 'a minute' : `${seconds / 60} minutes`;
+  return `${seconds} seconds`;
+}
+
+/**
+ * If the student's place in line lapsed because they waited the longest wait without a place
+ * freeing, says so above the lessons with "Join again" (back in line, at the end); whether
+ * it did. Told once.
+ */
+function tellIfDropped() {
+  let saved = null;
+  try { saved = JSON.parse(sessionStorage.getItem('ttlab.waiting') || 'null'); } catch { /* none */ }
+  // A second of slack: the server takes the entry off at its next look after the instant.
+  if (!saved || !saved.lesson || Date.now() < saved.leaves_by - 1000) return false;
+  forgetWaiting();
+  const box = document.getElementById('waitlist-dropped');
+  const wait = typeof saved.max_wait === 'number' ? waitText(saved.max_wait) : 'too long';
+  document.getElementById('waitlist-dropped-text').textContent =
+    `You waited ${wait} for ${title(saved.lesson)} without a place freeing up; you were taken off the list.`;
+  box.dataset.lesson = saved.lesson;
+  box.hidden = false;
+  return true;
+}
+
+function hideDropped() {
+  document.getElementById('waitlist-dropped').hidden = true;
+}
+
+/** "Join again": back on the waitlist for the same lesson, at the end of the line. */
+async function joinAgain() {
+  const lesson = document.getElementById('waitlist-dropped').dataset.lesson;
+  hideDropped();
+  if (lesson) await joinWaitlist(lesson);
 }
 
 /** `1st`, `2nd`, `3rd`, `4th`… */
@@ -363,6 +434,7 @@ async function leaveWaitlist() {
   }
   stopWaiting();
   state.waitView = null;
+  forgetWaiting();
   await showLessons();
   notice('You left the waitlist.', 'ok');
 }
@@ -371,6 +443,8 @@ async function leaveWaitlist() {
 // A session: its events, and which screen it shows
 
 function enterSession(view) {
+  hideDropped();
+  forgetWaiting();
   stopSession();
   onView(view);
   followSession(view.id);

@@ -243,7 +243,8 @@ stop_waitlist_demo() { stop_pid "$wl_pid"; }
 trap 'stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
 wl_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 say "starting ttlabctl demo with TTLAB_VM_LIMIT=1 (waitlist)"
-TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+wl_max_wait=1m
+TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_WAITLIST_MAX_WAIT=$wl_max_wait TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
   "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$wl_secret" >"$log/wl-out" 2>"$log/wl-err" &
 wl_pid=$!
 if wait_ready "$wl_pid" "$log/wl-out"; then
@@ -251,7 +252,8 @@ if wait_ready "$wl_pid" "$log/wl-out"; then
   wl_token="$("$root/target/debug/ttlabctl" token --user second-student --auth-secret "$wl_secret")"
   wl_second="${wl_first%%\?*}?token=$wl_token"
   wl_status=0
-  TTLAB_STUDENT_URL="$wl_first" TTLAB_SECOND_URL="$wl_second" TTLAB_ARTIFACTS="$artifacts" \
+  TTLAB_STUDENT_URL="$wl_first" TTLAB_SECOND_URL="$wl_second" TTLAB_WAITLIST_MAX_WAIT="$wl_max_wait" \
+    TTLAB_ARTIFACTS="$artifacts" \
     TTLAB_CHROMIUM="$chromium" node "$web/tests/waitlist.mjs" || wl_status=$?
   if [ "$wl_status" != 0 ]; then
     status=$wl_status

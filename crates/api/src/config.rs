@@ -34,6 +34,8 @@ pub const DEFAULT_CLUSTER_RETRY_BUDGET: Duration = Duration::from_secs(60);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default of [`ApiConfig::waitlist_hold`].
 pub const DEFAULT_WAITLIST_HOLD: Duration = Duration::from_secs(120);
+/// Default of [`ApiConfig::waitlist_max_wait`]: an hour.
+pub const DEFAULT_WAITLIST_MAX_WAIT: Duration = Duration::from_secs(60 * 60);
 
 /// Default of [`ApiConfig::max_concurrent_requests`].
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
@@ -126,6 +128,10 @@ pub struct ApiConfig {
     /// take it meanwhile, and when it lapses the place passes to the next in line. Default
     /// [`DEFAULT_WAITLIST_HOLD`].
     pub waitlist_hold: Duration,
+    /// How long a student waits on the waitlist without a place being held for them before
+    /// they are taken off it (their page says why and offers to join again). Default
+    /// [`DEFAULT_WAITLIST_MAX_WAIT`].
+    pub waitlist_max_wait: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -169,6 +175,7 @@ impl ApiConfig {
             user_rate_limit: crate::limits::RateLimit::DEFAULT,
             cluster_retry_budget: DEFAULT_CLUSTER_RETRY_BUDGET,
             waitlist_hold: DEFAULT_WAITLIST_HOLD,
+            waitlist_max_wait: DEFAULT_WAITLIST_MAX_WAIT,
         }
     }
 }

@@ -256,7 +256,10 @@ pub fn document() -> Value {
         "position": {"type": "integer", "description": "1 for the first in line"},
         "enqueued_at": {"type": "string", "format": "date-time"},
         "held_until": {"type": "string", "format": "date-time", "description": "while a place is held for the caller: until when only they can take it"},
-        "hold_seconds_left": {"type": "integer"}}});
+        "hold_seconds_left": {"type": "integer"},
+        "leaves_at": {"type": "string", "format": "date-time", "description": "while waiting without a hold: when the caller is taken off the list if no place is held for them by then (TTLAB_WAITLIST_MAX_WAIT after joining, 1 h by default)"},
+        "leaves_in_seconds": {"type": "integer", "description": "while waiting without a hold: whole seconds until leaves_at"},
+        "max_wait_seconds": {"type": "integer", "description": "while waiting: the longest wait without a hold (TTLAB_WAITLIST_MAX_WAIT)"}}});
     let session = &mut doc["components"]["schemas"]["Session"]["properties"];
     session["extend"] = json!({"type": "object", "description": "what the extend button offers at server_time", "properties": {
         "available": {"type": "boolean"},
