@@ -2,7 +2,9 @@
 # Browser tests of the student and admin pages (browser.mjs), of the student's terminal
 # (terminal.mjs, against the same demo afterwards), of what the student sees of the console
 # (student.mjs, after them: "Connected" only once the VM's console is reached, a new lab's
-# terminal without the previous one's, a warning not repeated), of the waitlist (waitlist.mjs, against a
+# terminal without the previous one's, a warning not repeated), of a crashed server
+# replica's consoles (replicas.mjs: a second ttlab-server beside the demo's, killed), of the
+# waitlist (waitlist.mjs, against a
 # demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
 # against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
 # `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
@@ -196,8 +198,10 @@ stop_demo() {
 trap 'stop_demo; stop_qemu_job' EXIT
 
 say "starting ttlabctl demo"
+# Its secret is known here: replicas.mjs starts a second server replica with it.
+secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_EXTEND_WINDOW=4m20s TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
-  "$root/target/debug/ttlabctl" demo --port 0 >"$log/out" 2>"$log/err" &
+  "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$secret" >"$log/out" 2>"$log/err" &
 demo_pid=$!
 for _ in $(seq 1 600); do
   grep -q '^ttlab demo ready:' "$log/out" 2>/dev/null && break
@@ -230,6 +234,13 @@ TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms 
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
   node "$web/tests/student.mjs" || status=$?
+# A crashed server replica's consoles: a second ttlab-server beside the demo's, killed.
+database="$(sed -n 's/^ *database: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+kubeconfig="$(sed -n 's/^ *kubectl: *KUBECONFIG=\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_DATABASE_URL="$database" \
+  TTLAB_KUBECONFIG="$kubeconfig" TTLAB_AUTH_SECRET="$secret" TTLAB_ROOT="$root" \
+  TTLAB_SIM_NAMESPACE=ttlab-vms TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+  node "$web/tests/replicas.mjs" || status=$?
 if [ "$status" != 0 ]; then
   say "server and reaper log (last 40 lines):"
   tail -n 40 "$log/err" >&2

@@ -36,7 +36,9 @@
 //!   seconds): they are not written again (an extension re-arms them).
 //! - Each console's owner is recorded in PostgreSQL (`console_connections`: the user, this
 //!   replica's name, when it opened, when and why it closed) for the admin's session view. A
-//!   failure to record is logged and never closes the console.
+//!   failure to record is logged and never closes the console. The replica marks its open
+//!   consoles' records seen every 10 s; the records of a replica that stopped doing so (it
+//!   crashed or was killed) are closed by another one as `replica_gone`.
 //!
 //! Nothing here needs sticky sessions: a ticket issued by one replica opens the console on
 //! another, and a console opened on one replica closes the one open on another.
@@ -206,6 +208,11 @@ impl Consoles {
             }
         };
         let _ = tokio::time::timeout(limit, wait).await;
+    }
+
+    /// The connection ids of the open consoles.
+    fn connections(&self) -> Vec<Uuid> {
+        lock(&self.open).values().map(|o| o.id).collect()
     }
 
     fn sessions(&self) -> BTreeSet<SessionId> {
@@ -710,6 +717,17 @@ impl Drop for CloseAllOnDrop {
             consoles.close_all(&CloseReason::ServerShutdown);
         }
     }
+}
+
+/// Marks the records of this replica's open consoles seen (a replica that stops doing so is
+/// taken for gone, and its records closed: `console_replicas`).
+pub(crate) async fn mark_seen(state: &AppState, consoles: &Consoles) -> Result<(), ApiError> {
+    state
+        .store()
+        .console_connections()
+        .seen(&consoles.connections())
+        .await?;
+    Ok(())
 }
 
 /// Re-reads the sessions of open consoles (one query for all live ones) and applies them.

@@ -14,6 +14,7 @@
 //! | [`adoption`] | every 5 s, from 5 s after the start | resumes abandoned provisioning |
 //! | [`console_sessions`] | every 10 s and on hints, from the first console ticket | closes and re-times open consoles |
 //! | [`console_takeovers`] | continuously, from the first console ticket | closes consoles opened elsewhere |
+//! | [`console_replicas`] | every 10 s | closes the console records of a replica that is gone |
 //! | [`agent_keeper`] | at start and every 5 min (`ttlab-server` starts it) | the agent version's sighting |
 //!
 //! Each file is the loop and its status; the work it does stays where it lives (the saga's
@@ -24,6 +25,7 @@
 pub mod adoption;
 pub mod agent_keeper;
 pub mod cluster_probe;
+pub mod console_replicas;
 pub mod console_sessions;
 pub mod console_takeovers;
 pub mod hub;
@@ -59,7 +61,7 @@ fn started(registered: Result<(), BackgroundError>) -> Result<(), ApiError> {
 }
 
 /// Starts the tasks every server runs from the start: the cluster probe, the hub, the
-/// waitlist and the pool refiller.
+/// waitlist, the pool refiller and the console records' sweep.
 pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     // Subscribed before the hub connects, so they see its first hint.
     let waitlist_hints = state.subscribe();
@@ -80,6 +82,12 @@ pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     started(driver.register(
         waitlist::spec().triggered_by(waitlist_hints),
         waitlist::Waitlist {
+            state: state.clone(),
+        },
+    ))?;
+    started(driver.register(
+        console_replicas::spec(),
+        console_replicas::ConsoleReplicas {
             state: state.clone(),
         },
     ))?;

@@ -1071,3 +1071,55 @@ async fn the_admin_sees_who_holds_the_console_and_when_it_closed() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn the_console_record_of_a_replica_that_is_gone_is_closed_as_replica_gone() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    // A console this replica relays: it marks its record seen, which stays open.
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, ":~# ").await;
+    // Bob's console was relayed by a replica that crashed: its record stays open, and
+    // nobody marks it seen any more. (A replica stopped in-process still closes its consoles
+    // on the way out; the record of a killed process is what this stands for.)
+    let (bob_sid, _bob) = start_running(&s, "bob", "quick").await;
+    let store = w.db.store().await.unwrap();
+    store
+        .console_connections()
+        .opened(
+            bob_sid.parse().unwrap(),
+            &"vm".parse().unwrap(),
+            uuid::Uuid::new_v4(),
+            &ttlab_model::UserId::new("bob").unwrap(),
+            "crashed-replica",
+        )
+        .await
+        .unwrap();
+    let recorded = Instant::now();
+    let deadline = recorded + Duration::from_secs(60);
+    let closed = loop {
+        let owners = console_owners(&s, &bob_sid).await;
+        if !owners[0]["closed_at"].is_null() {
+            break owners[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still open a minute after its replica stopped marking it: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(closed["closed_why"], "replica_gone", "{closed}");
+    assert_eq!(closed["replica"], "crashed-replica", "{closed}");
+    assert!(
+        recorded.elapsed() >= Duration::from_secs(25),
+        "closed {:?} after it was last seen",
+        recorded.elapsed()
+    );
+    // The live replica's console is still open, and says so.
+    let owners = console_owners(&s, &sid).await;
+    assert_eq!(owners[0]["closed_at"], Value::Null, "{owners:?}");
+    type_line(&mut ws, "whoami").await;
+    read_until(&mut ws, "\r\nroot\r\n").await;
+    s.stop().await;
+}
