@@ -475,6 +475,7 @@ async function showDetail(id) {
 const CLOSED_WHY = {
   browser_closed: 'browser closed',
   taken_over: 'taken over by another tab',
+  replica_gone: 'server replica gone',
   session_ended: 'session ended',
   lost: 'connection lost',
 };

@@ -37,8 +37,9 @@ const state = {
   fit: null,
   link: null,          // the console connection
   node: null,          // the node whose console is shown
+  termSession: null,   // the session whose console the terminal shows
   warnedFor: null,     // the expires_at the 5-minute warning was shown for
-  alerted: new Set(),  // "expires_at/minutes" of the notifications given
+  alerted: loadAlerted(), // "session/expires_at/minutes" of the notifications given (kept for the tab)
   ticking: null,
   startTimer: null,    // redraws the progress's elapsed times while starting
   offerCheckedFor: null, // the opens_at the view was re-read for once the extend window opened
@@ -68,6 +69,7 @@ async function main() {
   document.getElementById('cancel-start').addEventListener('click', finish);
   document.getElementById('take-place').addEventListener('click', takePlace);
   document.getElementById('leave-waitlist').addEventListener('click', leaveWaitlist);
+  document.getElementById('join-again').addEventListener('click', joinAgain);
   window.addEventListener('online', () => {
     if (state.link) state.link.retryNow();
   });
@@ -88,6 +90,7 @@ async function loadHome() {
         notice(null);
         if (await resumeWaiting()) return;
         await showLessons();
+        tellIfDropped();
         return;
       }
       if (!handleError(e)) return;
@@ -232,6 +235,7 @@ async function resumeWaiting() {
 }
 
 function enterWaiting(view) {
+  hideDropped();
   stopSession();
   state.takingPlace = false;
   onWaiting(view);
@@ -279,15 +283,18 @@ function onWaiting(view) {
   state.waitView = view;
   if (!view.waiting) {
     stopWaiting();
-    // The place was taken in this tab (the session view follows), or it lapsed, or they left.
+    // The place was taken in this tab (the session view follows), or it lapsed, or they left,
+    // or they waited too long without a place freeing.
     if (state.takingPlace) return;
     const lapsed = before && before.held_until;
     showLessons();
+    if (!lapsed && tellIfDropped()) return;
     notice(lapsed
       ? 'The place held for you was not taken in time and went to the next student. You can join the line again.'
       : 'You are no longer on the waitlist.', lapsed ? 'warn' : 'info');
     return;
   }
+  rememberWaiting(view);
   document.getElementById('subtitle').textContent = title(view.lesson);
   document.getElementById('waiting-lesson').textContent = `— ${title(view.lesson)}`;
   document.getElementById('waiting-position').textContent = ordinal(view.position);
@@ -318,6 +325,71 @@ function onWaiting(view) {
     if (document.title !== PAGE_TITLE) document.title = PAGE_TITLE;
   }
   show('view-waiting');
+}
+
+/**
+ * The place in line as this tab last saw it (sessionStorage): the lesson, when it lapses
+ * without a hold (this browser's clock) and the longest wait, so that a student taken off
+ * the list is told why, even after a reload.
+ */
+function rememberWaiting(view) {
+  if (typeof view.leaves_in_seconds !== 'number') {
+    // A place is held (it no longer lapses by waiting): a drop now is the hold lapsing.
+    forgetWaiting();
+    return;
+  }
+  try {
+    sessionStorage.setItem('ttlab.waiting', JSON.stringify({
+      lesson: view.lesson,
+      leaves_by: Date.now() + view.leaves_in_seconds * 1000,
+      max_wait: view.max_wait_seconds,
+    }));
+  } catch {
+    // Private mode: a reload after the drop does not say why.
+  }
+}
+
+function forgetWaiting() {
+  try { sessionStorage.removeItem('ttlab.waiting'); } catch { /* private mode */ }
+}
+
+/** A wait as the student reads it: `an hour`, `2 hours`, `30 minutes`, `45 seconds`. */
+function waitText(seconds) {
+  if (seconds === 3600) return 'an hour';
+  if (seconds % 3600 === 0) return `${seconds / 3600} hours`;
+  if (seconds % 60 === 0) return seconds === 60 ? 'a minute' : `${seconds / 60} minutes`;
+  return `${seconds} seconds`;
+}
+
+/**
+ * If the student's place in line lapsed because they waited the longest wait without a place
+ * freeing, says so above the lessons with "Join again" (back in line, at the end); whether
+ * it did. Told once.
+ */
+function tellIfDropped() {
+  let saved = null;
+  try { saved = JSON.parse(sessionStorage.getItem('ttlab.waiting') || 'null'); } catch { /* none */ }
+  // A second of slack: the server takes the entry off at its next look after the instant.
+  if (!saved || !saved.lesson || Date.now() < saved.leaves_by - 1000) return false;
+  forgetWaiting();
+  const box = document.getElementById('waitlist-dropped');
+  const wait = typeof saved.max_wait === 'number' ? waitText(saved.max_wait) : 'too long';
+  document.getElementById('waitlist-dropped-text').textContent =
+    `You waited ${wait} for ${title(saved.lesson)} without a place freeing up; you were taken off the list.`;
+  box.dataset.lesson = saved.lesson;
+  box.hidden = false;
+  return true;
+}
+
+function hideDropped() {
+  document.getElementById('waitlist-dropped').hidden = true;
+}
+
+/** "Join again": back on the waitlist for the same lesson, at the end of the line. */
+async function joinAgain() {
+  const lesson = document.getElementById('waitlist-dropped').dataset.lesson;
+  hideDropped();
+  if (lesson) await joinWaitlist(lesson);
 }
 
 /** `1st`, `2nd`, `3rd`, `4th`… */
@@ -362,6 +434,7 @@ async function leaveWaitlist() {
   }
   stopWaiting();
   state.waitView = null;
+  forgetWaiting();
   await showLessons();
   notice('You left the waitlist.', 'ok');
 }
@@ -370,6 +443,8 @@ async function leaveWaitlist() {
 // A session: its events, and which screen it shows
 
 function enterSession(view) {
+  hideDropped();
+  forgetWaiting();
   stopSession();
   onView(view);
   followSession(view.id);
@@ -524,6 +599,16 @@ function showStarting(view) {
 function showLab(view) {
   if (state.startTimer) clearInterval(state.startTimer);
   state.startTimer = null;
+  if (state.termSession !== view.id) {
+    // Another lab than the terminal last showed: nothing of the previous one stays on the
+    // screen or in the scrollback, and its node choice goes with it.
+    state.termSession = view.id;
+    state.node = null;
+    if (state.term) {
+      state.term.reset();
+      state.term.clear();
+    }
+  }
   document.getElementById('lab-lesson').textContent = title(view.lesson);
   renderNodes(view);
   renderExtend(view);
@@ -669,11 +754,27 @@ function alertStudent(left) {
   const due = ALERT_AT.filter((m) => left > 0 && left <= m * 60);
   if (!due.length) return;
   const minutes = Math.min(...due);
-  if (state.alerted.has(`${expires}/${minutes}`)) return;
-  for (const m of due) state.alerted.add(`${expires}/${m}`);
+  const key = (m) => `${state.view.id}/${expires}/${m}`;
+  if (state.alerted.has(key(minutes))) return;
+  for (const m of due) state.alerted.add(key(m));
+  try {
+    sessionStorage.setItem('ttlab.alerted', JSON.stringify([...state.alerted].slice(-50)));
+  } catch {
+    // Private mode: a reload may notify again.
+  }
   notifyStudent(minutes === 1
     ? 'One minute left in your lab. Save your work now.'
     : `${minutes} minutes left in your lab. Save your work, or extend the lab.`);
+}
+
+/** The notifications given in this tab, across reloads (see `alertStudent`). */
+function loadAlerted() {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem('ttlab.alerted') || '[]');
+    return new Set(Array.isArray(saved) ? saved : []);
+  } catch {
+    return new Set();
+  }
 }
 
 function notifyStudent(text) {
@@ -929,6 +1030,31 @@ function setConn(text, kind = '') {
   conn.className = `conn ${kind}`;
 }
 
+/**
+ * The warnings the server wrote into this session's terminal for its expiry `expiresAt`
+ * (lead times in seconds), kept for this tab (sessionStorage) so that a reconnect or a reload
+ * names them and they are not written again. An extension moves the expiry: the warnings
+ * come again.
+ */
+function warnedLeads(sessionId, expiresAt) {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(`ttlab.warned.${sessionId}`) || 'null');
+    return saved && saved.expires_at === expiresAt && Array.isArray(saved.leads) ? saved.leads : [];
+  } catch {
+    return [];
+  }
+}
+
+function rememberWarned(sessionId, expiresAt, leads) {
+  const all = [...new Set([...warnedLeads(sessionId, expiresAt), ...leads])]
+    .filter((n) => Number.isInteger(n) && n >= 0);
+  try {
+    sessionStorage.setItem(`ttlab.warned.${sessionId}`, JSON.stringify({ expires_at: expiresAt, leads: all }));
+  } catch {
+    // Private mode: the warning may be written again after a reload.
+  }
+}
+
 /** One console: ticket, WebSocket, and reconnecting after a drop. */
 class ConsoleLink {
   constructor(sessionId, node) {
@@ -966,23 +1092,47 @@ class ConsoleLink {
     const url = new URL(ticket.url, window.location.href);
     url.protocol = window.location.protocol === 'https:' ? 'wss:' : 'ws:';
     if (this.node) url.searchParams.set('node', this.node);
+    const warned = state.view ? warnedLeads(this.sessionId, state.view.expires_at) : [];
+    if (warned.length) url.searchParams.set('warned', warned.join(','));
     const ws = new WebSocket(url);
     ws.binaryType = 'arraybuffer';
     this.ws = ws;
     ws.onopen = () => {
+      // The server's end is open; its console (the VM's, or the container's shell) is not
+      // yet: the server says when it is.
       this.sendSize();
-      this.failures = 0;
-      setConn(this.node ? `Connected to ${this.node}` : 'Connected', 'ok');
-      hideReplaced();
-      state.term.focus();
-      refresh();
+      setConn(isPodLab() ? 'Connecting to the container…' : 'Connecting to the VM…');
     };
     ws.onmessage = (event) => {
+      if (typeof event.data === 'string' && event.data.startsWith('{"type":')) {
+        this.status(event.data);
+        return;
+      }
       state.term.write(typeof event.data === 'string' ? event.data : new Uint8Array(event.data));
     };
     ws.onclose = (event) => {
       if (this.ws === ws) this.closed(event.code, event.reason);
     };
+  }
+
+  /** A status message of the server (a text frame): the console is open, a warning was
+   *  written into the terminal. */
+  status(text) {
+    let message;
+    try {
+      message = JSON.parse(text);
+    } catch {
+      return;
+    }
+    if (message.type === 'connected') {
+      this.failures = 0;
+      setConn(this.node ? `Connected to ${this.node}` : 'Connected', 'ok');
+      hideReplaced();
+      state.term.focus();
+      refresh();
+    } else if (message.type === 'warned' && Array.isArray(message.leads) && state.view) {
+      rememberWarned(this.sessionId, state.view.expires_at, message.leads);
+    }
   }
 
   send(bytes) {

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Browser tests of the student and admin pages (browser.mjs), of the student's terminal
-# (terminal.mjs, against the same demo afterwards), of the waitlist (waitlist.mjs, against a
+# (terminal.mjs, against the same demo afterwards), of what the student sees of the console
+# (student.mjs, after them: "Connected" only once the VM's console is reached, a new lab's
+# terminal without the previous one's, a warning not repeated), of a crashed server
+# replica's consoles (replicas.mjs: a second ttlab-server beside the demo's, killed), of the
+# waitlist (waitlist.mjs, against a
 # demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
 # against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
 # `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
@@ -194,8 +198,10 @@ stop_demo() {
 trap 'stop_demo; stop_qemu_job' EXIT
 
 say "starting ttlabctl demo"
+# Its secret is known here: replicas.mjs starts a second server replica with it.
+secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 TTLAB_SESSION_TTL=5m TTLAB_SESSION_MAX=30m TTLAB_EXTEND_WINDOW=4m20s TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
-  "$root/target/debug/ttlabctl" demo --port 0 >"$log/out" 2>"$log/err" &
+  "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$secret" >"$log/out" 2>"$log/err" &
 demo_pid=$!
 for _ in $(seq 1 600); do
   grep -q '^ttlab demo ready:' "$log/out" 2>/dev/null && break
@@ -224,6 +230,17 @@ TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_SIM_URL="$sim" TTLAB
 TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
   TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
   node "$web/tests/terminal.mjs" || status=$?
+# What the student sees of the console: "Connected", a new lab's terminal, warnings once.
+TTLAB_STUDENT_URL="$student" TTLAB_SIM_URL="$sim" TTLAB_SIM_NAMESPACE=ttlab-vms \
+  TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+  node "$web/tests/student.mjs" || status=$?
+# A crashed server replica's consoles: a second ttlab-server beside the demo's, killed.
+database="$(sed -n 's/^ *database: *\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+kubeconfig="$(sed -n 's/^ *kubectl: *KUBECONFIG=\([^ ]*\).*/\1/p' "$log/out" | head -n 1)"
+TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_DATABASE_URL="$database" \
+  TTLAB_KUBECONFIG="$kubeconfig" TTLAB_AUTH_SECRET="$secret" TTLAB_ROOT="$root" \
+  TTLAB_SIM_NAMESPACE=ttlab-vms TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+  node "$web/tests/replicas.mjs" || status=$?
 if [ "$status" != 0 ]; then
   say "server and reaper log (last 40 lines):"
   tail -n 40 "$log/err" >&2
@@ -237,7 +254,8 @@ stop_waitlist_demo() { stop_pid "$wl_pid"; }
 trap 'stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
 wl_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 say "starting ttlabctl demo with TTLAB_VM_LIMIT=1 (waitlist)"
-TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
+wl_max_wait=1m
+TTLAB_VM_LIMIT=1 TTLAB_WAITLIST_HOLD=2m TTLAB_WAITLIST_MAX_WAIT=$wl_max_wait TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
   "$root/target/debug/ttlabctl" demo --port 0 --auth-secret "$wl_secret" >"$log/wl-out" 2>"$log/wl-err" &
 wl_pid=$!
 if wait_ready "$wl_pid" "$log/wl-out"; then
@@ -245,7 +263,8 @@ if wait_ready "$wl_pid" "$log/wl-out"; then
   wl_token="$("$root/target/debug/ttlabctl" token --user second-student --auth-secret "$wl_secret")"
   wl_second="${wl_first%%\?*}?token=$wl_token"
   wl_status=0
-  TTLAB_STUDENT_URL="$wl_first" TTLAB_SECOND_URL="$wl_second" TTLAB_ARTIFACTS="$artifacts" \
+  TTLAB_STUDENT_URL="$wl_first" TTLAB_SECOND_URL="$wl_second" TTLAB_WAITLIST_MAX_WAIT="$wl_max_wait" \
+    TTLAB_ARTIFACTS="$artifacts" \
     TTLAB_CHROMIUM="$chromium" node "$web/tests/waitlist.mjs" || wl_status=$?
   if [ "$wl_status" != 0 ]; then
     status=$wl_status

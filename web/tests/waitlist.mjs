@@ -1,18 +1,22 @@
 // The waitlist in headless Chromium against a demo whose VM limit is 1: a second student who
 // clicks Start lab while the only place is taken is put in line and sees position 1; the
 // first student ends their lab; the place is held for the second, whose page (and tab title)
-// says so; they take it and their lab starts.
+// says so; they take it and their lab starts. A student who waits the longest wait
+// (TTLAB_WAITLIST_MAX_WAIT, a minute in the demo) without a place freeing is taken off the list,
+// told why, and back in line with one click on "Join again".
 // Started by web/tests/run.sh, which passes TTLAB_STUDENT_URL and TTLAB_SECOND_URL (login
-// links of two students), TTLAB_ARTIFACTS (screenshot directory) and TTLAB_CHROMIUM.
+// links of two students), TTLAB_WAITLIST_MAX_WAIT (the demo's), TTLAB_ARTIFACTS (screenshot
+// directory) and TTLAB_CHROMIUM.
 
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { launch } from './lib.mjs';
+import { durationSeconds, launch, required } from './lib.mjs';
 
 const firstUrl = process.env.TTLAB_STUDENT_URL;
 const secondUrl = process.env.TTLAB_SECOND_URL;
 const artifacts = process.env.TTLAB_ARTIFACTS || 'artifacts/browser';
 assert.ok(firstUrl && secondUrl, 'TTLAB_STUDENT_URL and TTLAB_SECOND_URL are required');
+const maxWait = durationSeconds(required('TTLAB_WAITLIST_MAX_WAIT'));
 
 let shots = 0;
 async function shot(page, name) {
@@ -108,6 +112,40 @@ try {
     second.once('dialog', (d) => d.accept());
     await second.locator('#finish').click();
     await second.locator('#view-ended').waitFor({ state: 'visible', timeout: 15000 });
+  });
+
+  await step('a student who waited the longest wait is told why and joins again in one click', async () => {
+    // The first student takes the only place again (held for them if the second's lab was
+    // still being deleted).
+    await first.locator(LESSON).click();
+    await first.locator('#view-lab, #view-waiting').first().waitFor({ state: 'visible', timeout: 90000 });
+    if (await first.locator('#view-waiting').isVisible()) {
+      await first.locator('#take-place').click({ timeout: 60000 });
+    }
+    await first.locator('#view-lab').waitFor({ state: 'visible', timeout: 90000 });
+    await second.getByRole('button', { name: 'Back to the labs' }).click();
+    await second.locator(LESSON).click();
+    await second.locator('#view-waiting').waitFor({ state: 'visible', timeout: 15000 });
+    assert.equal(await second.locator('#waiting-position').innerText(), '1st');
+    const joined = Date.now();
+    // Nobody frees a place: after the longest wait the page says why, over the lessons.
+    const dropped = second.locator('#waitlist-dropped');
+    await dropped.waitFor({ state: 'visible', timeout: (maxWait + 30) * 1000 });
+    assert.ok(Date.now() - joined >= (maxWait - 2) * 1000, `told after ${Date.now() - joined} ms`);
+    assert.ok(await second.locator('#view-lessons').isVisible(), 'the lessons are shown');
+    const why = await dropped.innerText();
+    assert.match(why, /You waited (an hour|a minute|\d+ (hours|minutes|seconds)) for .+ without a place freeing up; you were taken off the list\./);
+    await shot(second, 'dropped');
+    // One click: back in line, at the end (first: nobody else waits).
+    await second.getByRole('button', { name: 'Join again' }).click();
+    await second.locator('#view-waiting').waitFor({ state: 'visible', timeout: 15000 });
+    assert.equal(await second.locator('#waiting-position').innerText(), '1st');
+    assert.ok(await dropped.isHidden(), 'the reason is gone once back in line');
+    await second.locator('#leave-waitlist').click();
+    await second.locator('#view-lessons').waitFor({ state: 'visible', timeout: 15000 });
+    first.once('dialog', (d) => d.accept());
+    await first.locator('#finish').click();
+    await first.locator('#view-ended').waitFor({ state: 'visible', timeout: 15000 });
   });
 
   await step('the pages logged no errors', async () => {

@@ -42,6 +42,10 @@ struct Args {
     /// How long a freed place is held for the first student on the waitlist (e.g. 2m).
     #[arg(long, env = "TTLAB_WAITLIST_HOLD", default_value = "2m", value_parser = humantime::parse_duration)]
     waitlist_hold: std::time::Duration,
+    /// How long a student waits without a place held for them before they are taken off the
+    /// waitlist (e.g. 1h; their page says why and offers to join again).
+    #[arg(long, env = "TTLAB_WAITLIST_MAX_WAIT", default_value = "1h", value_parser = humantime::parse_duration)]
+    waitlist_max_wait: std::time::Duration,
     /// Most requests answered at once; beyond, 503 `overloaded` at once.
     #[arg(long, env = "TTLAB_MAX_CONCURRENT_REQUESTS", default_value_t = ttlab_api::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
@@ -199,6 +203,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.ops_listen = args.ops_listen;
     config.request_timeout = args.request_timeout;
     config.waitlist_hold = args.waitlist_hold;
+    config.waitlist_max_wait = args.waitlist_max_wait;
     config.cluster_retry_budget = args.cluster_retry_budget;
     config.max_concurrent_requests = args.max_concurrent_requests;
     config.user_rate_limit = ttlab_api::limits::RateLimit {

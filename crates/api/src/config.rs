@@ -34,6 +34,8 @@ pub const DEFAULT_CLUSTER_RETRY_BUDGET: Duration = Duration::from_secs(60);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default of [`ApiConfig::waitlist_hold`].
 pub const DEFAULT_WAITLIST_HOLD: Duration = Duration::from_secs(120);
+/// Default of [`ApiConfig::waitlist_max_wait`]: an hour.
+pub const DEFAULT_WAITLIST_MAX_WAIT: Duration = Duration::from_secs(60 * 60);
 
 /// Default of [`ApiConfig::max_concurrent_requests`].
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
@@ -132,6 +134,10 @@ pub struct ApiConfig {
     /// initContainer: whichever comes first applies them, the other finds nothing to do).
     /// False: the database must be migrated already (tests, the demo).
     pub migrate: bool,
+    /// How long a student waits on the waitlist without a place being held for them before
+    /// they are taken off it (their page says why and offers to join again). Default
+    /// [`DEFAULT_WAITLIST_MAX_WAIT`].
+    pub waitlist_max_wait: Duration,
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -176,6 +182,7 @@ impl ApiConfig {
             cluster_retry_budget: DEFAULT_CLUSTER_RETRY_BUDGET,
             waitlist_hold: DEFAULT_WAITLIST_HOLD,
             migrate: false,
+            waitlist_max_wait: DEFAULT_WAITLIST_MAX_WAIT,
         }
     }
 }

@@ -26,7 +26,7 @@
 //! | `ttlab_provisionings_total` | `runtime`, `outcome` | provisioning runs this replica ended: `ready`, `failed`, or `superseded` (the session was ended by someone else first) |
 //! | `ttlab_gradings_total` | `outcome` | "Check my work" requests: `graded`, `agent_unavailable` (the lab's agent or pod did not answer), `failed` (anything else) |
 //! | `ttlab_console_connections` | `runtime` | terminal connections this replica relays now |
-//! | `ttlab_console_closed_total` | `reason` | terminal connections this replica closed: `browser_closed`, `taken_over`, `session_ended`, `lost` |
+//! | `ttlab_console_closed_total` | `reason` | terminal connections this replica closed: `browser_closed`, `taken_over`, `session_ended`, `lost`, `replica_gone` (the record of a gone replica's console) |
 //! | `ttlab_sessions_past_expiry` | — | live sessions of this environment whose expiry has passed (database clock; read at scrape) |
 //! | `ttlab_sessions_past_expiry_max_seconds` | — | how long ago the expiry of the most overdue of them passed, 0 when none (read at scrape) |
 //! | `ttlab_sessions_terminating` | — | `finishing` sessions of this environment held by objects still terminating (read at scrape) |

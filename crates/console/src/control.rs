@@ -1,7 +1,8 @@
 //! Telling a running relay when to stop: a deadline that can move (an extension) and a close
 //! order with its reason (session finished, console opened elsewhere, server shutdown). And
-//! the page's own control messages on the console WebSocket ([`BrowserControl`]): its
-//! terminal's size.
+//! the control messages on the console WebSocket: the page's own ([`BrowserControl`]: its
+//! terminal's size) and the relay's to the page ([`ConsoleStatus`]: the console is open, a
+//! warning was written).
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -67,6 +68,38 @@ impl BrowserControl {
             Ok(control) => Ok(control),
             Err(e) => Err(e.to_string()),
         })
+    }
+}
+
+/// A message from the relay to the page that is not console output, sent as a text frame
+/// holding a JSON object (console output always travels in binary frames) when
+/// [`RelayConfig::status`](crate::RelayConfig::status) is on:
+///
+/// - `{"type":"connected"}`: the console itself is open (KubeVirt's serial console, or the
+///   pod's shell), not merely the page's WebSocket to the server: from now on what the page
+///   types reaches the lab. Until then the page says it is still connecting.
+/// - `{"type":"warned","leads":[300]}`: a warning line for these lead times before the
+///   deadline (seconds) is written into the terminal right after it (so a page that shows the
+///   line has already taken note of it). A page that reconnects names them (the
+///   server's `warned` query parameter, see [`RelayConfig::warnings_given`](crate::RelayConfig::warnings_given)),
+///   so the same warning is not written again into the same student's terminal.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ConsoleStatus {
+    /// The console is open: keystrokes reach the lab from now on.
+    Connected,
+    /// A warning line was written, for these lead times before the deadline (seconds).
+    Warned {
+        /// The lead times (seconds before the deadline) the line stands for.
+        leads: Vec<u64>,
+    },
+}
+
+impl ConsoleStatus {
+    /// The message as the text frame the page receives.
+    pub fn frame(&self) -> crate::Frame {
+        // A fieldless variant or a list of integers: serialising cannot fail.
+        crate::Frame::Text(serde_json::to_string(self).unwrap_or_default())
     }
 }
 
@@ -245,6 +278,21 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn status_messages_are_json_objects_of_a_type() {
+        assert_eq!(
+            ConsoleStatus::Connected.frame(),
+            crate::Frame::Text(r#"{"type":"connected"}"#.to_owned())
+        );
+        assert_eq!(
+            ConsoleStatus::Warned {
+                leads: vec![300, 60]
+            }
+            .frame(),
+            crate::Frame::Text(r#"{"type":"warned","leads":[300,60]}"#.to_owned())
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ pub enum Frame {
     /// Terminal bytes: keystrokes from the browser, console output to it.
     Binary(Bytes),
     /// Text. From the browser it is taken as its UTF-8 bytes (see [`crate::relay`]); the relay
-    /// never sends text.
+    /// sends text only for its status messages ([`crate::ConsoleStatus`]).
     Text(String),
     /// A ping (the relay's keepalive towards the browser).
     Ping(Bytes),

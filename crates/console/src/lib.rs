@@ -7,7 +7,9 @@
 //! answers "not ready", and closing with a reason the student can read (session expired at
 //! the lifespan's deadline, session finished, console opened in another tab, VM stopped), the
 //! page's terminal size passed on to the console, a redraw on connecting, and the warnings
-//! written into the terminal before the deadline at a safe point of the stream. See
+//! written into the terminal before the deadline at a safe point of the stream, and telling
+//! the page when the console itself is open and which warnings it was shown
+//! ([`ConsoleStatus`]). See
 //! [`relay`](mod@relay) for the rules in detail and [`CloseReason`] for the close codes.
 //!
 //! It refuses to own the I/O on either side: the browser side is any `Sink`/`Stream` of
@@ -75,7 +77,7 @@ mod reason;
 pub mod relay;
 pub mod safe;
 
-pub use control::{BrowserControl, Controller, Controls, TermSize, controls};
+pub use control::{BrowserControl, ConsoleStatus, Controller, Controls, TermSize, controls};
 pub use error::ConsoleError;
 pub use frame::{CloseFrame, Frame, MAX_CLOSE_REASON};
 pub use reason::{CloseReason, LabKind};

@@ -6,13 +6,15 @@
 //!    [`ConsoleError::NotReady`] (KubeVirt's 400 while the VMI boots) it is tried again every
 //!    [`RelayConfig::retry_interval`] for at most [`RelayConfig::boot_wait`], and the terminal
 //!    says what it is waiting for. Keystrokes typed meanwhile are dropped (nothing could read
-//!    them). [`ConsoleError::Stopped`] closes with [`CloseReason::VmStopped`], any other
+//!    them). Once it is open, the page is told ([`ConsoleStatus::Connected`], with
+//!    [`RelayConfig::status`]): until then it says it is still connecting. [`ConsoleError::Stopped`] closes with [`CloseReason::VmStopped`], any other
 //!    error with [`CloseReason::Unavailable`].
 //! 2. **Relaying.** Browser → VM: binary frames are forwarded as they are; a text frame is
 //!    forwarded as its UTF-8 bytes in a binary frame, because KubeVirt silently drops text
 //!    frames — so a client sending text (a debugging tool, an older page) still types instead
 //!    of typing into the void. VM → browser: always binary frames (raw serial bytes; the page
-//!    decodes UTF-8 across frame boundaries). Output that is already waiting is coalesced into
+//!    decodes UTF-8 across frame boundaries); the relay's own status messages
+//!    ([`ConsoleStatus`]) are the only text frames. Output that is already waiting is coalesced into
 //!    frames of at most [`RelayConfig::max_frame`] bytes.
 //!    A text frame that is a control message ([`BrowserControl`]: the page's terminal size) is
 //!    not typed: the relay gives the newest size to [`Upstream::resize`] (one call at a time;
@@ -28,8 +30,11 @@
 //!    1 minute by default) a line saying how long is left is written into the terminal, only
 //!    at a [`Boundary`](crate::safe::Boundary) of the console's output (never inside an escape
 //!    sequence or a UTF-8 character: it waits for the sequence to end). A console opened
-//!    past a warning's instant shows it once the redraw is done (which would wipe it); an
-//!    extension re-arms the warnings it moved past.
+//!    past a warning's instant shows it once the redraw is done (which would wipe it), unless
+//!    the page was already shown it ([`RelayConfig::warnings_given`]: a reconnect or a reload
+//!    does not repeat it); an extension re-arms the warnings it moved past. With
+//!    [`RelayConfig::status`] the page is told which warnings were written
+//!    ([`ConsoleStatus::Warned`]).
 //! 5. **Backpressure.** Nothing is queued without bound: the relay holds at most one frame in
 //!    each direction and reads the next only when the previous one was accepted, so a slow
 //!    browser slows the reading of the console (TCP pushes back to KubeVirt) and a slow console
@@ -66,7 +71,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    BrowserControl, CloseFrame, CloseReason, ConsoleError, Controls, Frame, LabKind, TermSize,
+    BrowserControl, CloseFrame, CloseReason, ConsoleError, ConsoleStatus, Controls, Frame, LabKind,
+    TermSize,
 };
 use pump::{Counters, Ended, pump};
 
@@ -141,6 +147,13 @@ pub struct RelayConfig {
     pub redraw_settle: Duration,
     /// How long before the deadline a warning line is written into the terminal.
     pub warnings: Vec<Duration>,
+    /// Warnings (of [`RelayConfig::warnings`]) the page was already shown for the current
+    /// deadline, by an earlier connection: not written again unless an extension moves the
+    /// deadline back past them.
+    pub warnings_given: Vec<Duration>,
+    /// Whether the page gets the relay's status messages ([`ConsoleStatus`], text frames):
+    /// the console is open, a warning was written. Default off (binary frames only).
+    pub status: bool,
 }
 
 impl Default for RelayConfig {
@@ -160,6 +173,8 @@ impl Default for RelayConfig {
             redraw_wait: Duration::from_secs(1),
             redraw_settle: Duration::from_millis(500),
             warnings: vec![Duration::from_secs(5 * 60), Duration::from_secs(60)],
+            warnings_given: Vec::new(),
+            status: false,
         }
     }
 }
@@ -348,6 +363,9 @@ async fn open<U: Upstream>(
                         config,
                     )
                     .await;
+                }
+                if config.status {
+                    send_quietly(&mut browser.to, ConsoleStatus::Connected.frame(), config).await;
                 }
                 if let Some(text) = &config.connected_message {
                     send_quietly(&mut browser.to, Frame::Binary(notice(text)), config).await;

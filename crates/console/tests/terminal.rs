@@ -435,3 +435,68 @@ async fn after_waiting_for_a_booting_console_keystrokes_flow_and_the_size_is_app
         vec![TermSize { cols: 90, rows: 38 }]
     );
 }
+
+/// The next frame that is not a ping.
+async fn next_frame(h: &mut Harness) -> Option<Frame> {
+    loop {
+        match h.sees.next().await {
+            Some(Frame::Ping(_)) => {}
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_page_is_told_when_the_console_opens_and_which_warnings_it_was_shown() {
+    let config = RelayConfig {
+        status: true,
+        // The test's browser answers no pings.
+        browser_timeout: Duration::from_secs(3600),
+        ..RelayConfig::default()
+    };
+    // Not ready for two attempts: the page reads the waiting line, and only then that the
+    // console is open.
+    let start_at = Instant::now();
+    let mut h = start(config.clone(), Some(start_at + Duration::from_secs(180)), 2);
+    let mut waited = String::new();
+    loop {
+        match next_frame(&mut h).await {
+            Some(Frame::Binary(b)) => waited.push_str(&String::from_utf8_lossy(&b)),
+            Some(Frame::Text(t)) => {
+                assert_eq!(t, r#"{"type":"connected"}"#, "after {waited:?}");
+                break;
+            }
+            other => panic!("waiting for the console after {waited:?}, got {other:?}"),
+        }
+    }
+    assert!(waited.contains("Waiting for"), "{waited:?}");
+    assert!(Instant::now() - start_at >= Duration::from_secs(2));
+    let (_keys, _out) = h.consoles.next().await.unwrap();
+    // With 3 minutes left the 5-minute warning is written, the page told just before.
+    assert_eq!(
+        next_frame(&mut h).await,
+        Some(Frame::Text(r#"{"type":"warned","leads":[300]}"#.into()))
+    );
+    h.read_until("3 minutes left").await;
+
+    // A page that was shown it reconnects: not written again; the next one comes.
+    let config = RelayConfig {
+        warnings_given: vec![Duration::from_secs(300)],
+        ..config
+    };
+    let start_at = Instant::now();
+    let mut h = start(config, Some(start_at + Duration::from_secs(180)), 0);
+    assert_eq!(
+        next_frame(&mut h).await,
+        Some(Frame::Text(r#"{"type":"connected"}"#.into()))
+    );
+    let (_keys, _out) = h.consoles.next().await.unwrap();
+    assert_eq!(
+        next_frame(&mut h).await,
+        Some(Frame::Text(r#"{"type":"warned","leads":[60]}"#.into()))
+    );
+    assert_eq!(Instant::now() - start_at, Duration::from_secs(120));
+    let text = h.read_until("left in this lab").await;
+    assert!(text.contains("1 minute left"), "{text:?}");
+    assert!(!text.contains("minutes left"), "{text:?}");
+}

@@ -7,6 +7,11 @@
 //! opened in another tab, perhaps on another replica). A close is conditional on the
 //! connection id, so the late close of a replaced connection never marks the newer one
 //! closed. Times are the database clock's.
+//!
+//! The replica relaying a console marks its row seen every few seconds
+//! ([`ConsoleConnections::seen`]); a row left open by a replica that stopped doing so (it
+//! crashed or was killed, and could not record the close) is closed by any other replica
+//! with [`ConsoleClosedWhy::ReplicaGone`] ([`ConsoleConnections::close_unseen`]).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -36,6 +41,9 @@ pub enum ConsoleClosedWhy {
     /// The connection broke: to the VM's console, to an unresponsive browser, or the server
     /// stopped.
     Lost,
+    /// The server replica relaying it is gone (it crashed or was killed without recording
+    /// the close): another replica found the row no longer seen.
+    ReplicaGone,
 }
 
 impl ConsoleClosedWhy {
@@ -45,9 +53,11 @@ impl ConsoleClosedWhy {
         Self::TakenOver,
         Self::SessionEnded,
         Self::Lost,
+        Self::ReplicaGone,
     ];
 
-    /// The name stored and shown: `browser_closed`, `taken_over`, `session_ended`, `lost`.
+    /// The name stored and shown: `browser_closed`, `taken_over`, `session_ended`, `lost`,
+    /// `replica_gone`.
     pub fn as_str(self) -> &'static str {
         self.into()
     }
@@ -132,7 +142,7 @@ impl<'a> ConsoleConnections<'a> {
              ON CONFLICT (session_id, node) DO UPDATE SET \
                 connection_id = EXCLUDED.connection_id, user_id = EXCLUDED.user_id, \
                 replica = EXCLUDED.replica, opened_at = now(), closed_at = NULL, \
-                closed_why = NULL \
+                closed_why = NULL, seen_at = now() \
              RETURNING {COLUMNS}"
         );
         let (client, statement) = self
@@ -185,6 +195,43 @@ impl<'a> ConsoleConnections<'a> {
             .await
             .map_err(StoreError::query("recording a console's close"))?;
         Ok(n == 1)
+    }
+
+    /// Marks the open rows of `connections` (the consoles a replica relays now) seen now.
+    /// How many rows were marked.
+    pub async fn seen(&self, connections: &[Uuid]) -> Result<u64, StoreError> {
+        const WHAT: &str = "marking console connections seen";
+        if connections.is_empty() {
+            return Ok(0);
+        }
+        let sql = "UPDATE console_connections SET seen_at = now() \
+                   WHERE connection_id = ANY($1) AND closed_at IS NULL";
+        let (client, statement) = self.store.prepared(WHAT, sql).await?;
+        client
+            .execute(&statement, &[&connections])
+            .await
+            .map_err(StoreError::query(WHAT))
+    }
+
+    /// Closes, with [`ConsoleClosedWhy::ReplicaGone`], every open row not seen for `unseen`
+    /// (its replica stopped marking it: it is gone). The rows closed.
+    pub async fn close_unseen(
+        &self,
+        unseen: std::time::Duration,
+    ) -> Result<Vec<ConsoleConnection>, StoreError> {
+        const WHAT: &str = "closing the consoles of a replica that is gone";
+        let millis = unseen.as_secs_f64() * 1000.0;
+        let sql = format!(
+            "UPDATE console_connections SET closed_at = now(), closed_why = 'replica_gone' \
+             WHERE closed_at IS NULL AND seen_at < now() - $1::float8 * interval '1 millisecond' \
+             RETURNING {COLUMNS}"
+        );
+        let (client, statement) = self.store.prepared(WHAT, &sql).await?;
+        let rows = client
+            .query(&statement, &[&millis])
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter().map(ConsoleConnection::from_row).collect()
     }
 
     /// The console connections of `session`, one per node that ever had one, by node name.

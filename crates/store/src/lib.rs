@@ -423,8 +423,9 @@ mod tests {
             (ConsoleClosedWhy::TakenOver, "taken_over"),
             (ConsoleClosedWhy::SessionEnded, "session_ended"),
             (ConsoleClosedWhy::Lost, "lost"),
+            (ConsoleClosedWhy::ReplicaGone, "replica_gone"),
         ]);
-        assert_eq!(ConsoleClosedWhy::ALL.len(), 4);
+        assert_eq!(ConsoleClosedWhy::ALL.len(), 5);
         names_read_back(&[
             (CycleTrigger::Startup, "startup"),
             (CycleTrigger::Timer, "timer"),

@@ -278,7 +278,7 @@ impl Demo {
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let url = format!("http://{listen}");
         let mut common: Vec<(&str, OsString)> = vec![
-            ("DATABASE_URL", database_url.into()),
+            ("DATABASE_URL", database_url.clone().into()),
             ("KUBECONFIG", kubeconfig.clone().into()),
             ("TTLAB_ENV", env.as_str().into()),
             ("TTLAB_NAMESPACE", args.namespace.clone().into()),
@@ -382,6 +382,8 @@ impl Demo {
             args.namespace
         ));
         banner.push_str(&format!("  postgres: {}\n", database_dir.display()));
+        // Another server replica joins the demo with this (and the kubeconfig above).
+        banner.push_str(&format!("  database: {database_url}\n"));
         banner.push_str(&format!(
             "  data:     {} (removed on exit)\n",
             data_dir.display()

@@ -27,10 +27,18 @@
 //!   is set on the VM's serial console through its agent, or on the pod shell's TTY through
 //!   the exec's resize channel, on connecting and on every resize; a VM's console is then
 //!   redrawn (Ctrl-L) so a (re)connected student sees the prompt at once.
-//! - Warnings are written into the terminal 5 minutes and 1 minute before the expiry.
+//! - The page is told, in a text frame, when the console itself is open
+//!   (`{"type":"connected"}`, `ttlab_console::ConsoleStatus`): a WebSocket to the server is
+//!   not yet a connection to the VM, which may still be booting or unreachable.
+//! - Warnings are written into the terminal 5 minutes and 1 minute before the expiry, and the
+//!   page is told first (`{"type":"warned","leads":[300]}`). A page that reconnects names the
+//!   warnings it was already shown for the current expiry (`&warned=300,60`, lead times in
+//!   seconds): they are not written again (an extension re-arms them).
 //! - Each console's owner is recorded in PostgreSQL (`console_connections`: the user, this
 //!   replica's name, when it opened, when and why it closed) for the admin's session view. A
-//!   failure to record is logged and never closes the console.
+//!   failure to record is logged and never closes the console. The replica marks its open
+//!   consoles' records seen every 10 s; the records of a replica that stopped doing so (it
+//!   crashed or was killed) are closed by another one as `replica_gone`.
 //!
 //! Nothing here needs sticky sessions: a ticket issued by one replica opens the console on
 //! another, and a console opened on one replica closes the one open on another.
@@ -202,6 +210,11 @@ impl Consoles {
         let _ = tokio::time::timeout(limit, wait).await;
     }
 
+    /// The connection ids of the open consoles.
+    fn connections(&self) -> Vec<Uuid> {
+        lock(&self.open).values().map(|o| o.id).collect()
+    }
+
     fn sessions(&self) -> BTreeSet<SessionId> {
         lock(&self.open).keys().map(|(s, _)| *s).collect()
     }
@@ -334,6 +347,25 @@ fn unknown_node(s: &Session, name: &str) -> ApiError {
 struct ConsoleQuery {
     ticket: Option<String>,
     node: Option<String>,
+    /// The warnings the page was already shown for the session's current expiry: lead times
+    /// in seconds, comma-separated (`300,60`).
+    warned: Option<String>,
+}
+
+/// The lead times of a `warned` query parameter (`300,60`); why not, for anything else.
+fn warned_leads(text: &str) -> Result<Vec<Duration>, String> {
+    text.split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map(|s| Duration::from_secs(u64::from(s)))
+                .map_err(|_| {
+                    format!(
+                        "warned must list lead times in whole seconds, comma-separated (like 300,60); got {text:?}"
+                    )
+                })
+        })
+        .collect()
 }
 
 async fn console(
@@ -371,6 +403,8 @@ struct Target {
     node: String,
     object: String,
     deadline: Instant,
+    /// The warnings the page was already shown for the current expiry.
+    warned: Vec<Duration>,
 }
 
 async fn prepare(
@@ -380,6 +414,8 @@ async fn prepare(
 ) -> Result<Target, Response> {
     let Query(query) =
         query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()).into_response())?;
+    let warned = warned_leads(query.warned.as_deref().unwrap_or_default())
+        .map_err(|why| ApiError::bad_request("invalid_query", why).into_response())?;
     let Some(value) = query.ticket else {
         return Err(refuse(
             StatusCode::FORBIDDEN,
@@ -462,6 +498,7 @@ async fn prepare(
         node: vm.node.to_string(),
         object: vm.name.clone(),
         deadline: instant_of(session.expires_at, now),
+        warned,
     })
 }
 
@@ -504,6 +541,10 @@ fn start(
             Runtime::Vm => LabKind::Vm,
             Runtime::Pod => LabKind::Container,
         },
+        // The page says "Connected" only once the console itself is open, and remembers the
+        // warnings it was shown.
+        status: true,
+        warnings_given: target.warned.clone(),
         ..RelayConfig::default()
     };
     let cluster = Arc::clone(state.cluster());
@@ -676,6 +717,17 @@ impl Drop for CloseAllOnDrop {
             consoles.close_all(&CloseReason::ServerShutdown);
         }
     }
+}
+
+/// Marks the records of this replica's open consoles seen (a replica that stops doing so is
+/// taken for gone, and its records closed: `console_replicas`).
+pub(crate) async fn mark_seen(state: &AppState, consoles: &Consoles) -> Result<(), ApiError> {
+    state
+        .store()
+        .console_connections()
+        .seen(&consoles.connections())
+        .await?;
+    Ok(())
 }
 
 /// Re-reads the sessions of open consoles (one query for all live ones) and applies them.

@@ -485,6 +485,16 @@ pub(super) struct WaitlistView {
     /// While a place is held for them: whole seconds left to take it.
     #[serde(skip_serializing_if = "Option::is_none")]
     hold_seconds_left: Option<i64>,
+    /// While they wait without a hold: when they are taken off the list if no place frees
+    /// for them by then (`TTLAB_WAITLIST_MAX_WAIT` after joining).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leaves_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// While they wait without a hold: whole seconds until `leaves_at` (at least 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leaves_in_seconds: Option<i64>,
+    /// While they wait: the longest wait without a hold, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_wait_seconds: Option<u64>,
 }
 
 impl WaitlistView {
@@ -507,10 +517,18 @@ pub(super) async fn waitlist_view(
             enqueued_at: None,
             held_until: None,
             hold_seconds_left: None,
+            leaves_at: None,
+            leaves_in_seconds: None,
+            max_wait_seconds: None,
         });
     };
     let now = state.store().db_now().await?;
     let held_until = entry.hold_until.filter(|h| *h > now);
+    let max_wait = state.config().waitlist_max_wait;
+    let leaves_at = chrono::TimeDelta::from_std(max_wait)
+        .ok()
+        .and_then(|wait| entry.enqueued_at.checked_add_signed(wait))
+        .filter(|_| entry.hold_until.is_none());
     Ok(WaitlistView {
         waiting: true,
         lesson: Some(entry.lesson.to_string()),
@@ -518,6 +536,9 @@ pub(super) async fn waitlist_view(
         enqueued_at: Some(entry.enqueued_at),
         held_until,
         hold_seconds_left: held_until.map(|h| (h - now).num_seconds()),
+        leaves_at,
+        leaves_in_seconds: leaves_at.map(|at| (at - now).num_seconds().max(0)),
+        max_wait_seconds: Some(max_wait.as_secs()),
     })
 }
 

@@ -176,9 +176,6 @@ async fn open_vm_session(
     ))
 }
 
-/// Entries that waited this long without a hold are removed (the student has surely gone).
-pub(crate) const WAITLIST_MAX_WAIT: Duration = Duration::from_secs(60 * 60);
-
 /// Gives waitlist holds for the places free now: under the capacity lock (so no start and
 /// no other replica's grant counts at the same time), counts the places sessions and VMs
 /// take as the capacity check does, and lets the store grant them first in line first,
@@ -193,7 +190,12 @@ pub(crate) async fn grant_waitlist(state: &AppState) -> Result<ttlab_store::Gran
     let report = state
         .store()
         .waitlist()
-        .grant(free, now, state.config().waitlist_hold, WAITLIST_MAX_WAIT)
+        .grant(
+            free,
+            now,
+            state.config().waitlist_hold,
+            state.config().waitlist_max_wait,
+        )
         .await?;
     guard.rollback().await?;
     Ok(report)

@@ -2,7 +2,9 @@
 //! ([`crate::console::apply_changes`]: one query for all of them), on every change hint after
 //! [`DEBOUNCE`] (hints arriving together are applied once) and at least every [`FALLBACK`].
 //! Started with the first console ticket this server issues (its first pass, before the
-//! console opens, has nothing to do); when the server stops, every console is told so.
+//! console opens, has nothing to do); when the server stops, every console is told so. Each
+//! pass also marks this replica's open consoles seen in their records, so that no other
+//! replica takes them for a gone replica's (`console_replicas`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -55,6 +57,12 @@ impl BackgroundTask for ConsoleSessions {
         };
         crate::console::apply_changes(&self.state, &consoles)
             .await
-            .map_err(|e| Failure::new(format!("cannot re-read the sessions of open consoles: {e}")))
+            .map_err(|e| {
+                Failure::new(format!("cannot re-read the sessions of open consoles: {e}"))
+            })?;
+        // This replica is alive: its consoles' records stay open (see `console_replicas`).
+        crate::console::mark_seen(&self.state, &consoles)
+            .await
+            .map_err(|e| Failure::new(format!("cannot mark the open consoles seen: {e}")))
     }
 }

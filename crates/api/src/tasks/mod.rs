@@ -15,6 +15,7 @@
 //! | [`adoption`] | every 5 s, from 5 s after the database first answered | resumes abandoned provisioning |
 //! | [`console_sessions`] | every 10 s and on hints, from the first console ticket | closes and re-times open consoles |
 //! | [`console_takeovers`] | continuously, from the first console ticket | closes consoles opened elsewhere |
+//! | [`console_replicas`] | every 10 s | closes the console records of a replica that is gone |
 //! | [`agent_keeper`] | at start and every 5 min (`ttlab-server` starts it) | the agent version's sighting |
 //!
 //! Each file is the loop and its status; the work it does stays where it lives (the saga's
@@ -25,6 +26,7 @@
 pub mod adoption;
 pub mod agent_keeper;
 pub mod cluster_probe;
+pub mod console_replicas;
 pub mod console_sessions;
 pub mod console_takeovers;
 pub mod database;
@@ -61,8 +63,9 @@ fn started(registered: Result<(), BackgroundError>) -> Result<(), ApiError> {
 }
 
 /// Starts the tasks every server runs from the start: the database check, the cluster
-/// probe, the hub, the waitlist and the pool refiller. None needs the database to answer
-/// now: each fails and is retried with [`RESTART_BACKOFF`] until it does.
+/// probe, the hub, the waitlist, the pool refiller and the console records' sweep. None needs
+/// the database to answer now: each fails and is retried with [`RESTART_BACKOFF`] until it
+/// does.
 pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     // Subscribed before the hub connects, so they see its first hint.
     let waitlist_hints = state.subscribe();
@@ -89,6 +92,12 @@ pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     started(driver.register(
         waitlist::spec().triggered_by(waitlist_hints),
         waitlist::Waitlist {
+            state: state.clone(),
+        },
+    ))?;
+    started(driver.register(
+        console_replicas::spec(),
+        console_replicas::ConsoleReplicas {
             state: state.clone(),
         },
     ))?;

@@ -54,7 +54,18 @@ async fn refused(url: String) -> (u16, Value) {
     }
 }
 
-/// Terminal text until `needle` appears (bounded).
+/// A status message of the server (the only text frames it sends), as the terminal text
+/// read records it: `⟨{"type":"connected"}⟩`.
+fn status(text: &str) -> String {
+    assert!(
+        text.starts_with(r#"{"type":""#),
+        "a text frame that is not a status message: {text:?}"
+    );
+    format!("⟨{text}⟩")
+}
+
+/// Terminal text until `needle` appears (bounded); status messages appear in it as
+/// [`status`] writes them.
 async fn read_until(ws: &mut Ws, needle: &str) -> String {
     let mut text = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -64,6 +75,7 @@ async fn read_until(ws: &mut Ws, needle: &str) -> String {
             .unwrap_or_else(|_| panic!("no {needle:?} in {text:?}"));
         match msg {
             Some(Ok(Message::Binary(b))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => text.push_str(&status(&t)),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             other => panic!("waiting for {needle:?} after {text:?}: {other:?}"),
         }
@@ -81,6 +93,7 @@ async fn read_to_close(ws: &mut Ws, within: Duration) -> (String, u16, String, I
             .unwrap_or_else(|_| panic!("no Close frame after {text:?}"));
         match msg {
             Some(Ok(Message::Binary(b))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => text.push_str(&status(&t)),
             Some(Ok(Message::Close(Some(close)))) => {
                 return (
                     text,
@@ -111,6 +124,12 @@ async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upg
     let text = read_until(&mut ws, ":~# ").await;
     assert!(text.contains("login: root (automatic login)"), "{text:?}");
     assert!(text.contains("Connected to the console of"), "{text:?}");
+    // The page is told once the console itself is open, before anything of the VM's.
+    let connected = text.find(r#"⟨{"type":"connected"}⟩"#);
+    assert!(
+        connected.is_some_and(|at| at < text.find("Connected to the console of").unwrap()),
+        "{text:?}"
+    );
     let host = text
         .rsplit("root@")
         .next()
@@ -201,6 +220,48 @@ async fn the_owner_gets_a_root_shell_and_everyone_else_is_refused_before_the_upg
         .expect("the ticket still opens the console after plain GETs");
     read_until(&mut after, "Connected to the console of").await;
     drop(after);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_warning_the_page_was_shown_is_not_written_again_when_it_reconnects() {
+    let w = World::new().await;
+    let s = w.server(policy(240, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    // Under 5 minutes left: the first console writes the warning and tells the page.
+    let mut ws = open(&s, &sid, &alice).await;
+    let text = read_until(&mut ws, "minutes left in this lab").await;
+    let told = text.find(r#"⟨{"type":"warned","leads":[300]}⟩"#);
+    assert!(
+        told.is_some_and(|at| at < text.find("minutes left in this lab").unwrap()),
+        "{text:?}"
+    );
+    ws.close(None).await.unwrap();
+
+    // The page reconnects naming it: the console opens without it.
+    let t = ticket(&s, &sid, &alice).await;
+    let url = format!("{}&warned=300", t["url"].as_str().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url(&s, &url))
+        .await
+        .expect("console opens");
+    read_until(&mut ws, r#"⟨{"type":"connected"}⟩"#).await;
+    // Past the redraw and its settling, after which a warning due would be written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    type_line(&mut ws, "echo done-$((6*7))").await;
+    let text = read_until(&mut ws, "done-42").await;
+    assert!(!text.contains("left in this lab"), "{text:?}");
+    assert!(!text.contains("warned"), "{text:?}");
+    ws.close(None).await.unwrap();
+
+    // A `warned` that is not a list of seconds is refused before the upgrade.
+    let t = ticket(&s, &sid, &alice).await;
+    let url = format!("{}&warned=soon", t["url"].as_str().unwrap());
+    let (status, body) = refused(ws_url(&s, &url)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalid_query")),
+        "{body}"
+    );
     s.stop().await;
 }
 
@@ -335,6 +396,9 @@ async fn a_crashed_guest_is_restarting_not_stopped_and_its_console_comes_back() 
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, ws.next()).await {
             Ok(Some(Ok(Message::Binary(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(Ok(Message::Text(t)))) => {
+                status(&t);
+            }
             Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
             Ok(Some(Ok(Message::Close(close)))) => {
                 assert!(!seen.contains("The VM has stopped."), "{seen:?} {close:?}");
@@ -413,6 +477,9 @@ async fn prompt(s: &Running, sid: &str, token: &str) -> Ws {
                         return ws;
                     }
                 }
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    status(&t);
+                }
                 Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
                 Ok(Some(Ok(Message::Close(_)))) | Ok(None) => break,
                 other => panic!("no prompt from the guest after {seen:?}: {other:?}"),
@@ -434,6 +501,9 @@ async fn first_words(s: &Running, sid: &str, token: &str) -> String {
                     let line = text[..end].rsplit("[ttlab] ").next().unwrap_or_default();
                     return line.to_owned();
                 }
+            }
+            Ok(Some(Ok(Message::Text(t)))) => {
+                status(&t);
             }
             Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
             Ok(Some(Ok(Message::Close(close)))) => {
@@ -999,5 +1069,57 @@ async fn the_admin_sees_who_holds_the_console_and_when_it_closed() {
         at(&closed["closed_at"]) >= at(&closed["opened_at"]),
         "{closed}"
     );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_console_record_of_a_replica_that_is_gone_is_closed_as_replica_gone() {
+    let w = World::new().await;
+    let s = w.server(policy(3600, 4 * 3600, 3), 8).await;
+    let (sid, alice) = start_running(&s, "alice", "quick").await;
+    // A console this replica relays: it marks its record seen, which stays open.
+    let mut ws = open(&s, &sid, &alice).await;
+    read_until(&mut ws, ":~# ").await;
+    // Bob's console was relayed by a replica that crashed: its record stays open, and
+    // nobody marks it seen any more. (A replica stopped in-process still closes its consoles
+    // on the way out; the record of a killed process is what this stands for.)
+    let (bob_sid, _bob) = start_running(&s, "bob", "quick").await;
+    let store = w.db.store().await.unwrap();
+    store
+        .console_connections()
+        .opened(
+            bob_sid.parse().unwrap(),
+            &"vm".parse().unwrap(),
+            uuid::Uuid::new_v4(),
+            &ttlab_model::UserId::new("bob").unwrap(),
+            "crashed-replica",
+        )
+        .await
+        .unwrap();
+    let recorded = Instant::now();
+    let deadline = recorded + Duration::from_secs(60);
+    let closed = loop {
+        let owners = console_owners(&s, &bob_sid).await;
+        if !owners[0]["closed_at"].is_null() {
+            break owners[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still open a minute after its replica stopped marking it: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(closed["closed_why"], "replica_gone", "{closed}");
+    assert_eq!(closed["replica"], "crashed-replica", "{closed}");
+    assert!(
+        recorded.elapsed() >= Duration::from_secs(25),
+        "closed {:?} after it was last seen",
+        recorded.elapsed()
+    );
+    // The live replica's console is still open, and says so.
+    let owners = console_owners(&s, &sid).await;
+    assert_eq!(owners[0]["closed_at"], Value::Null, "{owners:?}");
+    type_line(&mut ws, "whoami").await;
+    read_until(&mut ws, "\r\nroot\r\n").await;
     s.stop().await;
 }

@@ -108,6 +108,12 @@ async fn the_first_to_wait_gets_the_freed_place_whichever_replica_they_asked() {
     assert_eq!(v["waiting"], true);
     assert_eq!(v["position"], 1, "{v}");
     assert!(v.get("held_until").is_none(), "{v}");
+    // Without a hold, the place lapses after the longest wait (an hour by default): the page
+    // tells the student why when it does.
+    assert_eq!(v["max_wait_seconds"], 3600, "{v}");
+    let leaves = v["leaves_in_seconds"].as_i64().unwrap();
+    assert!((3590..=3600).contains(&leaves), "{v}");
+    assert!(v["leaves_at"].is_string(), "{v}");
     let (status, v) = join(&a, "carol", "quick").await;
     assert_eq!(status, 201, "{v}");
     assert_eq!(v["position"], 2, "{v}");
@@ -136,6 +142,8 @@ async fn the_first_to_wait_gets_the_freed_place_whichever_replica_they_asked() {
     assert_eq!(held["position"], 1, "{held}");
     let left = held["hold_seconds_left"].as_i64().unwrap();
     assert!((50..=60).contains(&left), "{held}");
+    // A held place no longer lapses by waiting.
+    assert!(held.get("leaves_at").is_none(), "{held}");
 
     // During the hold, nobody else takes the place: not the second in line, not a newcomer
     // (on either replica).

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::control::Deadlines;
 use crate::safe::Inserter;
-use crate::{BrowserControl, CloseReason, Controls, Frame, TermSize};
+use crate::{BrowserControl, CloseReason, ConsoleStatus, Controls, Frame, TermSize};
 
 /// What the parts of a relay share: the bytes each way, and when the browser was last heard
 /// from.
@@ -121,7 +121,7 @@ async fn guest_to_browser(
     let mut ping =
         tokio::time::interval_at(counters.epoch + config.ping_interval, config.ping_interval);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warnings = Warnings::new(&config.warnings);
+    let mut warnings = Warnings::new(&config.warnings, &config.warnings_given);
     let mut inserter = Inserter::new();
     loop {
         let deadline = deadlines.current();
@@ -182,13 +182,24 @@ async fn warn_if_due(
 ) -> Result<Option<Instant>, CloseReason> {
     let now = Instant::now();
     let remaining = deadline.saturating_duration_since(now);
-    if warnings.due(remaining)
-        && !remaining.is_zero()
-        && let Some(line) = inserter.insert(notice(&warning_text(remaining)))
-    {
-        let len = line.len() as u64;
-        send(to_browser, Frame::Binary(line), config.write_timeout).await?;
-        counters.to_browser.fetch_add(len, Ordering::Relaxed);
+    let due = warnings.due(remaining);
+    if !due.is_empty() && !remaining.is_zero() {
+        // The page hears of the warning before it shows: a page that shows it has taken note
+        // of it, whenever it reloads.
+        if config.status {
+            let leads = due.iter().map(Duration::as_secs).collect();
+            send(
+                to_browser,
+                ConsoleStatus::Warned { leads }.frame(),
+                config.write_timeout,
+            )
+            .await?;
+        }
+        if let Some(line) = inserter.insert(notice(&warning_text(remaining))) {
+            let len = line.len() as u64;
+            send(to_browser, Frame::Binary(line), config.write_timeout).await?;
+            counters.to_browser.fetch_add(len, Ordering::Relaxed);
+        }
     }
     Ok(warnings.next_in(remaining).map(|wait| now + wait))
 }

@@ -11,26 +11,27 @@ pub(super) struct Warnings {
 }
 
 impl Warnings {
-    pub(super) fn new(leads: &[Duration]) -> Self {
+    /// The warnings of `leads`, those of `given` already given (to an earlier connection).
+    pub(super) fn new(leads: &[Duration], given: &[Duration]) -> Self {
         Self {
             leads: leads
                 .iter()
                 .filter(|l| !l.is_zero())
-                .map(|&l| (l, false))
+                .map(|&l| (l, given.contains(&l)))
                 .collect(),
         }
     }
 
-    /// With `remaining` before the deadline: whether a warning is due now (one line for all
-    /// that fell due together). Marks them given.
-    pub(super) fn due(&mut self, remaining: Duration) -> bool {
-        let mut due = false;
+    /// With `remaining` before the deadline: the warnings due now (one line for all that fell
+    /// due together; empty when none is). Marks them given.
+    pub(super) fn due(&mut self, remaining: Duration) -> Vec<Duration> {
+        let mut due = Vec::new();
         for (lead, given) in &mut self.leads {
             if remaining > *lead {
                 *given = false;
             } else if !*given {
                 *given = true;
-                due = true;
+                due.push(*lead);
             }
         }
         due
@@ -67,21 +68,37 @@ mod tests {
 
     #[test]
     fn warnings_fall_due_once_each_and_an_extension_re_arms_them() {
-        let mut w = Warnings::new(&[5 * MIN, MIN]);
-        assert!(!w.due(10 * MIN));
+        let mut w = Warnings::new(&[5 * MIN, MIN], &[]);
+        assert!(w.due(10 * MIN).is_empty());
         assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
-        assert!(w.due(5 * MIN));
-        assert!(!w.due(5 * MIN - Duration::from_secs(1)));
+        assert_eq!(w.due(5 * MIN), vec![5 * MIN]);
+        assert!(w.due(5 * MIN - Duration::from_secs(1)).is_empty());
         assert_eq!(w.next_in(4 * MIN), Some(3 * MIN));
-        assert!(w.due(MIN));
+        assert_eq!(w.due(MIN), vec![MIN]);
         assert_eq!(w.next_in(MIN / 2), None);
         // Extended by ten minutes: both come again.
-        assert!(!w.due(10 * MIN));
+        assert!(w.due(10 * MIN).is_empty());
         assert_eq!(w.next_in(10 * MIN), Some(5 * MIN));
         // Opened with 3 minutes left: the 5-minute warning at once, then the last one.
-        let mut w = Warnings::new(&[5 * MIN, MIN]);
-        assert!(w.due(3 * MIN));
+        let mut w = Warnings::new(&[5 * MIN, MIN], &[]);
+        assert_eq!(w.due(3 * MIN), vec![5 * MIN]);
         assert_eq!(w.next_in(3 * MIN), Some(2 * MIN));
+        // Opened with 30 s left: one line for both.
+        let mut w = Warnings::new(&[5 * MIN, MIN], &[]);
+        assert_eq!(w.due(MIN / 2), vec![5 * MIN, MIN]);
+    }
+
+    #[test]
+    fn warnings_already_given_are_not_given_again_until_an_extension_re_arms_them() {
+        // Reconnected with 3 minutes left after the page was shown the 5-minute warning.
+        let mut w = Warnings::new(&[5 * MIN, MIN], &[5 * MIN]);
+        assert!(w.due(3 * MIN).is_empty());
+        assert_eq!(w.next_in(3 * MIN), Some(2 * MIN));
+        assert_eq!(w.due(MIN), vec![MIN]);
+        // Extended: the 5-minute warning comes again.
+        let mut w = Warnings::new(&[5 * MIN, MIN], &[5 * MIN]);
+        assert!(w.due(10 * MIN).is_empty());
+        assert_eq!(w.due(5 * MIN), vec![5 * MIN]);
     }
 
     #[test]

@@ -152,3 +152,41 @@ async fn a_console_needs_a_replica_name() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn an_open_row_no_longer_seen_is_closed_as_its_replica_gone() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let now = store.db_now().await.unwrap();
+    let s = running(&store, "alice", now).await;
+    let consoles = store.console_connections();
+    let alice = UserId::new("alice").unwrap();
+    let (vm, worker): (NodeName, NodeName) = ("vm".parse().unwrap(), "worker".parse().unwrap());
+    let (alive, gone) = (Uuid::new_v4(), Uuid::new_v4());
+    consoles
+        .opened(s.id, &vm, alive, &alice, "alive")
+        .await
+        .unwrap();
+    consoles
+        .opened(s.id, &worker, gone, &alice, "gone")
+        .await
+        .unwrap();
+    let pause = std::time::Duration::from_millis(300);
+    tokio::time::sleep(pause).await;
+    // The live replica marks its console seen; the other one no longer does.
+    assert_eq!(consoles.seen(&[alive]).await.unwrap(), 1);
+    assert_eq!(consoles.seen(&[]).await.unwrap(), 0);
+    let closed = consoles.close_unseen(pause / 2).await.unwrap();
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    assert_eq!(closed[0].connection, gone);
+    assert_eq!(closed[0].closed_why, Some(ConsoleClosedWhy::ReplicaGone));
+    assert!(closed[0].closed_at.is_some());
+    let rows = consoles.for_session(s.id).await.unwrap();
+    assert_eq!(rows[0].closed_at, None, "the seen one stays open: {rows:?}");
+    assert_eq!(rows[1].closed_why, Some(ConsoleClosedWhy::ReplicaGone));
+    // A closed row is not marked seen, nor closed again.
+    assert_eq!(consoles.seen(&[gone]).await.unwrap(), 0);
+    tokio::time::sleep(pause).await;
+    assert_eq!(consoles.seen(&[alive]).await.unwrap(), 1);
+    assert!(consoles.close_unseen(pause / 2).await.unwrap().is_empty());
+}
