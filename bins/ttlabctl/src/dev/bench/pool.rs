@@ -646,12 +646,14 @@ impl Student {
             return failed("the 202 answer has no session id".into(), waited);
         };
         let hit = v["status"] == "running";
+        // The start was accepted now (after any wait on the waitlist): it has `within` to run.
+        let accepted = Instant::now();
         let to_running = if hit {
             Some(clicked.elapsed())
         } else {
             let session_url = format!("{}/api/sessions/{id}", self.url);
             loop {
-                if clicked.elapsed() > self.within {
+                if accepted.elapsed() > self.within {
                     return failed(
                         format!("session {id} not running within {:?}", self.within),
                         waited,
