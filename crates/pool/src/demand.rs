@@ -219,6 +219,76 @@ pub fn expected_starts(demand: &Demand, now: DateTime<Utc>) -> Option<WindowCoun
     best
 }
 
+/// The share of clicks a demand-driven pool is sized to serve from ready members while starts
+/// arrive at random: 9 in 10.
+pub const DEMAND_HIT_RATE_PERCENT: u32 = 90;
+
+/// The members a pool needs so that starts arriving at random, `expected` of them per refill
+/// time on average, find one ready [`DEMAND_HIT_RATE_PERCENT`] of the time, at most `at_most`.
+///
+/// A claimed member is replaced within one refill time, so the members being refilled are the
+/// busy servers of an Erlang loss system with an offered load of `expected`, and a click that
+/// finds every member refilling is a miss: the answer is the smallest `n` whose Erlang B
+/// blocking probability `B(n, expected)` is at most 1 − the rate. Sizing the pool to the mean
+/// alone serves far fewer: 6 members for 5.8 expected starts serve 75 % of the clicks, 9 serve
+/// 93 %.
+///
+/// ```
+/// use ttlab_pool::members_for;
+///
+/// assert_eq!(members_for(0, 30), 0);
+/// assert_eq!(members_for(1, 30), 3);
+/// assert_eq!(members_for(6, 30), 9);
+/// assert_eq!(members_for(6, 5), 5);
+/// ```
+pub fn members_for(expected: u64, at_most: u64) -> u64 {
+    if expected == 0 {
+        return 0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let load = expected as f64;
+    let miss = f64::from(100 - DEMAND_HIT_RATE_PERCENT) / 100.0;
+    // B(0) = 1; B(n) = load·B(n−1) / (n + load·B(n−1)).
+    let (mut blocking, mut n) = (1.0f64, 0u64);
+    while blocking > miss && n < at_most {
+        n += 1;
+        #[allow(clippy::cast_precision_loss)]
+        let servers = n as f64;
+        blocking = load * blocking / (servers + load * blocking);
+    }
+    n
+}
+
+/// The starts expected during one refill time from the history so far, while it is shorter
+/// than the recent window ([`expected_starts`] then counts no window): the starts since
+/// `recorded_since`, scaled to one refill time, once the history covers at least one refill
+/// time. A new deployment's pool can then grow with its first students instead of waiting for
+/// a whole window; the planner never lets it shrink a pool below its starting size.
+pub fn expected_starts_so_far(demand: &Demand, now: DateTime<Utc>) -> Option<WindowCount> {
+    let covered = now.signed_duration_since(demand.recorded_since);
+    if covered < demand.forecast.refill_time || covered >= demand.forecast.recent_window {
+        return None;
+    }
+    let window = Window {
+        start: demand.recorded_since,
+        end: now,
+    };
+    let starts = demand
+        .starts
+        .iter()
+        .filter(|t| window.contains(**t))
+        .count();
+    let starts = u32::try_from(starts).unwrap_or(u32::MAX);
+    let refill_ms = i128::from(demand.forecast.refill_time.num_milliseconds());
+    let covered_ms = i128::from(covered.num_milliseconds()).max(1);
+    let n = i128::from(starts) * refill_ms;
+    Some(WindowCount {
+        kind: WindowKind::Recent,
+        starts,
+        expected: u64::try_from((n + covered_ms - 1) / covered_ms).unwrap_or(u64::MAX),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
@@ -346,5 +416,44 @@ mod tests {
         assert_eq!(got, None);
         let got = expected_starts(&d, DateTime::<Utc>::MAX_UTC).unwrap();
         assert_eq!(got.expected, 0);
+    }
+
+    #[test]
+    fn a_pool_sized_by_erlang_b_serves_nine_clicks_in_ten() {
+        // The members for each offered load, against the table of Erlang B.
+        for (expected, members) in [(1, 3), (2, 4), (4, 7), (6, 9), (10, 13), (20, 23)] {
+            assert_eq!(members_for(expected, 1_000), members, "{expected}");
+        }
+        // Never more than asked, and nothing for no starts.
+        assert_eq!(members_for(20, 12), 12);
+        assert_eq!(members_for(0, 12), 0);
+        // A huge load stops at the bound.
+        assert_eq!(members_for(u64::MAX, 40), 40);
+    }
+
+    #[test]
+    fn a_short_history_counts_once_it_covers_a_refill_time() {
+        let now = at(9, 0, 0);
+        // Six starts in the 4 minutes since the history began, 3-minute refill: 6 * 3 / 4 = 4.5.
+        let starts = (0..6)
+            .map(|i| now - TimeDelta::seconds(10 + 30 * i))
+            .collect();
+        let mut d = demand(starts);
+        d.recorded_since = now - TimeDelta::minutes(4);
+        assert_eq!(expected_starts(&d, now), None);
+        assert_eq!(
+            expected_starts_so_far(&d, now),
+            Some(WindowCount {
+                kind: WindowKind::Recent,
+                starts: 6,
+                expected: 5
+            })
+        );
+        // Shorter than a refill time: too little to go by.
+        d.recorded_since = now - TimeDelta::minutes(2);
+        assert_eq!(expected_starts_so_far(&d, now), None);
+        // A whole window: the ordinary forecast takes over.
+        d.recorded_since = now - DEFAULT_RECENT_WINDOW;
+        assert_eq!(expected_starts_so_far(&d, now), None);
     }
 }

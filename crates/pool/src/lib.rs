@@ -17,10 +17,13 @@
 //! - A member still preparing after `stuck_after` is retired; any other member whose
 //!   `created_at` is at least `max_age` ago is retired. A replacement is created in the same
 //!   plan when capacity allows; the old member's VMs count as taken until they are gone.
-//! - The target is `size`, or for a demand-driven pool the starts expected during one refill
-//!   time, clamped to `min..=max`: the largest of the recent rate scaled to one refill time and
-//!   the starts of the next refill time one day and one week earlier, counted only where the
-//!   history covers the window ([`expected_starts`]). With no history yet, `size`.
+//! - The target is `size`, or for a demand-driven pool what the starts expected during one
+//!   refill time need, clamped to `min..=max`: the largest of the recent rate scaled to one
+//!   refill time and the starts of the next refill time one day and one week earlier, counted
+//!   only where the history covers the window ([`expected_starts`]); a recent rate (random
+//!   arrivals) needs the members that serve 9 clicks in 10 by Erlang B ([`members_for`]). With
+//!   a history shorter than the recent window, `size`, or more if the starts so far ask for
+//!   more ([`expected_starts_so_far`]).
 //! - Members beyond the target are retired; preparing ones first, then the oldest ready ones.
 //! - Capacity stays honest: a member is created only while `limit - alive - starting -
 //!   create * nodes >= reserve`, so planned members never take a place a cold start needs; when
@@ -84,8 +87,9 @@ pub use class::{
     MIN_LEAD_TIME, Sharing, class_headroom, share_headroom,
 };
 pub use demand::{
-    DAY, DEFAULT_RECENT_WINDOW, DEFAULT_REFILL_TIME, Demand, DemandWindows, Forecast,
-    MAX_FORECAST_DURATION, WEEK, Window, WindowCount, WindowKind, expected_starts,
+    DAY, DEFAULT_RECENT_WINDOW, DEFAULT_REFILL_TIME, DEMAND_HIT_RATE_PERCENT, Demand,
+    DemandWindows, Forecast, MAX_FORECAST_DURATION, WEEK, Window, WindowCount, WindowKind,
+    expected_starts, expected_starts_so_far, members_for,
 };
 pub use error::PoolError;
 pub use plan::{Capacity, ClassPlan, Member, Plan, PlanInput, RetireReason, TargetSource, plan};

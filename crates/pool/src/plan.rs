@@ -11,7 +11,10 @@ use ttlab_model::{ClassId, SessionId};
 use crate::class::{
     Class, ClassAsk, ClassPhase, LeadTime, Sharing, class_headroom, share_headroom,
 };
-use crate::demand::{Demand, WindowCount, expected_starts};
+use crate::demand::{
+    DEMAND_HIT_RATE_PERCENT, Demand, WindowCount, WindowKind, expected_starts,
+    expected_starts_so_far, members_for,
+};
 use crate::settings::PoolSettings;
 
 /// One unclaimed member of the pool: a whole set of nodes (VMs) prepared for one lesson.
@@ -133,9 +136,13 @@ pub enum TargetSource {
     /// Demand-driven, but no start history covers a window yet: its `size` as the starting
     /// point.
     StartingPoint,
-    /// Demand-driven: the expected starts during one refill time, from this window, clamped to
-    /// `min..=max`.
+    /// Demand-driven: what the expected starts during one refill time need, from this window
+    /// (from the recent window, the members that serve [`DEMAND_HIT_RATE_PERCENT`] % of random
+    /// clicks: [`members_for`]), clamped to `min..=max`.
     Demand(WindowCount),
+    /// Demand-driven, with a history shorter than the recent window that already asks for
+    /// more than `size`: the same from the starts so far ([`expected_starts_so_far`]).
+    EarlyDemand(WindowCount),
 }
 
 /// What to do now.
@@ -190,9 +197,11 @@ pub struct ClassPlan {
 /// 1. **Stuck, then too old.** A member still preparing `stuck_after` after its creation is
 ///    retired ([`RetireReason::StuckPreparing`]); any other member created at least `max_age`
 ///    ago is retired ([`RetireReason::TooOld`]).
-/// 2. **Target.** `size` for a fixed pool; for a demand-driven one, the expected starts during
-///    one refill time ([`expected_starts`]), clamped to `min..=max`, or `size` while no history
-///    covers a window. Each class in its lead-in (from `starts_at - lead_time`) or running adds
+/// 2. **Target.** `size` for a fixed pool; for a demand-driven one, what the expected starts
+///    during one refill time ([`expected_starts`]) need, clamped to `min..=max`: from the recent
+///    window's rate, the members that serve 9 random clicks in 10 ([`members_for`]); from the
+///    same time a day or a week before, that window's count. While no history covers a window,
+///    `size`, or more if the history so far already asks for more ([`expected_starts_so_far`]). Each class in its lead-in (from `starts_at - lead_time`) or running adds
 ///    its warm share ([`share_headroom`]: the headroom shared by seats, at most its seats
 ///    left); members of a class over, or not listed, are ordinary members.
 /// 3. **Surplus.** Unless paused, ordinary members beyond the pool's own target are retired
@@ -479,17 +488,28 @@ fn target(input: &PlanInput) -> (u32, TargetSource) {
     if !s.demand_driven() {
         return (s.size(), TargetSource::Fixed);
     }
-    match input
-        .demand
-        .as_ref()
-        .and_then(|d| expected_starts(d, input.now))
-    {
-        None => (s.size(), TargetSource::StartingPoint),
-        Some(w) => {
-            let clamped = w.expected.clamp(u64::from(s.min()), u64::from(s.max()));
-            let target = u32::try_from(clamped).unwrap_or(s.max());
-            (target, TargetSource::Demand(w))
+    let (min, max) = (u64::from(s.min()), u64::from(s.max()));
+    // What one refill time's starts need: starts arriving at random (a rate from the recent
+    // window) need the members that serve nine clicks in ten; the same time a day or a week
+    // before is a schedule replayed, its count as it was.
+    let needed = |w: &WindowCount| match w.kind {
+        WindowKind::Recent => members_for(w.expected, max),
+        WindowKind::DayBefore | WindowKind::WeekBefore => w.expected,
+    };
+    let Some(demand) = input.demand.as_ref() else {
+        return (s.size(), TargetSource::StartingPoint);
+    };
+    if let Some(w) = expected_starts(demand, input.now) {
+        let target = u32::try_from(needed(&w).clamp(min, max)).unwrap_or(s.max());
+        return (target, TargetSource::Demand(w));
+    }
+    // A history shorter than the recent window may raise the starting size, never lower it.
+    match expected_starts_so_far(demand, input.now) {
+        Some(w) if needed(&w).clamp(min, max) > u64::from(s.size()) => {
+            let target = u32::try_from(needed(&w).clamp(min, max)).unwrap_or(s.max());
+            (target, TargetSource::EarlyDemand(w))
         }
+        _ => (s.size(), TargetSource::StartingPoint),
     }
 }
 
@@ -520,10 +540,29 @@ fn explain(e: &Explained<'_>) -> String {
         TargetSource::Demand(w) => {
             let _ = write!(
                 why,
-                " (demand-driven: {} start(s) in {}, {} expected per refill time, within {}..={})",
+                " (demand-driven: {} start(s) in {}, {} expected per refill time",
                 w.starts,
                 w.kind.describe(),
                 w.expected,
+            );
+            if w.kind == WindowKind::Recent {
+                let _ = write!(
+                    why,
+                    ", {} members serve {DEMAND_HIT_RATE_PERCENT} % of random clicks",
+                    members_for(w.expected, u64::from(s.max()))
+                );
+            }
+            let _ = write!(why, ", within {}..={})", s.min(), s.max());
+        }
+        TargetSource::EarlyDemand(w) => {
+            let _ = write!(
+                why,
+                " (demand-driven, {} start(s) in the history so far, {} expected per refill \
+                 time, {} members serve {DEMAND_HIT_RATE_PERCENT} % of random clicks, within \
+                 {}..={})",
+                w.starts,
+                w.expected,
+                members_for(w.expected, u64::from(s.max())),
                 s.min(),
                 s.max()
             );

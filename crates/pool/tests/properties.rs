@@ -159,6 +159,7 @@ proptest! {
             TargetSource::Fixed => prop_assert!(!s.demand_driven() && p.target == s.size()),
             TargetSource::StartingPoint => prop_assert!(s.demand_driven() && p.target == s.size()),
             TargetSource::Demand(_) => prop_assert!(s.demand_driven()),
+            TargetSource::EarlyDemand(_) => prop_assert!(s.demand_driven() && p.target > s.size()),
         }
     }
 

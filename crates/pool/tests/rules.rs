@@ -394,7 +394,8 @@ fn an_idle_evening_holds_the_minimum_and_retires_the_rest() {
 
 #[test]
 fn recent_starts_keep_members_coming() {
-    // 20 starts in the last 15 minutes, 3-minute refill: 4 expected per refill time.
+    // 20 starts in the last 15 minutes, 3-minute refill: 4 expected per refill time, which
+    // arriving at random need 7 members to find one ready 9 times in 10 (Erlang B).
     let starts = (0..20)
         .map(|i| now() - TimeDelta::seconds(10 + 40 * i))
         .collect();
@@ -404,9 +405,50 @@ fn recent_starts_keep_members_coming() {
         now() - DAY,
     );
     let p = plan(&i);
-    assert_eq!((p.target, p.create), (4, 4), "{}", p.why);
+    assert_eq!((p.target, p.create), (7, 7), "{}", p.why);
     assert!(
-        matches!(p.source, TargetSource::Demand(w) if w.kind == WindowKind::Recent && w.starts == 20)
+        matches!(p.source, TargetSource::Demand(w) if w.kind == WindowKind::Recent && w.starts == 20 && w.expected == 4)
+    );
+    assert!(
+        p.why
+            .contains("4 expected per refill time, 7 members serve 90 % of random clicks"),
+        "{}",
+        p.why
+    );
+}
+
+#[test]
+fn a_new_deployments_first_students_grow_the_pool_before_a_whole_window_is_recorded() {
+    // The history began 5 minutes ago (shorter than the 15-minute recent window) and holds 10
+    // starts: 6 expected per refill time, which need 9 members, at most 8.
+    let starts = (0..10)
+        .map(|i| now() - TimeDelta::seconds(5 + 25 * i))
+        .collect();
+    let i = with_demand(
+        input(demand_pool(0, 2, 8), vec![], roomy()),
+        starts,
+        now() - TimeDelta::minutes(5),
+    );
+    let p = plan(&i);
+    assert_eq!((p.target, p.create), (8, 8), "{}", p.why);
+    assert!(matches!(p.source, TargetSource::EarlyDemand(w) if w.starts == 10 && w.expected == 6));
+    assert!(
+        p.why.contains("10 start(s) in the history so far"),
+        "{}",
+        p.why
+    );
+    // Few starts so far never shrink the pool below its starting size.
+    let i = with_demand(
+        input(demand_pool(0, 4, 8), vec![], roomy()),
+        vec![now() - TimeDelta::seconds(30)],
+        now() - TimeDelta::minutes(5),
+    );
+    let p = plan(&i);
+    assert_eq!(
+        (p.target, p.source),
+        (4, TargetSource::StartingPoint),
+        "{}",
+        p.why
     );
 }
 
