@@ -177,6 +177,40 @@ impl Sessions<'_> {
         })
     }
 
+    /// A claimed member whose hand-over failed (its agent could not be re-armed or given its
+    /// new token): released from `user` — so the same click can give them another member, or
+    /// open a cold session, at once — and moved to `finishing` heading for `failed` with
+    /// `reason`, in one statement that also records a `handover_failed` pool event (counted by
+    /// [`Pools::counts`](crate::Pools::counts)). The row is then an unclaimed member being
+    /// retired: its objects are deleted as for any finishing session. `None` if it is no longer
+    /// `user`'s running claimed member (someone else is ending it).
+    pub async fn release_failed_claim(
+        &self,
+        id: SessionId,
+        user: &UserId,
+        reason: &str,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "WITH released AS (UPDATE sessions SET user_id = NULL, claimed_at = NULL, \
+             status = 'finishing', finishing_to = 'failed', \
+             finished_at = COALESCE(finished_at, now()), failure_reason = $3, updated_at = now() \
+             WHERE id = $1 AND user_id = $2 AND pool_member AND claimed_at IS NOT NULL \
+             AND status = 'running'",
+            returning_and_notify!(),
+            "), event AS (INSERT INTO pool_events (env, lesson, kind) \
+             SELECT env, lesson, 'handover_failed' FROM released) \
+             SELECT ",
+            columns!(),
+            " FROM released"
+        );
+        self.query_opt(
+            "releasing a member whose hand-over failed",
+            SQL,
+            &[&id.as_uuid(), &user.as_str(), &reason],
+        )
+        .await
+    }
+
     /// The unclaimed live (starting, running, finishing) members of `lesson`'s pool in `env`,
     /// oldest first ([`Pools::members`](crate::Pools::members)).
     pub(crate) async fn unclaimed_members(
