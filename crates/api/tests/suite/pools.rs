@@ -1,7 +1,8 @@
 //! Warm pools through the real server on kube-sim and a real PostgreSQL: claims on two
 //! replicas never share a member, a claimed member's boot token stops working and its hard
-//! deadline becomes the session's, the pool never takes a cold start's places, and a member
-//! past its age limit is replaced.
+//! deadline becomes the session's, the pool never takes a cold start's places, a member
+//! past its age limit is replaced, and a member that cannot be handed over is replaced by the
+//! next one or a cold start without the student seeing it.
 
 use crate::support;
 
@@ -448,5 +449,143 @@ async fn a_pool_of_a_two_vm_lesson_hands_over_every_node() {
             "node {n}"
         );
     }
+    s.stop().await;
+}
+
+/// Kills the agent of `member`'s only VM: it answers nothing from then on.
+fn kill_agent(w: &World, member: SessionId) {
+    let vm = ttlab_vm_manifest::vm_name(member, &"vm".parse().unwrap());
+    let pid = w.sim.agent_pid(NS, &vm).expect("the guest agent runs");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+/// Waits (30 s at most) until the session `id` is final, and returns it.
+async fn wait_final(w: &World, id: SessionId) -> ttlab_store::Session {
+    let store = w.db.store().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = store.sessions().get(id).await.unwrap().unwrap();
+        if s.status.is_final() {
+            return s;
+        }
+        assert!(Instant::now() < until, "{id} never ended: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the metric sample named (with its labels) exactly `series`.
+async fn metric(s: &Running, series: &str) -> Option<f64> {
+    let (status, body) = s.raw("GET", "/metrics", None, None, Vec::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let Value::String(text) = body else {
+        panic!("not the text format: {body}")
+    };
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_cannot_be_handed_over_is_replaced_by_the_next_or_a_cold_start_unseen() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 20).await;
+    wait_ready(&s, "pooled", 3).await;
+    // Nothing new is prepared meanwhile: the three ready members are all there is.
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"paused": true})).await;
+    assert_eq!(status, 200, "{v}");
+    let store = w.db.store().await.unwrap();
+    let (env, lesson) = ("dev".parse().unwrap(), "pooled".parse().unwrap());
+    let mut members = store.pools().members(&env, &lesson).await.unwrap();
+    assert_eq!(members.len(), 3);
+    members.sort_by_key(|m| (m.ready_at, m.id));
+    // The agents of the two longest-ready members, the ones a claim takes first, are dead:
+    // neither can be re-armed nor given a new token.
+    for m in &members[..2] {
+        kill_agent(&w, m.id);
+    }
+    let node: NodeName = "vm".parse().unwrap();
+    let boot = store
+        .agent_tokens()
+        .get(members[2].id, &node)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // One click: the student gets the third member, running, with no error in between.
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "served by the pool: {v}");
+    assert_eq!(v["id"], members[2].id.to_string(), "{v}");
+    // It was handed over: its boot token was replaced.
+    let current = store
+        .agent_tokens()
+        .get(members[2].id, &node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(current, boot);
+    // The two that failed are nobody's, failed and reclaimed.
+    for m in &members[..2] {
+        let ended = wait_final(&w, m.id).await;
+        assert_eq!(ended.status.as_str(), "failed", "{ended:?}");
+        assert_eq!(ended.user, None, "{ended:?}");
+        assert!(
+            ended
+                .failure_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("could not be handed over")),
+            "{ended:?}"
+        );
+        let vm = ttlab_vm_manifest::vm_name(m.id, &node);
+        assert!(w.sim.guest_ip(NS, &vm).is_none(), "{vm} is still there");
+    }
+    let v = pool(&s, "pooled").await;
+    assert_eq!(v["handover_failures_24h"], 2, "{v}");
+    assert_eq!(v["claims_24h"], 3, "{v}");
+    assert_eq!(v["hit_rate"], 1.0, "one click, served by the pool: {v}");
+    let series = "ttlab_pool_handover_failures_total{lesson=\"pooled\"}";
+    assert_eq!(metric(&s, series).await, Some(2.0));
+
+    // A member that fails when no other is ready: the click goes the cold way.
+    let (status, v) = put_pool(
+        &s,
+        "/api/admin/pools/pooled",
+        json!({"paused": false, "size": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    wait_ready(&s, "pooled", 1).await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"paused": true})).await;
+    assert_eq!(status, 200, "{v}");
+    let last = store.pools().members(&env, &lesson).await.unwrap();
+    let last = last
+        .iter()
+        .find(|m| m.status.as_str() == "running")
+        .expect("a ready member");
+    kill_agent(&w, last.id);
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "starting", "a cold start: {v}");
+    assert_ne!(v["id"], last.id.to_string(), "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let v = s
+        .wait_session(&id, &bob, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(wait_final(&w, last.id).await.status.as_str(), "failed");
+    let v = pool(&s, "pooled").await;
+    assert_eq!(v["handover_failures_24h"], 3, "{v}");
+    assert_eq!(metric(&s, series).await, Some(3.0));
     s.stop().await;
 }
