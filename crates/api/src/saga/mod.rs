@@ -32,7 +32,7 @@ use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
-pub use agent::{AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, record_agent_seen};
+pub use agent::{AGENT_HEARTBEAT, ensure_agent_config_map, record_agent_seen};
 use failure::Failure;
 use gone::{complete, complete_within};
 pub(crate) use open::ListedVm;

@@ -50,7 +50,6 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     let vms = vm.record_vm_names().await?;
     let manifests = vm.render(disk)?;
     let tokens = vm.store_agent_tokens(&vms).await?; // ③
-    vm.ensure_agent_config_map().await?;
     let owner = vm.create_vms_and_secrets(manifests.vms, &tokens).await?; // ③ + ⑤
     vm.create_peer_network(manifests.service, manifests.network_policy, owner)
         .await?;
@@ -172,18 +171,6 @@ impl VmProvisioning<'_> {
         Ok(tokens)
     }
 
-    /// The agent's shared ConfigMap, before any VM references it: the version is recorded as
-    /// seen first (the reaper keeps what a server saw within its minimum age), then the
-    /// ConfigMap is made sure of.
-    async fn ensure_agent_config_map(&self) -> Result<(), Stop> {
-        with_db(|| async { super::record_agent_seen(self.state).await }).await?;
-        create_object(self.state, self.session, "agent ConfigMap", || {
-            super::ensure_agent_config_map(self.state)
-        })
-        .await?;
-        Ok(())
-    }
-
     /// ③ + ⑤ Each VM, then its cloud-init Secret owned by it; the first VM (the
     /// representative) owns the other VMs. Returns the owner reference of the representative,
     /// which the session's other objects carry too.
@@ -204,8 +191,11 @@ impl VmProvisioning<'_> {
                 vm.metadata.owner_references = Some(vec![rep.owner_reference()]);
             }
             let json = serde_json::to_value(&vm).map_err(|e| Failure::VmEncoding(e.to_string()))?;
-            let created = create_object(state, session, "VM", || {
-                state.cluster().create_vm(json.clone())
+            // The agent's ConfigMap is made sure of right before each attempt: a VM created
+            // while it is missing would wait for its agent disk for ever.
+            let created = create_object(state, session, "VM", || async {
+                super::agent::agent_before_vm(state).await?;
+                state.cluster().create_vm(json.clone()).await
             })
             .await?;
             if representative.is_none() {
@@ -268,16 +258,7 @@ impl VmProvisioning<'_> {
                 .await
                 .map_err(|e| vmi_failed(e, readiness))
         }))
-        .await;
-        let running = match running {
-            Ok(running) => running,
-            Err(stop) => {
-                // A VM that did not start may be waiting for its agent disk: check it again
-                // next time rather than trust the earlier finding.
-                super::agent::distrust_agent(state).await;
-                return Err(stop);
-            }
-        };
+        .await?;
         record_stage(state, session, Stage::VmiRunning).await?;
         observe_stage(state, session, "vmi_running").await;
         Ok(running)
