@@ -109,6 +109,11 @@ pub(crate) fn from_store(s: &ttlab_store::PoolSettings) -> Result<PoolSettings, 
 /// the user is no class's student, or no member is ready (a miss: open the session the cold
 /// way, with no extra wait).
 ///
+/// When no member is ready, a member still being prepared and younger than the lesson's 90th
+/// percentile of preparations is claimed (see [`preparing_within`]): the session is
+/// `starting` for the student, with the member's own stages, and its provisioner hands it
+/// over when it is ready.
+///
 /// A member whose hand-over fails is released from the student, failed and reclaimed, and the
 /// next ready member is claimed in its place, at most [`CLAIM_ATTEMPTS`] times; after that,
 /// or when none is left, the start goes the cold way. The student never sees the failure.
@@ -129,6 +134,7 @@ pub(crate) async fn claim(
         ttl: policy.ttl,
         max: policy.max,
         class,
+        preparing_within: preparing_within(state, lesson).await?,
     };
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
@@ -139,6 +145,12 @@ pub(crate) async fn claim(
             metrics.pool_misses.get_or_create(&labels).inc();
             return Ok(None);
         };
+        if session.status == SessionStatus::Starting {
+            // Still being prepared: its provisioner hands it over when it is ready.
+            metrics.pool_claims.get_or_create(&labels).inc();
+            tracing::info!(session = %session.id, %user, lesson = %lesson.id, class = ?class, "claimed a pool member still being prepared");
+            return Ok(Some(session));
+        }
         let why = match hand_over(state, &session).await {
             Ok(()) => {
                 metrics.pool_claims.get_or_create(&labels).inc();
@@ -164,9 +176,24 @@ pub(crate) async fn claim(
     Ok(None)
 }
 
+/// How young a member still being prepared must be to be claimed when none is ready: the
+/// 90th percentile of the lesson's recent preparations. A member created since is expected
+/// ready sooner than a fresh start (which takes a whole preparation); an older one may be
+/// stuck. `None` (ready members only) while no preparation is measured.
+async fn preparing_within(state: &AppState, lesson: &Lesson) -> Result<Option<Duration>, ApiError> {
+    let durations = state
+        .store()
+        .classes()
+        .prepare_durations(&state.config().env, &lesson.id)
+        .await?;
+    let seconds = durations.iter().map(Duration::as_secs_f64).collect();
+    Ok(crate::view::ExpectedView::from_seconds(seconds)
+        .and_then(|e| Duration::try_from_secs_f64(e.p90_seconds).ok()))
+}
+
 /// Re-arms each guest's hard deadline for the session and rotates its agent token, through
 /// its agent (authenticated with the token it booted with), storing each new token.
-async fn hand_over(state: &AppState, session: &Session) -> Result<(), String> {
+pub(crate) async fn hand_over(state: &AppState, session: &Session) -> Result<(), String> {
     let grace = TimeDelta::from_std(state.config().policy.hard_deadline_grace)
         .map_err(|_| "the hard-deadline grace is out of range".to_owned())?;
     let power_off_at = session

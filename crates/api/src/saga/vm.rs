@@ -19,8 +19,8 @@ use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
 use ttlab_cluster::{ClusterError, Created, VmiState};
 use ttlab_disk_select::DiskDecision;
 use ttlab_lesson::Lesson;
-use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
+use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
 use ttlab_vm_manifest::{
     AgentDisk, SessionManifests, SessionVms, VirtualMachine, render_with_agent, secret_name,
@@ -57,9 +57,44 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     let running = vm.wait_vmis_running(&vms).await?; // ⑥–⑦
     ensure_starting(state, session).await?;
     vm.wait_agents_ready(&vms, running, &tokens).await?; // ⑧
-    steps::mark_running(state, session).await?;
+    if session.pool_member {
+        member_ready(state, session).await?;
+    } else {
+        steps::mark_running(state, session).await?;
+    }
     observe_stage(state, session, "ready").await;
     Ok(())
+}
+
+/// A pool member is ready: marked running unclaimed; or, claimed by a student while it was
+/// prepared, handed over to them first (the guests' hard deadline re-armed, the agent tokens
+/// rotated) and then marked running. The two statements are conditional on the claim, so a
+/// claim racing the readiness is seen either way.
+async fn member_ready(state: &AppState, session: &Session) -> Result<(), Stop> {
+    let sessions = || state.store().sessions();
+    for _ in 0..3 {
+        let marked =
+            with_db(|| async { sessions().mark_member_running(session.id, false).await }).await?;
+        if marked.is_some() {
+            return Ok(());
+        }
+        let fresh = with_db(|| async { sessions().get(session.id).await })
+            .await?
+            .ok_or(Stop::Superseded)?;
+        if fresh.status != SessionStatus::Starting {
+            return Err(Stop::Superseded);
+        }
+        if fresh.claimed_at.is_some() {
+            crate::pool::hand_over(state, &fresh).await.map_err(|why| {
+                Stop::Failed(format!("the prepared lab could not be handed over: {why}"))
+            })?;
+            let marked =
+                with_db(|| async { sessions().mark_member_running(session.id, true).await })
+                    .await?;
+            return marked.map(|_| ()).ok_or(Stop::Superseded);
+        }
+    }
+    Err(Stop::Superseded)
 }
 
 /// One session of a VM lesson being provisioned: what every step works with.
