@@ -162,7 +162,11 @@ function renderPools(pools) {
       el('td', { 'data-field': 'preparing' }, String(p.preparing)),
       el('td', {}, p.target === null || p.target === undefined ? '—' : String(p.target),
         p.deferred ? el('div', { class: 'muted small' }, `${p.deferred} waiting for free places`) : null),
-      el('td', {}, `${p.claims_24h} (${p.misses_24h} missed)`),
+      el('td', { 'data-field': 'claims' }, `${p.claims_24h} (${p.misses_24h} missed)`,
+        p.handover_failures_24h
+          ? el('div', { class: 'muted small', 'data-field': 'handover-failures' },
+            `${p.handover_failures_24h} hand-over${p.handover_failures_24h === 1 ? '' : 's'} failed`)
+          : null),
       el('td', {}, rate),
       el('td', {}, refill),
       el('td', {}, settings, p.why ? el('div', { class: 'muted small' }, p.why) : null),

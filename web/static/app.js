@@ -554,6 +554,12 @@ function renderStages(view) {
   });
   const elapsed = (now - Date.parse(view.stages.requested)) / 1000;
   document.getElementById('starting-elapsed').textContent = `Elapsed: ${durationText(elapsed)}`;
+  // The time left, from the lesson's measured starts: the elapsed time counts from when this
+  // lab began (a lab prepared ahead for the pool began before the click).
+  const e = view.expected_ready;
+  const left = e ? Math.round(e.p50_seconds - elapsed) : null;
+  document.getElementById('starting-left').textContent = left === null ? ''
+    : left > 0 ? `About ${durationText(left)} left.` : 'Almost ready.';
 }
 
 /** The expected time, from the measured recent starts of this lesson, and the disk decision. */

@@ -12,6 +12,9 @@
 # Beside them, from the start, qemu.mjs against `ttlabctl demo --guest qemu --no-reaper`: a real
 # guest of TTLAB_GUEST_IMAGE, from Start lab to its own power-off at the hard deadline (about
 # 5½ minutes); without qemu or the image it is SKIPPED, and fails under CI=true.
+# Beside them too, qemu-claims.mjs against a `ttlabctl demo --guest qemu` of its own: a warm
+# pool of one serves three claims in a row, each reaching a root prompt in the browser (the
+# pool prepares the next member while the student works); skipped and failed alike.
 #
 #   web/tests/run.sh            # from anywhere in the checkout
 #
@@ -76,6 +79,7 @@ fi
 # 20 s grace puts the guest's own power-off 6 min 20 s after Start lab.
 # Its output is kept and printed at the end; its failure fails the script.
 qemu_pid=""
+claims_pid=""
 qemu_log="$(mktemp -d)"
 qemu_skipped=""
 stop_qemu_job() {
@@ -84,6 +88,11 @@ stop_qemu_job() {
     wait "$qemu_pid" 2>/dev/null || true
   fi
   qemu_pid=""
+  if [ -n "$claims_pid" ] && kill -0 "$claims_pid" 2>/dev/null; then
+    kill -TERM "$claims_pid" 2>/dev/null || true
+    wait "$claims_pid" 2>/dev/null || true
+  fi
+  claims_pid=""
   rm -rf "$qemu_log"
 }
 trap stop_qemu_job EXIT
@@ -156,6 +165,55 @@ run_qemu_test() {
   fi
   return "$status"
 }
+# The warm pool's claims with real guests (qemu-claims.mjs): a demo of its own, with the
+# reaper, in a subshell of its own like run_qemu_test.
+run_qemu_claims_test() {
+  claims_demo=""
+  claims_node=""
+  stop_claims_demo() {
+    if [ -n "$claims_node" ] && kill -0 "$claims_node" 2>/dev/null; then kill -TERM "$claims_node" 2>/dev/null || true; fi
+    if [ -n "$claims_demo" ] && kill -0 "$claims_demo" 2>/dev/null; then
+      kill -TERM "$claims_demo" 2>/dev/null || true
+      for _ in $(seq 1 300); do kill -0 "$claims_demo" 2>/dev/null || break; sleep 0.2; done
+      if kill -0 "$claims_demo" 2>/dev/null; then kill -KILL "$claims_demo" 2>/dev/null || true; fi
+    fi
+    claims_demo=""
+    claims_node=""
+  }
+  trap stop_claims_demo EXIT
+  trap 'exit 143' TERM INT
+  local status=0 began
+  began=$(date +%s)
+  "$root/target/debug/ttlabctl" demo --port 0 --guest qemu --guest-image "$TTLAB_GUEST_IMAGE" \
+    >"$qemu_log/claims-out" 2>"$qemu_log/claims-err" &
+  claims_demo=$!
+  for _ in $(seq 1 900); do
+    grep -q '^ttlab demo ready:' "$qemu_log/claims-out" 2>/dev/null && break
+    kill -0 "$claims_demo" 2>/dev/null || break
+    sleep 0.2
+  done
+  if ! grep -q '^ttlab demo ready:' "$qemu_log/claims-out"; then
+    echo "FAILED: the qemu claims demo did not start within 180 s"
+    tail -n 40 "$qemu_log/claims-err"
+    return 1
+  fi
+  local student admin
+  student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$qemu_log/claims-out" | head -n 1)"
+  admin="$(sed -n 's/^ *admin: *\([^ ]*\).*/\1/p' "$qemu_log/claims-out" | head -n 1)"
+  echo "qemu claims demo at ${student%%\?*}"
+  TTLAB_STUDENT_URL="$student" TTLAB_ADMIN_URL="$admin" TTLAB_QEMU_READY_TIMEOUT=600 \
+    TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" node "$web/tests/qemu-claims.mjs" &
+  claims_node=$!
+  wait "$claims_node" || status=$?
+  claims_node=""
+  if [ "$status" != 0 ]; then
+    echo "the qemu claims demo's log (last 40 lines):"
+    tail -n 40 "$qemu_log/claims-err"
+  fi
+  stop_claims_demo
+  echo "qemu claims test took $(($(date +%s) - began)) s"
+  return "$status"
+}
 mkdir -p "$artifacts"
 if [ -n "$qemu_missing" ]; then
   if in_ci; then
@@ -168,6 +226,9 @@ else
   say "starting ttlabctl demo --guest qemu --no-reaper and qemu.mjs in the background"
   (run_qemu_test) >"$qemu_log/test" 2>&1 &
   qemu_pid=$!
+  say "starting ttlabctl demo --guest qemu and qemu-claims.mjs in the background"
+  (run_qemu_claims_test) >"$qemu_log/claims" 2>&1 &
+  claims_pid=$!
 fi
 
 # The demo stack, on a free port, with a short lifespan so the 5-minute warning shows at once,
@@ -318,6 +379,17 @@ if [ -n "$qemu_pid" ]; then
   fi
 elif [ -n "$qemu_skipped" ] && in_ci; then
   status=1
+fi
+if [ -n "$claims_pid" ]; then
+  say "waiting for the qemu claims test"
+  claims_status=0
+  wait "$claims_pid" || claims_status=$?
+  claims_pid=""
+  cat "$qemu_log/claims"
+  if [ "$claims_status" != 0 ]; then
+    status=1
+    say "FAILED: the qemu claims test (exit $claims_status)"
+  fi
 fi
 say "screenshots in $artifacts"
 exit "$status"

@@ -17,6 +17,7 @@
 //! | `ttlab_waitlist_lapsed_total` | — | holds that lapsed untaken (removed by this replica) |
 //! | `ttlab_pool_claims_total` | `lesson` | "Start lab" served by a prepared member of the lesson's pool (by this replica) |
 //! | `ttlab_pool_misses_total` | `lesson` | "Start lab" on a pooled lesson that found no ready member and went the cold way |
+//! | `ttlab_pool_handover_failures_total` | `lesson` | claimed members whose hand-over (deadline re-arm, token rotation) failed: each was failed and reclaimed, and the student given the next member or a cold start in the same click |
 //! | `ttlab_pool_refills_total` | `lesson` | pool members this replica started preparing |
 //! | `ttlab_pool_retired_total` | `lesson`, `reason` | pool members this replica retired (`too_old`, `surplus`, `capacity_short`, `stuck_preparing`) |
 //! | `ttlab_pool_ready` | `lesson` | unclaimed members ready, at this replica's last look |
@@ -292,6 +293,8 @@ pub struct Metrics {
     pub pool_claims: Family<LessonLabels, Counter>,
     /// Pooled starts that found no ready member.
     pub pool_misses: Family<LessonLabels, Counter>,
+    /// Claimed members whose hand-over failed.
+    pub pool_handover_failures: Family<LessonLabels, Counter>,
     /// Pool members started.
     pub pool_refills: Family<LessonLabels, Counter>,
     /// Pool members retired.
@@ -442,6 +445,7 @@ impl Metrics {
         );
         let pool_claims = Family::<LessonLabels, Counter>::default();
         let pool_misses = Family::<LessonLabels, Counter>::default();
+        let pool_handover_failures = Family::<LessonLabels, Counter>::default();
         let pool_refills = Family::<LessonLabels, Counter>::default();
         let pool_retired = Family::<RetireLabels, Counter>::default();
         let pool_ready = Family::<LessonLabels, Gauge>::default();
@@ -456,6 +460,11 @@ impl Metrics {
             "ttlab_pool_misses",
             "Starts of a pooled lesson that found no ready member",
             pool_misses.clone(),
+        );
+        registry.register(
+            "ttlab_pool_handover_failures",
+            "Claimed pool members whose hand-over failed (failed, reclaimed, and replaced for the student)",
+            pool_handover_failures.clone(),
         );
         registry.register(
             "ttlab_pool_refills",
@@ -606,6 +615,7 @@ impl Metrics {
             tasks,
             pool_claims,
             pool_misses,
+            pool_handover_failures,
             pool_refills,
             pool_retired,
             pool_ready,

@@ -13,7 +13,8 @@
 //! else takes one before the class ends ([`crate::classes`]). The lifespan starts at the claim. Then the member is handed over: through each
 //! VM's agent the guest's hard deadline is re-armed to the session's hard cap plus the grace,
 //! and the agent token is rotated (the token the member booted with stops working) and the new
-//! one stored. A member that cannot be handed over is failed, never given half-done.
+//! one stored. A member that cannot be handed over is failed and reclaimed, never given
+//! half-done, and the student gets the next member, or the cold path, in the same click.
 //!
 //! **The refiller** (the `pool_refill` task, [`crate::tasks`]) runs on every replica, every
 //! 2 s and on change hints, calling [`refill`] for each VM lesson. For each pooled lesson it
@@ -43,6 +44,9 @@ use crate::{ApiError, AppState};
 
 /// How long the hand-over of a claimed member may take, per VM.
 const HAND_OVER_WITHIN: Duration = Duration::from_secs(5);
+
+/// How many members one click may claim when hand-overs fail, before it goes the cold way.
+pub(crate) const CLAIM_ATTEMPTS: usize = 3;
 
 /// Where a pool's settings come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -104,6 +108,15 @@ pub(crate) fn from_store(s: &ttlab_store::PoolSettings) -> Result<PoolSettings, 
 /// pool of its own has members while it has a class). `Ok(None)`: the lesson has no pool and
 /// the user is no class's student, or no member is ready (a miss: open the session the cold
 /// way, with no extra wait).
+///
+/// When no member is ready, a member still being prepared and younger than the lesson's 90th
+/// percentile of preparations is claimed (see [`preparing_within`]): the session is
+/// `starting` for the student, with the member's own stages, and its provisioner hands it
+/// over when it is ready.
+///
+/// A member whose hand-over fails is released from the student, failed and reclaimed, and the
+/// next ready member is claimed in its place, at most [`CLAIM_ATTEMPTS`] times; after that,
+/// or when none is left, the start goes the cold way. The student never sees the failure.
 pub(crate) async fn claim(
     state: &AppState,
     user: &UserId,
@@ -121,36 +134,66 @@ pub(crate) async fn claim(
         ttl: policy.ttl,
         max: policy.max,
         class,
+        preparing_within: preparing_within(state, lesson).await?,
     };
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
-    let Some(session) = state.store().sessions().claim_pool_member(&request).await? else {
-        state.metrics().pool_misses.get_or_create(&labels).inc();
-        return Ok(None);
-    };
-    state.metrics().pool_claims.get_or_create(&labels).inc();
-    match hand_over(state, &session).await {
-        Ok(()) => {
-            tracing::info!(session = %session.id, %user, lesson = %lesson.id, class = ?class, "claimed a prepared lab from the pool");
-            Ok(Some(session))
+    let metrics = state.metrics();
+    for _ in 0..CLAIM_ATTEMPTS {
+        let Some(session) = state.store().sessions().claim_pool_member(&request).await? else {
+            metrics.pool_misses.get_or_create(&labels).inc();
+            return Ok(None);
+        };
+        if session.status == SessionStatus::Starting {
+            // Still being prepared: its provisioner hands it over when it is ready.
+            metrics.pool_claims.get_or_create(&labels).inc();
+            tracing::info!(session = %session.id, %user, lesson = %lesson.id, class = ?class, "claimed a pool member still being prepared");
+            return Ok(Some(session));
         }
-        Err(why) => {
-            tracing::warn!(session = %session.id, error = %why, "a claimed pool member could not be handed over; failing it");
-            let reason = format!("the prepared lab could not be handed over: {why}");
-            if let Err(e) =
-                saga::end_live(state, &session, FinalStatus::Failed, Some(&reason)).await
-            {
-                tracing::warn!(session = %session.id, error = %e, "cannot fail the claimed member; the reaper will");
+        let why = match hand_over(state, &session).await {
+            Ok(()) => {
+                metrics.pool_claims.get_or_create(&labels).inc();
+                tracing::info!(session = %session.id, %user, lesson = %lesson.id, class = ?class, "claimed a prepared lab from the pool");
+                return Ok(Some(session));
             }
-            Err(ApiError::AgentUnavailable(reason))
+            Err(why) => why,
+        };
+        metrics.pool_handover_failures.get_or_create(&labels).inc();
+        tracing::warn!(session = %session.id, error = %why, "a claimed pool member could not be handed over; failing it and trying the next");
+        let reason = format!("the prepared lab could not be handed over: {why}");
+        if !saga::release_failed_claim(state, &session, &reason).await? {
+            // Someone else is ending it (the reaper, an operator): it is still the student's
+            // until it is gone, as after a double click.
+            return Err(ApiError::SessionExists {
+                lesson: session.lesson.clone(),
+                session: session.id,
+            });
         }
     }
+    tracing::warn!(lesson = %lesson.id, attempts = CLAIM_ATTEMPTS, "no claimed member could be handed over; starting cold");
+    metrics.pool_misses.get_or_create(&labels).inc();
+    Ok(None)
+}
+
+/// How young a member still being prepared must be to be claimed when none is ready: the
+/// 90th percentile of the lesson's recent preparations. A member created since is expected
+/// ready sooner than a fresh start (which takes a whole preparation); an older one may be
+/// stuck. `None` (ready members only) while no preparation is measured.
+async fn preparing_within(state: &AppState, lesson: &Lesson) -> Result<Option<Duration>, ApiError> {
+    let durations = state
+        .store()
+        .classes()
+        .prepare_durations(&state.config().env, &lesson.id)
+        .await?;
+    let seconds = durations.iter().map(Duration::as_secs_f64).collect();
+    Ok(crate::view::ExpectedView::from_seconds(seconds)
+        .and_then(|e| Duration::try_from_secs_f64(e.p90_seconds).ok()))
 }
 
 /// Re-arms each guest's hard deadline for the session and rotates its agent token, through
 /// its agent (authenticated with the token it booted with), storing each new token.
-async fn hand_over(state: &AppState, session: &Session) -> Result<(), String> {
+pub(crate) async fn hand_over(state: &AppState, session: &Session) -> Result<(), String> {
     let grace = TimeDelta::from_std(state.config().policy.hard_deadline_grace)
         .map_err(|_| "the hard-deadline grace is out of range".to_owned())?;
     let power_off_at = session

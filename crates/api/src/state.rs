@@ -117,9 +117,6 @@ struct Inner {
     hub: broadcast::Sender<HubEvent>,
     capacity: tokio::sync::Mutex<()>,
     listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
-    /// When the agent's ConfigMap was last found present (see
-    /// `saga::agent::ensure_agent_config_map`).
-    agent_present_at: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     cluster_health: Mutex<ClusterHealth>,
     database: tokio::sync::watch::Sender<DatabaseHealth>,
     limiter: UserLimiter,
@@ -238,7 +235,6 @@ impl AppState {
                 hub,
                 capacity: tokio::sync::Mutex::new(()),
                 listed_vms: tokio::sync::Mutex::new(None),
-                agent_present_at: tokio::sync::Mutex::new(None),
                 cluster_health: Mutex::new(ClusterHealth::default()),
                 database: tokio::sync::watch::channel(DatabaseHealth::default()).0,
                 limiter,
@@ -304,12 +300,6 @@ impl AppState {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(lesson)
             .cloned()
-    }
-
-    /// When the agent's ConfigMap was last found present (see
-    /// `saga::agent::ensure_agent_config_map`).
-    pub(crate) fn agent_present_at(&self) -> &tokio::sync::Mutex<Option<tokio::time::Instant>> {
-        &self.inner.agent_present_at
     }
 
     /// The last listing of the namespace's VMs the capacity check took (see

@@ -4,14 +4,18 @@
 //! manages, whatever its environment: a ConfigMap name may serve environments sharing a
 //! namespace), older than the minimum age, and that no server has recorded as seen within it.
 //!
-//! The last check and the deletion happen under the version's lock in the database
+//! The last checks and the deletion happen under the version's lock in the database
 //! (`ttlab_store::AgentVersions::lock_for_removal`), the same lock a server takes to record
-//! its version before it makes sure of the ConfigMap and creates a VM: either that server
-//! recorded first, and the version is kept, or it waits, finds the ConfigMap gone and creates
-//! it again. Each removal counts in the orphan direction (`ConfigMap/<name>`); a dry run names
-//! them and deletes nothing.
+//! its version right before each VM create, after which it makes sure of the ConfigMap:
+//! either that server recorded first, and the version is kept, or it waits, finds the
+//! ConfigMap gone and creates it again. A version a server recorded within [`IN_FLIGHT`] is
+//! kept whatever the minimum age (its VM may be being created at this moment), and under the
+//! lock the VMs referencing it are listed once more from the API server, so a VM created
+//! since the first list keeps it too. Each removal counts in the orphan direction
+//! (`ConfigMap/<name>`); a dry run names them and deletes nothing.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use ttlab_cluster::{Deleted, Kind, Propagation};
 use ttlab_model::labels;
@@ -20,6 +24,11 @@ use ttlab_store::Direction;
 use crate::context::ReaperContext;
 use crate::error::{cluster_error_kind, store_error_kind};
 use crate::report::CycleReport;
+
+/// A version a server recorded as seen within this long is never removed, whatever the
+/// minimum age: a server records it right before each VM create, so a VM mounting it may be
+/// on its way.
+pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(120);
 
 /// Removes the unused agent versions of the environment (see the module docs).
 pub(crate) async fn remove_unused(
@@ -79,7 +88,7 @@ pub(crate) async fn remove_unused(
         let guard = match ctx
             .store
             .agent_versions()
-            .lock_for_removal(&config_map.name, min_age)
+            .lock_for_removal(&config_map.name, min_age.max(IN_FLIGHT))
             .await
         {
             Ok(Some(guard)) => guard,
@@ -90,6 +99,28 @@ pub(crate) async fn remove_unused(
                 continue;
             }
         };
+        // Under the lock, from the API server again: a VM created since the first list.
+        let referencing = format!("{}={}", labels::AGENT_CONFIG_MAP, config_map.name);
+        match ctx
+            .cluster
+            .list_all(Kind::VirtualMachine, &referencing)
+            .await
+        {
+            Ok(vms) if vms.is_empty() => {}
+            Ok(_) => {
+                drop(guard);
+                continue;
+            }
+            Err(e) => {
+                drop(guard);
+                report.failed(
+                    Direction::Orphans,
+                    subject,
+                    format!("list the VMs using it: {}: {e}", cluster_error_kind(&e)),
+                );
+                continue;
+            }
+        }
         let what = format!(
             "remove unused agent version (env {}, no VM uses it, not seen by a server for {} s)",
             ctx.env,

@@ -20,8 +20,9 @@
 //!   marked `ghost`.
 //! - **Unused agent versions** (counted with the orphans): the shared agent ConfigMaps of
 //!   this environment that no VM references, older than [`ReaperSettings::agent_min_age`] and
-//!   not recorded as seen by any server for as long, checked and deleted under the version's
-//!   database lock so that a server about to create a VM for it cannot lose it.
+//!   not recorded as seen by any server for as long (nor within the last 2 minutes, whatever
+//!   the minimum age), checked and deleted under the version's database lock so that a
+//!   server about to create a VM for it cannot lose it.
 //!
 //! Every item is isolated: a failure is counted, logged with the id and error kind, kept in
 //! the [`CycleReport`], and the cycle goes on; a failed session stays live for the next

@@ -13,7 +13,7 @@ use common::{Harness, env};
 use ttlab_cloudinit::AgentPayload;
 use ttlab_cluster::{Kind, ProvisionCluster as _, ReaperCluster as _};
 use ttlab_disk_select::{DiskDecision, FallbackReason};
-use ttlab_model::SessionStatus;
+use ttlab_model::{SessionId, SessionStatus};
 use ttlab_reaper::reap_once;
 use ttlab_vm_manifest::{AgentDisk, SessionVms, render_with_agent};
 
@@ -58,8 +58,13 @@ async fn vm_using(h: &Harness, env_name: &str, agent: &AgentPayload) {
             &["vm"],
         )
         .await;
+    vm_of(h, env_name, agent, session.id).await;
+}
+
+/// A VM of session `session` of `env_name` mounting `agent`'s ConfigMap, whatever the rows say.
+async fn vm_of(h: &Harness, env_name: &str, agent: &AgentPayload, session: SessionId) {
     let input = SessionVms {
-        session: session.id,
+        session,
         env: env(env_name),
         lesson: common::LESSON.parse().unwrap(),
         namespace: None,
@@ -141,6 +146,47 @@ async fn only_unused_versions_of_this_environment_are_removed(h: Harness) {
     reap_once(&prod).await;
     assert!(!present(&h, &prods).await);
     assert!(present(&h, &used).await && present(&h, &used_by_prod).await);
+}
+
+on_both_backends!(
+    a_version_a_vm_mounts_or_a_server_is_about_to_use_is_kept_even_with_no_minimum_age
+);
+async fn a_version_a_vm_mounts_or_a_server_is_about_to_use_is_kept_even_with_no_minimum_age(
+    h: Harness,
+) {
+    let (rowless, in_flight, unused) = (
+        payload("rowless"),
+        payload("in-flight"),
+        payload("unused-too"),
+    );
+    for agent in [&rowless, &in_flight, &unused] {
+        share(&h, "dev", agent).await;
+    }
+    // A VM no session row holds (a pool member's whose row is gone, or not written yet):
+    // the cluster says it mounts the version, and that is what counts.
+    vm_of(&h, "dev", &rowless, SessionId::new_random()).await;
+    // A server recorded this version just now: it records it right before each VM create,
+    // so a VM mounting it may be on its way.
+    h.store
+        .agent_versions()
+        .seen(
+            &env("dev"),
+            &in_flight.config_map_name(),
+            in_flight.digest(),
+        )
+        .await
+        .unwrap();
+    let mut ctx = h.ctx("dev");
+    ctx.settings.agent_min_age = Duration::ZERO;
+    ctx.settings.orphan_min_age = Duration::from_secs(3600);
+    let report = reap_once(&ctx).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(present(&h, &rowless).await, "a VM mounts it: {report:?}");
+    assert!(
+        present(&h, &in_flight).await,
+        "a server is about to use it: {report:?}"
+    );
+    assert!(!present(&h, &unused).await, "nothing uses it: {report:?}");
 }
 
 /// A version a server saw within the minimum age is kept however old its ConfigMap is; one

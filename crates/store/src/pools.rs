@@ -1,6 +1,6 @@
 //! Warm pools (schema version 12): an operator's override of a lesson's pool settings
 //! (`lesson_pools`), the pool's state and history for the admin page and metrics (members
-//! ready and preparing, claims, misses, refill time), and the recent starts demand-driven
+//! ready and preparing, claims, misses, failed hand-overs, refill time), and the recent starts demand-driven
 //! sizing reads.
 //!
 //! Pool members themselves are session rows (`pool_member`, no user until claimed): they are
@@ -71,6 +71,10 @@ pub struct PoolCounts {
     pub claims_24h: u64,
     /// Misses (a claim found no ready member) in the last 24 hours.
     pub misses_24h: u64,
+    /// Claimed members whose hand-over failed in the last 24 hours (each is also one of
+    /// `claims_24h`: the member was taken, then failed and reclaimed, and the student given
+    /// the next member or a cold start).
+    pub handover_failures_24h: u64,
     /// The median time from creation to ready of members that became ready in the last
     /// 24 hours; `None` when none did.
     pub median_refill: Option<Duration>,
@@ -79,11 +83,14 @@ pub struct PoolCounts {
 }
 
 impl PoolCounts {
-    /// Claims over claim attempts in the last 24 hours; `None` without any attempt.
+    /// Clicks served by a member over clicks on the pool in the last 24 hours; `None` without
+    /// any. A member whose hand-over failed served nobody: the click that took it ended with
+    /// the next member (another claim) or a cold start (a miss).
     pub fn hit_rate(&self) -> Option<f64> {
-        let attempts = self.claims_24h + self.misses_24h;
+        let served = self.claims_24h.saturating_sub(self.handover_failures_24h);
+        let attempts = served + self.misses_24h;
         #[allow(clippy::cast_precision_loss)]
-        (attempts > 0).then(|| self.claims_24h as f64 / attempts as f64)
+        (attempts > 0).then(|| served as f64 / attempts as f64)
     }
 }
 
@@ -253,6 +260,9 @@ impl<'a> Pools<'a> {
                 AND kind = 'claim' AND at > now() - interval '24 hours') AS claims, \
              (SELECT count(*) FROM pool_events WHERE env = $1 AND lesson = $2 \
                 AND kind = 'miss' AND at > now() - interval '24 hours') AS misses, \
+             (SELECT count(*) FROM pool_events WHERE env = $1 AND lesson = $2 \
+                AND kind = 'handover_failed' AND at > now() - interval '24 hours') \
+                AS handover_failures, \
              (SELECT percentile_cont(0.5) WITHIN GROUP \
                 (ORDER BY extract(epoch FROM ready_at - created_at)::float8) \
                 FROM sessions WHERE env = $1 AND lesson = $2 AND pool_member \
@@ -269,6 +279,7 @@ impl<'a> Pools<'a> {
             preparing: count(&row, "preparing")?,
             claims_24h: count(&row, "claims")?,
             misses_24h: count(&row, "misses")?,
+            handover_failures_24h: count(&row, "handover_failures")?,
             median_refill: refill
                 .map(|s| Duration::try_from_secs_f64(s.max(0.0)))
                 .transpose()

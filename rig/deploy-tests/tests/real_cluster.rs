@@ -213,11 +213,52 @@ async fn start_and_wait_running(addr: SocketAddr, user: &str, lesson: &str) -> V
     }
 }
 
-/// An operator gives `systemd-basics` a pool of one; once its member is ready the pool is
-/// paused (so nothing refills it), a student's start is answered with the member, already
-/// running, and the pool is handed back to the lesson file (which has none).
-async fn warm_pool_serves_a_start(addr: SocketAddr, admin: &str) {
+/// The pool on this backend, and the agent's ConfigMap never missing under a VM: the
+/// server's agent ConfigMap is deleted behind its back (as a reaper with a short minimum age,
+/// or an operator, would), then an operator gives `systemd-basics` a pool of one. The member's
+/// VM gets the ConfigMap back before it is created (it is asked for right before each VM
+/// create, never trusted from an earlier finding: a VM created without it waits for its agent
+/// disk for ever, and the member stays `preparing`). Once the member is ready the pool is
+/// paused, a student's start is handed the member, already running, and the hand-over is
+/// checked at the guest: the boot token is refused by its agent, the new one (stored) is
+/// accepted, and the agent has the session's hard deadline. The pool is handed back to the
+/// lesson file (which has none).
+async fn warm_pool_hands_over_a_member(
+    stage: &Stage,
+    addr: SocketAddr,
+    admin: &str,
+    database_url: &str,
+    agent_bin: &Path,
+) {
+    use ttlab_cluster::ReaperCluster as _;
     const LESSON: &str = "systemd-basics";
+    let fixtures = ttlab_cluster::KubeCluster::from_kubeconfig(
+        &stage.admin_kubeconfig,
+        ttlab_cluster::ClusterSettings::in_namespace(&stage.vm_namespace),
+    )
+    .await
+    .unwrap();
+    let store = ttlab_store::Store::connect(database_url, ttlab_store::StoreOptions::default())
+        .await
+        .unwrap();
+    let config_map = ttlab_cloudinit::AgentPayload::new(&std::fs::read(agent_bin).unwrap())
+        .unwrap()
+        .config_map_name();
+    let kind = ttlab_cluster::Kind::ConfigMap;
+    assert!(
+        fixtures.get(kind, &config_map).await.unwrap().is_some(),
+        "the server made sure of {config_map} for the sessions before"
+    );
+    fixtures
+        .delete(kind, &config_map, ttlab_cluster::Propagation::Background)
+        .await
+        .unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while fixtures.get(kind, &config_map).await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < until, "{config_map} not gone");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     let path = format!("/api/admin/pools/{LESSON}");
     let (status, pool) = http(addr, "PUT", &path, Some(admin), Some(json!({"size": 1}))).await;
     assert_eq!(status, 200, "{pool}");
@@ -243,6 +284,32 @@ async fn warm_pool_serves_a_start(addr: SocketAddr, admin: &str) {
     )
     .await;
     assert_eq!(status, 200, "{pool}");
+    // The member's VM mounts the ConfigMap, which is there again.
+    let (env, lesson) = ("dev".parse().unwrap(), LESSON.parse().unwrap());
+    let members = store.pools().members(&env, &lesson).await.unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    let member = &members[0];
+    let vm = member.vms[0].clone();
+    let summary = fixtures
+        .get(ttlab_cluster::Kind::VirtualMachine, &vm.name)
+        .await
+        .unwrap()
+        .expect("the member's VM");
+    assert_eq!(
+        summary.labels.get(ttlab_model::labels::AGENT_CONFIG_MAP),
+        Some(&config_map),
+        "{summary:?}"
+    );
+    assert!(
+        fixtures.get(kind, &config_map).await.unwrap().is_some(),
+        "the server created {config_map} again before the member's VM"
+    );
+    let boot = store
+        .agent_tokens()
+        .get(member.id, &vm.node)
+        .await
+        .unwrap()
+        .expect("the member's boot token");
 
     let t = token("student-pooled", ttlab_api::auth::Role::Student);
     let (status, session) = http(
@@ -258,18 +325,59 @@ async fn warm_pool_serves_a_start(addr: SocketAddr, admin: &str) {
         session["status"], "running",
         "the member is handed over: {session}"
     );
+    assert_eq!(session["id"], member.id.to_string(), "{session}");
     let (status, pool) = http(addr, "GET", &path, Some(admin), None).await;
     assert_eq!(status, 200, "{pool}");
     assert_eq!(
-        (pool["claims_24h"].as_u64(), pool["ready"].as_u64()),
-        (Some(1), Some(0)),
+        (
+            pool["claims_24h"].as_u64(),
+            pool["ready"].as_u64(),
+            pool["handover_failures_24h"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0)),
         "{pool}"
     );
-    let id = session["id"].as_str().unwrap();
+
+    // The hand-over, as the guest's agent sees it.
+    let (ip, dir) = stage.guest(&vm.name).expect("the member's guest");
+    let agent = SocketAddr::new(ip.into(), ttlab_agent::protocol::PORT);
+    let old = ttlab_agent::AgentClient::new(
+        agent,
+        ttlab_agent::protocol::AgentToken::parse(&boot).unwrap(),
+    );
+    let refused = old.exec("true", Duration::from_secs(5)).await;
+    assert!(refused.is_err(), "the boot token still works: {refused:?}");
+    let current = store
+        .agent_tokens()
+        .get(member.id, &vm.node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(current, boot);
+    let new = ttlab_agent::AgentClient::new(
+        agent,
+        ttlab_agent::protocol::AgentToken::parse(&current).unwrap(),
+    );
+    let ran = new.exec("true", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(ran.exit_code, Some(0), "{ran:?}");
+    let claimed = store.sessions().get(member.id).await.unwrap().unwrap();
+    let grace = chrono::TimeDelta::from_std(ttlab_lifespan::DEFAULT_HARD_DEADLINE_GRACE).unwrap();
+    let file = dir.join(ttlab_agent::protocol::POWER_OFF_AT_PATH.trim_start_matches('/'));
+    let armed: i64 = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        armed,
+        (claimed.max_expires_at + grace).timestamp(),
+        "the guest powers off at the session's hard cap plus the grace"
+    );
+
     let (status, finished) = http(
         addr,
         "DELETE",
-        &format!("/api/sessions/{id}"),
+        &format!("/api/sessions/{}", member.id),
         Some(&t),
         None,
     )
@@ -391,6 +499,15 @@ impl Stage {
                     code: c.status,
                 })
                 .collect(),
+        }
+    }
+
+    /// The loopback address and root directory of the guest of VMI `name`.
+    fn guest(&self, name: &str) -> Option<(std::net::Ipv4Addr, PathBuf)> {
+        let ns = &self.vm_namespace;
+        match &self.backend {
+            Backend::Sim { sim, .. } => Some((sim.guest_ip(ns, name)?, sim.guest_dir(ns, name)?)),
+            Backend::Real { kubevirt, .. } => kubevirt.guest(ns, name).map(|g| (g.ip, g.dir)),
         }
     }
 
@@ -751,9 +868,11 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
         assert_eq!(finished["status"], "finished", "{finished}");
     }
 
-    // A warm pool of one: its member is prepared through the server's identity, and a
-    // student's start is handed it, running at once.
-    warm_pool_serves_a_start(server_addr, &admin_token).await;
+    // A warm pool of one, its agent ConfigMap deleted first: its member is prepared through
+    // the server's identity (the ConfigMap made again), and a student's start is handed it,
+    // running at once, with a new agent token and the session's deadline.
+    warm_pool_hands_over_a_member(&stage, server_addr, &admin_token, &database_url, agent_bin)
+        .await;
 
     // Two more sessions whose time runs out, two ghosts (their VM or pod deleted behind the
     // backend's back) and orphans.

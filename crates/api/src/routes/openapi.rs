@@ -323,7 +323,7 @@ fn capacity_memory_schema() -> Value {
 /// The warm-pool admin routes (apart, to keep `json!`'s recursion in bounds).
 fn pool_paths(admin_errors: &impl Fn(Value) -> Value) -> Value {
     json!({
-    "/api/admin/pools": {"get": op("Every VM lesson's warm pool: settings and where they come from (`lesson` file or `admin` override), members ready and preparing, claims and misses in 24 h, hit rate, median refill time, and this replica's last plan (target, deferred, why)", admin_errors(json!({"200": ok("pools", json!({"type": "object", "properties": {"pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}}))})))},
+    "/api/admin/pools": {"get": op("Every VM lesson's warm pool: settings and where they come from (`lesson` file or `admin` override), members ready and preparing, claims, misses and failed hand-overs in 24 h, hit rate, median refill time, and this replica's last plan (target, deferred, why)", admin_errors(json!({"200": ok("pools", json!({"type": "object", "properties": {"pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}}))})))},
             "/api/admin/pools/{lesson}": {
                 "parameters": [{"name": "lesson", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "get": op("One VM lesson's warm pool", admin_errors(json!({"200": ok("pool", json!({"$ref": "#/components/schemas/Pool"})), "400": err("not_pooled: a pod lesson"), "404": err("lesson_not_found")}))),
@@ -348,6 +348,7 @@ fn pool_schema() -> Value {
         "settings": {"type": ["object", "null"], "properties": {"size": {"type": "integer"}, "min": {"type": "integer"}, "max": {"type": "integer"}, "max_age_minutes": {"type": "integer"}, "demand": {"type": "boolean"}, "paused": {"type": "boolean"}}},
         "updated_by": {"type": ["string", "null"]}, "updated_at": {"type": ["string", "null"], "format": "date-time"},
         "ready": {"type": "integer"}, "preparing": {"type": "integer"}, "claims_24h": {"type": "integer"}, "misses_24h": {"type": "integer"},
+        "handover_failures_24h": {"type": "integer", "description": "claimed members whose hand-over failed in 24 h (each also one of claims_24h): failed, reclaimed, and the student given the next member or a cold start"},
         "hit_rate": {"type": ["number", "null"]}, "median_refill_seconds": {"type": ["number", "null"]},
         "target": {"type": ["integer", "null"], "description": "the size this replica's refiller keeps the pool at (null before its first look)"},
         "deferred": {"type": ["integer", "null"], "description": "members the target wants that capacity does not allow now"},

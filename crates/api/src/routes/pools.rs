@@ -86,6 +86,7 @@ async fn pool_json(state: &AppState, lesson: &Lesson) -> Result<Value, ApiError>
         "preparing": counts.preparing,
         "claims_24h": counts.claims_24h,
         "misses_24h": counts.misses_24h,
+        "handover_failures_24h": counts.handover_failures_24h,
         "hit_rate": counts.hit_rate(),
         "median_refill_seconds": counts.median_refill.map(|d| d.as_secs_f64()),
         "target": plan.as_ref().map(|p| p.target),

@@ -1,12 +1,14 @@
 //! The agent's shared ConfigMap (`ttlab-agent-<digest prefix>`): recorded in the database as
-//! this server's version, and made sure of at start-up and before a session's VMs are
-//! created, so that no VM is ever created referencing a ConfigMap that is not there.
+//! this server's version, and made sure of at start-up and right before each VM that mounts
+//! it is created, so that no VM is ever created referencing a ConfigMap that is not there (a
+//! VM whose agent disk is missing never starts: its launcher waits for the volume for ever).
 //!
-//! The check is cheap: once found present it is trusted for [`AGENT_RECHECK`] (far shorter
-//! than the reaper's minimum age, within which the recorded sighting keeps the reaper away),
-//! and checked again after that or after a failure. The sighting is recorded before every
-//! check and on [`AGENT_HEARTBEAT`] while the server runs (the `agent_keeper` task,
-//! [`crate::tasks`]).
+//! Before each VM create attempt the version is recorded as seen (under the version's lock in
+//! the database, which the reaper takes to remove a version) and the ConfigMap is asked for —
+//! one metadata `get`, and a `create` when it is absent — never trusted from an earlier
+//! finding: an operator, or a reaper whose minimum age is short, may have removed it a moment
+//! ago. The sighting is also recorded on [`AGENT_HEARTBEAT`] while the server runs (the
+//! `agent_keeper` task, [`crate::tasks`]).
 
 use std::time::Duration;
 
@@ -14,8 +16,6 @@ use ttlab_cluster::{ClusterError, Ensured};
 
 use crate::AppState;
 
-/// How long a ConfigMap found present is trusted without asking the API server again.
-pub const AGENT_RECHECK: Duration = Duration::from_secs(60);
 /// How often a running server records its agent version as seen.
 pub const AGENT_HEARTBEAT: Duration = Duration::from_secs(5 * 60);
 
@@ -33,15 +33,9 @@ pub async fn record_agent_seen(state: &AppState) -> Result<(), ttlab_store::Stor
         .await
 }
 
-/// Makes sure the agent's ConfigMap exists, unless it was found present less than
-/// [`AGENT_RECHECK`] ago (`Ok(None)`: the recent finding was trusted). Record the version as
-/// seen ([`record_agent_seen`]) first.
-pub async fn ensure_agent_config_map(state: &AppState) -> Result<Option<Ensured>, ClusterError> {
-    let mut present = state.agent_present_at().lock().await;
-    if present.is_some_and(|at| at.elapsed() < AGENT_RECHECK) {
-        return Ok(None);
-    }
-    *present = None;
+/// Makes sure the agent's ConfigMap exists: asks the API server, and creates it when it is
+/// absent. Record the version as seen ([`record_agent_seen`]) first.
+pub async fn ensure_agent_config_map(state: &AppState) -> Result<Ensured, ClusterError> {
     let agent = &state.config().agent;
     let ensured = state
         .cluster()
@@ -55,12 +49,17 @@ pub async fn ensure_agent_config_map(state: &AppState) -> Result<Option<Ensured>
             "created the agent ConfigMap of this version"
         );
     }
-    *present = Some(tokio::time::Instant::now());
-    Ok(Some(ensured))
+    Ok(ensured)
 }
 
-/// Forgets that the ConfigMap was present (a VM referencing it did not start): the next
-/// [`ensure_agent_config_map`] asks the API server again.
-pub(crate) async fn distrust_agent(state: &AppState) {
-    *state.agent_present_at().lock().await = None;
+/// Right before a VM mounting the agent's ConfigMap is created: the version recorded as seen
+/// (so the reaper keeps it), then the ConfigMap made sure of. A database that cannot record
+/// the sighting is a transient failure of the create (it is tried again).
+pub(crate) async fn agent_before_vm(state: &AppState) -> Result<(), ClusterError> {
+    record_agent_seen(state)
+        .await
+        .map_err(|e| ClusterError::Transient {
+            message: format!("recording the agent version as seen: {e}"),
+        })?;
+    ensure_agent_config_map(state).await.map(|_| ())
 }

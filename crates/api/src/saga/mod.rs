@@ -32,9 +32,9 @@ use ttlab_store::{Session, StoreError};
 
 use crate::{ApiError, AppState};
 
-pub use agent::{AGENT_HEARTBEAT, AGENT_RECHECK, ensure_agent_config_map, record_agent_seen};
+pub use agent::{AGENT_HEARTBEAT, ensure_agent_config_map, record_agent_seen};
 use failure::Failure;
-use gone::complete;
+use gone::{complete, complete_within};
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
 pub use open::open_session;
@@ -315,6 +315,36 @@ pub(crate) async fn end_live(
             Ok(Some(row))
         }
     }
+}
+
+/// A claimed pool member whose hand-over failed: released from its student (so the same
+/// click can give them the next member or a cold start) and failed with `reason`, in one
+/// statement, then its objects deleted (one look; what is still terminating is followed in
+/// the background, and left to the reaper after that). `false` if it was no longer the
+/// student's running member (someone else is ending it): the student still holds it.
+pub(crate) async fn release_failed_claim(
+    state: &AppState,
+    session: &Session,
+    reason: &str,
+) -> Result<bool, ApiError> {
+    let Some(user) = session.user.as_ref() else {
+        return Ok(false);
+    };
+    let released = with_db(|| async {
+        state
+            .store()
+            .sessions()
+            .release_failed_claim(session.id, user, reason)
+            .await
+    })
+    .await?;
+    let Some(row) = released else {
+        return Ok(false);
+    };
+    if let Err(e) = complete_within(state, row, Duration::ZERO).await {
+        tracing::warn!(session = %session.id, error = %e, "cannot delete the objects of a member whose hand-over failed now; the reaper will");
+    }
+    Ok(true)
 }
 
 /// At start-up, and from then on every [`ADOPT_EVERY`] (the `adoption` task,

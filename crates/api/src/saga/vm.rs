@@ -19,8 +19,8 @@ use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
 use ttlab_cluster::{ClusterError, Created, VmiState};
 use ttlab_disk_select::DiskDecision;
 use ttlab_lesson::Lesson;
-use ttlab_model::NodeName;
 use ttlab_model::labels::ObjectLabels;
+use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{DiskKind, Session, SessionVm, Stage};
 use ttlab_vm_manifest::{
     AgentDisk, SessionManifests, SessionVms, VirtualMachine, render_with_agent, secret_name,
@@ -50,7 +50,6 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     let vms = vm.record_vm_names().await?;
     let manifests = vm.render(disk)?;
     let tokens = vm.store_agent_tokens(&vms).await?; // ③
-    vm.ensure_agent_config_map().await?;
     let owner = vm.create_vms_and_secrets(manifests.vms, &tokens).await?; // ③ + ⑤
     vm.create_peer_network(manifests.service, manifests.network_policy, owner)
         .await?;
@@ -58,9 +57,44 @@ pub(crate) async fn provision(state: &AppState, session: &Session) -> Result<(),
     let running = vm.wait_vmis_running(&vms).await?; // ⑥–⑦
     ensure_starting(state, session).await?;
     vm.wait_agents_ready(&vms, running, &tokens).await?; // ⑧
-    steps::mark_running(state, session).await?;
+    if session.pool_member {
+        member_ready(state, session).await?;
+    } else {
+        steps::mark_running(state, session).await?;
+    }
     observe_stage(state, session, "ready").await;
     Ok(())
+}
+
+/// A pool member is ready: marked running unclaimed; or, claimed by a student while it was
+/// prepared, handed over to them first (the guests' hard deadline re-armed, the agent tokens
+/// rotated) and then marked running. The two statements are conditional on the claim, so a
+/// claim racing the readiness is seen either way.
+async fn member_ready(state: &AppState, session: &Session) -> Result<(), Stop> {
+    let sessions = || state.store().sessions();
+    for _ in 0..3 {
+        let marked =
+            with_db(|| async { sessions().mark_member_running(session.id, false).await }).await?;
+        if marked.is_some() {
+            return Ok(());
+        }
+        let fresh = with_db(|| async { sessions().get(session.id).await })
+            .await?
+            .ok_or(Stop::Superseded)?;
+        if fresh.status != SessionStatus::Starting {
+            return Err(Stop::Superseded);
+        }
+        if fresh.claimed_at.is_some() {
+            crate::pool::hand_over(state, &fresh).await.map_err(|why| {
+                Stop::Failed(format!("the prepared lab could not be handed over: {why}"))
+            })?;
+            let marked =
+                with_db(|| async { sessions().mark_member_running(session.id, true).await })
+                    .await?;
+            return marked.map(|_| ()).ok_or(Stop::Superseded);
+        }
+    }
+    Err(Stop::Superseded)
 }
 
 /// One session of a VM lesson being provisioned: what every step works with.
@@ -172,18 +206,6 @@ impl VmProvisioning<'_> {
         Ok(tokens)
     }
 
-    /// The agent's shared ConfigMap, before any VM references it: the version is recorded as
-    /// seen first (the reaper keeps what a server saw within its minimum age), then the
-    /// ConfigMap is made sure of.
-    async fn ensure_agent_config_map(&self) -> Result<(), Stop> {
-        with_db(|| async { super::record_agent_seen(self.state).await }).await?;
-        create_object(self.state, self.session, "agent ConfigMap", || {
-            super::ensure_agent_config_map(self.state)
-        })
-        .await?;
-        Ok(())
-    }
-
     /// ③ + ⑤ Each VM, then its cloud-init Secret owned by it; the first VM (the
     /// representative) owns the other VMs. Returns the owner reference of the representative,
     /// which the session's other objects carry too.
@@ -204,8 +226,11 @@ impl VmProvisioning<'_> {
                 vm.metadata.owner_references = Some(vec![rep.owner_reference()]);
             }
             let json = serde_json::to_value(&vm).map_err(|e| Failure::VmEncoding(e.to_string()))?;
-            let created = create_object(state, session, "VM", || {
-                state.cluster().create_vm(json.clone())
+            // The agent's ConfigMap is made sure of right before each attempt: a VM created
+            // while it is missing would wait for its agent disk for ever.
+            let created = create_object(state, session, "VM", || async {
+                super::agent::agent_before_vm(state).await?;
+                state.cluster().create_vm(json.clone()).await
             })
             .await?;
             if representative.is_none() {
@@ -268,16 +293,7 @@ impl VmProvisioning<'_> {
                 .await
                 .map_err(|e| vmi_failed(e, readiness))
         }))
-        .await;
-        let running = match running {
-            Ok(running) => running,
-            Err(stop) => {
-                // A VM that did not start may be waiting for its agent disk: check it again
-                // next time rather than trust the earlier finding.
-                super::agent::distrust_agent(state).await;
-                return Err(stop);
-            }
-        };
+        .await?;
         record_stage(state, session, Stage::VmiRunning).await?;
         observe_stage(state, session, "vmi_running").await;
         Ok(running)

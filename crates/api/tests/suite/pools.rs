@@ -1,7 +1,9 @@
 //! Warm pools through the real server on kube-sim and a real PostgreSQL: claims on two
 //! replicas never share a member, a claimed member's boot token stops working and its hard
-//! deadline becomes the session's, the pool never takes a cold start's places, and a member
-//! past its age limit is replaced.
+//! deadline becomes the session's, the pool never takes a cold start's places, a member
+//! past its age limit is replaced, and a member that cannot be handed over is replaced by the
+//! next one or a cold start without the student seeing it; with none ready, a member being
+//! prepared is claimed and handed over when it is ready.
 
 use crate::support;
 
@@ -448,5 +450,281 @@ async fn a_pool_of_a_two_vm_lesson_hands_over_every_node() {
             "node {n}"
         );
     }
+    s.stop().await;
+}
+
+/// Kills the agent of `member`'s only VM: it answers nothing from then on.
+fn kill_agent(w: &World, member: SessionId) {
+    let vm = ttlab_vm_manifest::vm_name(member, &"vm".parse().unwrap());
+    let pid = w.sim.agent_pid(NS, &vm).expect("the guest agent runs");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+/// Waits (30 s at most) until the session `id` is final, and returns it.
+async fn wait_final(w: &World, id: SessionId) -> ttlab_store::Session {
+    let store = w.db.store().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = store.sessions().get(id).await.unwrap().unwrap();
+        if s.status.is_final() {
+            return s;
+        }
+        assert!(Instant::now() < until, "{id} never ended: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the metric sample named (with its labels) exactly `series`.
+async fn metric(s: &Running, series: &str) -> Option<f64> {
+    let (status, body) = s.raw("GET", "/metrics", None, None, Vec::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let Value::String(text) = body else {
+        panic!("not the text format: {body}")
+    };
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_cannot_be_handed_over_is_replaced_by_the_next_or_a_cold_start_unseen() {
+    let w = World::new().await;
+    let s = pooled_server(&w, 20).await;
+    wait_ready(&s, "pooled", 3).await;
+    // Nothing new is prepared meanwhile: the three ready members are all there is.
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"paused": true})).await;
+    assert_eq!(status, 200, "{v}");
+    let store = w.db.store().await.unwrap();
+    let (env, lesson) = ("dev".parse().unwrap(), "pooled".parse().unwrap());
+    let mut members = store.pools().members(&env, &lesson).await.unwrap();
+    assert_eq!(members.len(), 3);
+    members.sort_by_key(|m| (m.ready_at, m.id));
+    // The agents of the two longest-ready members, the ones a claim takes first, are dead:
+    // neither can be re-armed nor given a new token.
+    for m in &members[..2] {
+        kill_agent(&w, m.id);
+    }
+    let node: NodeName = "vm".parse().unwrap();
+    let boot = store
+        .agent_tokens()
+        .get(members[2].id, &node)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // One click: the student gets the third member, running, with no error in between.
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "served by the pool: {v}");
+    assert_eq!(v["id"], members[2].id.to_string(), "{v}");
+    // It was handed over: its boot token was replaced.
+    let current = store
+        .agent_tokens()
+        .get(members[2].id, &node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(current, boot);
+    // The two that failed are nobody's, failed and reclaimed.
+    for m in &members[..2] {
+        let ended = wait_final(&w, m.id).await;
+        assert_eq!(ended.status.as_str(), "failed", "{ended:?}");
+        assert_eq!(ended.user, None, "{ended:?}");
+        assert!(
+            ended
+                .failure_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("could not be handed over")),
+            "{ended:?}"
+        );
+        let vm = ttlab_vm_manifest::vm_name(m.id, &node);
+        assert!(w.sim.guest_ip(NS, &vm).is_none(), "{vm} is still there");
+    }
+    let v = pool(&s, "pooled").await;
+    assert_eq!(v["handover_failures_24h"], 2, "{v}");
+    assert_eq!(v["claims_24h"], 3, "{v}");
+    assert_eq!(v["hit_rate"], 1.0, "one click, served by the pool: {v}");
+    let series = "ttlab_pool_handover_failures_total{lesson=\"pooled\"}";
+    assert_eq!(metric(&s, series).await, Some(2.0));
+
+    // A member that fails when no other is ready: the click goes the cold way.
+    let (status, v) = put_pool(
+        &s,
+        "/api/admin/pools/pooled",
+        json!({"paused": false, "size": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    wait_ready(&s, "pooled", 1).await;
+    let (status, v) = put_pool(&s, "/api/admin/pools/pooled", json!({"paused": true})).await;
+    assert_eq!(status, 200, "{v}");
+    let last = store.pools().members(&env, &lesson).await.unwrap();
+    let last = last
+        .iter()
+        .find(|m| m.status.as_str() == "running")
+        .expect("a ready member");
+    kill_agent(&w, last.id);
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "starting", "a cold start: {v}");
+    assert_ne!(v["id"], last.id.to_string(), "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let v = s
+        .wait_session(&id, &bob, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    assert_eq!(wait_final(&w, last.id).await.status.as_str(), "failed");
+    let v = pool(&s, "pooled").await;
+    assert_eq!(v["handover_failures_24h"], 3, "{v}");
+    assert_eq!(metric(&s, series).await, Some(3.0));
+    s.stop().await;
+}
+
+/// A single-node lesson with a pool of one whose guests take seconds to boot and set up.
+const SLOW_POOLED: &str = r#"
+id: slowpool
+title: Slow pool
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+readiness_timeout_seconds: 60
+setup_timeout_seconds: 60
+pool:
+  size: 1
+grading:
+  - name: passes
+    command: "true"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_handed_over_when_ready()
+{
+    let w = World::with(|c| {
+        c.timings.boot = Duration::from_secs(8);
+        c.timings.setup = Duration::from_secs(4);
+    })
+    .await;
+    let mut config = w.config(policy(3600, 7200, 3), 20).await;
+    config.lessons = LessonSet::from_sources([
+        ("test.yaml".into(), LESSONS.to_owned()),
+        ("slowpool.yaml".into(), SLOW_POOLED.to_owned()),
+    ])
+    .unwrap();
+    let s = w.serve(config).await;
+    // One preparation measured: the member ready.
+    let until = Instant::now() + Duration::from_secs(120);
+    while pool(&s, "slowpool").await["ready"] != 1 {
+        assert!(Instant::now() < until, "no member ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Alice takes it; the pool starts preparing its replacement.
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "slowpool"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "{v}");
+    let until = Instant::now() + Duration::from_secs(30);
+    while pool(&s, "slowpool").await["preparing"] != 1 {
+        assert!(Instant::now() < until, "no member being prepared");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = w.db.store().await.unwrap();
+    let (env, lesson) = ("dev".parse().unwrap(), "slowpool".parse().unwrap());
+    let preparing = store.pools().members(&env, &lesson).await.unwrap();
+    assert_eq!(preparing.len(), 1, "{preparing:?}");
+    let member = preparing[0].id;
+
+    // Bob clicks while it boots: he is given that member, starting, rather than a fresh start.
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "slowpool"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "starting", "{v}");
+    assert_eq!(
+        v["id"],
+        member.to_string(),
+        "the member being prepared: {v}"
+    );
+    let id = member.to_string();
+    let node: NodeName = "vm".parse().unwrap();
+    // Its boot token (stored before its VM was created).
+    let boot = loop {
+        if let Some(t) = store.agent_tokens().get(member, &node).await.unwrap() {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Bob's page follows the member's real stages and the expected time.
+    // (It boots for 8 s and sets up for 4 s: it is still starting now.)
+    let (status, v) = s.get(&format!("/api/sessions/{id}"), &bob).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "starting", "{v}");
+    assert!(v["stages"]["requested"].is_string(), "{v}");
+    assert!(v["expected_ready"]["p50_seconds"].is_number(), "{v}");
+    let mut seen = BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(90);
+    let v = loop {
+        let (status, v) = s.get(&format!("/api/sessions/{id}"), &bob).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] != "starting" {
+            break v;
+        }
+        seen.insert(v["stage"].as_str().unwrap_or_default().to_owned());
+        assert!(Instant::now() < until, "still starting: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(
+        seen.contains("vmi_running") || seen.contains("agent_up"),
+        "the stages of the boot were shown: {seen:?}"
+    );
+    for stage in ["vm_created", "vmi_running", "agent_up", "ready"] {
+        assert!(v["stages"][stage].is_string(), "{stage}: {v}");
+    }
+
+    // Handed over at readiness: the boot token refused, the stored new one accepted, and the
+    // guest powers off at Bob's session's hard cap plus the grace.
+    let session = store.sessions().get(member).await.unwrap().unwrap();
+    assert_eq!(session.user.as_ref().map(|u| u.as_str()), Some("bob"));
+    let vm = ttlab_vm_manifest::vm_name(member, &node);
+    let ip = w.sim.guest_ip(NS, &vm).expect("the guest's address");
+    let addr = std::net::SocketAddr::new(ip.into(), s.state.config().agent_port);
+    let old = AgentClient::new(addr, AgentToken::parse(&boot).unwrap());
+    assert!(old.exec("true", Duration::from_secs(5)).await.is_err());
+    let current = store
+        .agent_tokens()
+        .get(member, &node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(current, boot);
+    let new = AgentClient::new(addr, AgentToken::parse(&current).unwrap());
+    let ran = new.exec("true", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(ran.exit_code, Some(0));
+    let grace = chrono::TimeDelta::from_std(s.state.config().policy.hard_deadline_grace).unwrap();
+    let file = w
+        .sim
+        .guest_dir(NS, &vm)
+        .unwrap()
+        .join(ttlab_agent::protocol::POWER_OFF_AT_PATH.trim_start_matches('/'));
+    let got: i64 = std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(got, (session.max_expires_at + grace).timestamp());
     s.stop().await;
 }

@@ -50,6 +50,10 @@ pub struct PoolClaim {
     /// The class the user is a student of now, if any (schema version 13): its members are
     /// taken first, and the session records it.
     pub class: Option<ClassId>,
+    /// When no member is ready, a member still being prepared may be claimed if it was
+    /// created less than this long ago (younger ones are expected ready sooner than a fresh
+    /// start would be; an older one may be stuck). `None`: ready members only.
+    pub preparing_within: Option<std::time::Duration>,
 }
 
 /// The longest lifespan a claim may ask for (ten years; far beyond any policy).
@@ -106,6 +110,11 @@ impl Sessions<'_> {
     /// drains its members from its lead-in to its end). The claimed row records the claimer's
     /// class (`class`), which is how a class's started seats are counted.
     ///
+    /// With [`PoolClaim::preparing_within`], when no member is ready a member still being
+    /// prepared (status `starting`, created within that time) is claimed instead, the oldest
+    /// first (the nearest to ready): it stays `starting` for its student, and its
+    /// provisioner hands it over when it is ready ([`Sessions::mark_member_running`]).
+    ///
     /// `Ok(None)` is a miss: no ready member (open a session the cold way). A user who
     /// already has a live session gets [`StoreError::SessionExists`], as for a second
     /// [`Sessions::insert`], and the member stays in the pool.
@@ -120,14 +129,17 @@ impl Sessions<'_> {
              max_expires_at = now() + $5::float8 * interval '1 second', updated_at = now(), \
              class_id = $7::uuid \
              WHERE id = (SELECT s.id FROM sessions s WHERE s.env = $1 AND s.lesson = $2 \
-               AND s.pool_member AND s.claimed_at IS NULL AND s.status = 'running' \
+               AND s.pool_member AND s.claimed_at IS NULL \
+               AND (s.status = 'running' OR (s.status = 'starting' \
+                 AND s.created_at > now() - $8::float8 * interval '1 second')) \
                AND s.expires_at > now() + $6::float8 * interval '1 second' \
                AND (s.class_id IS NULL OR s.class_id = $7::uuid OR NOT EXISTS ( \
                  SELECT 1 FROM classes c WHERE c.id = s.class_id \
                    AND c.cancelled_at IS NULL AND c.ends_at > now())) \
-               ORDER BY (s.class_id = $7::uuid) IS TRUE DESC, s.ready_at, s.id \
+               ORDER BY s.status = 'running' DESC, (s.class_id = $7::uuid) IS TRUE DESC, \
+                 s.ready_at, s.created_at, s.id \
                LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
-             AND pool_member AND claimed_at IS NULL AND status = 'running'",
+             AND pool_member AND claimed_at IS NULL AND status IN ('running', 'starting')",
             returning_and_notify!(),
             "), event AS (INSERT INTO pool_events (env, lesson, kind) \
              SELECT $1, $2, CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claim' ELSE 'miss' END) \
@@ -145,6 +157,8 @@ impl Sessions<'_> {
         }
         let (ttl, max) = (claim.ttl.as_secs_f64(), claim.max.as_secs_f64());
         let margin = CLAIM_MARGIN.as_secs_f64();
+        // No preparing member is young enough for a negative age.
+        let preparing = claim.preparing_within.map_or(-1.0, |d| d.as_secs_f64());
         for _ in 0..3 {
             let (client, statement) = self.store.prepared(WHAT, SQL).await?;
             let result = client
@@ -158,6 +172,7 @@ impl Sessions<'_> {
                         &max,
                         &margin,
                         &claim.class.map(|c| c.as_uuid()),
+                        &preparing,
                     ],
                 )
                 .await;
@@ -175,6 +190,40 @@ impl Sessions<'_> {
         Err(StoreError::Conflict {
             what: "the user's other session kept changing",
         })
+    }
+
+    /// A claimed member whose hand-over failed (its agent could not be re-armed or given its
+    /// new token): released from `user` — so the same click can give them another member, or
+    /// open a cold session, at once — and moved to `finishing` heading for `failed` with
+    /// `reason`, in one statement that also records a `handover_failed` pool event (counted by
+    /// [`Pools::counts`](crate::Pools::counts)). The row is then an unclaimed member being
+    /// retired: its objects are deleted as for any finishing session. `None` if it is no longer
+    /// `user`'s running claimed member (someone else is ending it).
+    pub async fn release_failed_claim(
+        &self,
+        id: SessionId,
+        user: &UserId,
+        reason: &str,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "WITH released AS (UPDATE sessions SET user_id = NULL, claimed_at = NULL, \
+             status = 'finishing', finishing_to = 'failed', \
+             finished_at = COALESCE(finished_at, now()), failure_reason = $3, updated_at = now() \
+             WHERE id = $1 AND user_id = $2 AND pool_member AND claimed_at IS NOT NULL \
+             AND status = 'running'",
+            returning_and_notify!(),
+            "), event AS (INSERT INTO pool_events (env, lesson, kind) \
+             SELECT env, lesson, 'handover_failed' FROM released) \
+             SELECT ",
+            columns!(),
+            " FROM released"
+        );
+        self.query_opt(
+            "releasing a member whose hand-over failed",
+            SQL,
+            &[&id.as_uuid(), &user.as_str(), &reason],
+        )
+        .await
     }
 
     /// The unclaimed live (starting, running, finishing) members of `lesson`'s pool in `env`,

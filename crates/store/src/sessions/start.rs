@@ -261,6 +261,33 @@ impl Sessions<'_> {
         .await
     }
 
+    /// starting → running for a warm-pool member, only if it is still unclaimed (`claimed`
+    /// false) or already claimed (`claimed` true): a member claimed while it was being
+    /// prepared is handed over (token rotation, deadline re-arm) before it runs for its
+    /// student, so its provisioner marks it running unclaimed — or, finding it claimed,
+    /// hands it over first and then marks it running claimed. `None` when the row is not a
+    /// `starting` member in that claim state (re-read and decide again).
+    pub async fn mark_member_running(
+        &self,
+        id: SessionId,
+        claimed: bool,
+    ) -> Result<Option<Session>, StoreError> {
+        const SQL: &str = concat!(
+            "UPDATE sessions SET status = $2, ready_at = now(), updated_at = now() \
+             WHERE id = $1 AND status = ANY($3) AND pool_member \
+             AND (claimed_at IS NOT NULL) = $4",
+            returning_and_notify!()
+        );
+        let (from, to) = TO_RUNNING;
+        ensure(from, to)?;
+        self.query_opt(
+            "marking a pool member running",
+            SQL,
+            &[&id.as_uuid(), &to.as_str(), &names(from), &claimed],
+        )
+        .await
+    }
+
     /// Extends a running session to `new_expires_at` (computed by `ttlab-lifespan`) and uses
     /// up one extension — only if it still has `seen_extensions_used` extensions used, has not
     /// expired by the database clock, and the new expiry neither passes `max_expires_at` nor

@@ -73,6 +73,7 @@ fn claim(who: &str, class: Option<ClassId>) -> PoolClaim {
         ttl: StdDuration::from_secs(3600),
         max: StdDuration::from_secs(3 * 3600),
         class,
+        preparing_within: None,
     }
 }
 

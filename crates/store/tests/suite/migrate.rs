@@ -23,7 +23,9 @@ async fn migrating_twice_applies_once() {
             "V10__waitlist",
             "V11__console_connections",
             "V12__warm_pools",
-            "V13__classes"
+            "V13__classes",
+            "V14__console_replica_gone",
+            "V15__handover_failures"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

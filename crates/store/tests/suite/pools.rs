@@ -37,6 +37,7 @@ fn claim(env_name: &str, lesson_name: &str, who: &str) -> PoolClaim {
         ttl: TTL,
         max: MAX,
         class: None,
+        preparing_within: None,
     }
 }
 
@@ -823,4 +824,55 @@ async fn counts_history_and_recent_starts_read_a_seeded_history() {
         "the 9-day-old miss"
     );
     assert_eq!(store.pools().prune_events().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_member_being_prepared_is_claimed_only_when_none_is_ready_and_it_is_young_enough() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let now = store.db_now().await.unwrap();
+    let sessions = store.sessions();
+    let preparing = sessions
+        .insert_pool_member(&new_member("dev", "intro", now, Duration::hours(4)))
+        .await
+        .unwrap();
+    // Ready members only: a miss.
+    assert!(
+        sessions
+            .claim_pool_member(&claim("dev", "intro", "ann"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Younger than allowed? Not when nothing is young enough (it may be stuck).
+    let mut ann = claim("dev", "intro", "ann");
+    ann.preparing_within = Some(StdDuration::ZERO);
+    assert!(sessions.claim_pool_member(&ann).await.unwrap().is_none());
+    // A ready member goes first, even one made later.
+    let ready = ready_member(&store, "dev", "intro").await;
+    ann.preparing_within = Some(StdDuration::from_secs(3600));
+    let got = sessions.claim_pool_member(&ann).await.unwrap().unwrap();
+    assert_eq!(got.id, ready.id);
+    // With none ready, the member being prepared: still starting, now the student's.
+    let mut bea = claim("dev", "intro", "bea");
+    bea.preparing_within = Some(StdDuration::from_secs(3600));
+    let got = sessions.claim_pool_member(&bea).await.unwrap().unwrap();
+    assert_eq!(got.id, preparing.id);
+    assert_eq!(got.status, SessionStatus::Starting);
+    assert_eq!(got.user, Some(user("bea")));
+    // Its provisioner finds it claimed: marking it running unclaimed does nothing, and after
+    // the hand-over it is marked running claimed.
+    assert!(
+        sessions
+            .mark_member_running(preparing.id, false)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let running = sessions
+        .mark_member_running(preparing.id, true)
+        .await
+        .unwrap()
+        .expect("claimed, starting");
+    assert_eq!(running.status, SessionStatus::Running);
 }
