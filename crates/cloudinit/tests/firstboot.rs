@@ -175,11 +175,7 @@ impl Guest {
             self.path("bin"),
             std::env::var("PATH").unwrap_or_default()
         );
-        let status = Command::new("sh")
-            .arg(self.path("firstboot"))
-            .env("PATH", path)
-            .status()
-            .unwrap();
+        let status = run_sh(&self.path("firstboot"), &path);
         let read = |name: &str| std::fs::read_to_string(self.path(name)).ok();
         Outcome {
             success: status.success(),
@@ -195,7 +191,31 @@ impl Guest {
     }
 }
 
+/// Held while a script is written and while a child is forked. A child forked while another
+/// test thread has a script open for writing holds that file open until it execs, and
+/// running the script then fails with ETXTBSY: the shell would take the next command of that
+/// name on the PATH, the machine's own.
+fn no_write_open() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs `script` with `sh` and `path` as its PATH, forked while no script is open for writing.
+fn run_sh(script: &str, path: &str) -> std::process::ExitStatus {
+    let mut child = {
+        let _no_write_open = no_write_open();
+        Command::new("sh")
+            .arg(script)
+            .env("PATH", path)
+            .spawn()
+            .unwrap()
+    };
+    child.wait().unwrap()
+}
+
 fn write_exec(path: &Path, text: &str) {
+    let _no_write_open = no_write_open();
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
@@ -438,11 +458,7 @@ exit 0
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    Command::new("sh")
-        .arg(p("firstboot"))
-        .env("PATH", path)
-        .status()
-        .unwrap();
+    run_sh(&p("firstboot"), &path);
     std::fs::read_to_string(p("events"))
         .unwrap_or_default()
         .lines()
@@ -509,11 +525,7 @@ fn the_power_off_check_leaves_a_shutdown_under_way_alone() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let status = Command::new("sh")
-        .arg(p("check"))
-        .env("PATH", path)
-        .status()
-        .unwrap();
+    let status = run_sh(&p("check"), &path);
     assert!(status.success());
     let events = std::fs::read_to_string(p("events")).unwrap();
     assert_eq!(events, "systemctl is-system-running\n", "{events}");

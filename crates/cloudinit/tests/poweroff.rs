@@ -25,9 +25,18 @@ fn baked() -> i64 {
     common::deadline().timestamp()
 }
 
+/// One check at a time. A script written while another test thread forks can be held open
+/// for writing by that child until it execs, and running it then fails with ETXTBSY: the
+/// shell then takes the next `date` on the PATH, the machine's own, and its real clock (past
+/// the sample's deadline) read as a power-off.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs the rendered check at `now` with `moved` (if any) in the deadline file; returns
 /// whether it asked to power off.
 fn powers_off(now: i64, moved: Option<&[u8]>) -> bool {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
     let bin = dir.path().join("bin");
