@@ -19,6 +19,7 @@ mod failure;
 mod gone;
 mod open;
 mod pod;
+mod quota;
 mod retry;
 mod steps;
 mod tokens;
