@@ -23,7 +23,8 @@ async fn migrating_twice_applies_once() {
             "V10__waitlist",
             "V11__console_connections",
             "V12__warm_pools",
-            "V13__classes"
+            "V13__classes",
+            "V14__waitlist_front"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);
