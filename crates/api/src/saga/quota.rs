@@ -2,13 +2,6 @@
 //! place in the line (the start goes back on the waitlist, at the front), with places free it
 //! is the quota lagging (retried for a short grace), and only a refusal that persists with
 //! places free fails, with the reason. Pure: counts and durations in, a decision out.
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the saga acts on the decision once a start can be requeued"
-    )
-)]
 
 use std::time::Duration;
 
@@ -16,11 +9,12 @@ use ttlab_cluster::ClusterError;
 
 use super::Failure;
 
-/// VM places by the server's count when a quota refused a create: VMs holding places (of
-/// every environment, [`crate::saga::count_vms`]) against the VM limit.
+/// VM places by the server's count when a quota refused a create: the places taken by
+/// everything but the refused session (VMs of other live sessions of every environment, VMs
+/// shutting down, VMs without a lab) against the VM limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Places {
-    /// Places taken.
+    /// Places taken by others.
     pub taken: usize,
     /// The VM limit.
     pub limit: usize,
@@ -86,13 +80,14 @@ pub(crate) struct QuotaRefusal<'a> {
 
 /// Decides what a quota's refusal means.
 ///
-/// The namespace is full when the server's count is at the VM limit, or the quota says its
-/// used count has reached its hard one: the start goes back in the line
-/// ([`QuotaDecision::Requeue`]) — two servers raced for the last place and this one lost.
-/// Otherwise places are free and the quota is lagging (it recounts deletions a moment later,
-/// or has not counted a new quota yet): the create is retried after `pause` (the shared
-/// policy's next one) while refusals have persisted no longer than `grace`, and only then
-/// fails, with the reason.
+/// When the server's own count leaves no place for this session (others hold every place:
+/// two servers raced for the last one and this one lost), the namespace is full and the start
+/// goes back in the line at once ([`QuotaDecision::Requeue`]). Otherwise the quota may be
+/// lagging (it recounts deletions a moment later, or has not counted a new quota yet): the
+/// create is retried after `pause` (the shared policy's next one) while refusals have
+/// persisted no longer than `grace`. Past the grace, a quota whose refusal says its used
+/// count has reached its hard one is full all the same (VMs the server does not count hold
+/// it): requeue; only a refusal with places free by both counts fails, with the reason.
 pub(crate) fn decide_quota(
     refusal: QuotaRefusal<'_>,
     places: Places,
@@ -108,13 +103,15 @@ pub(crate) fn decide_quota(
             });
         }
     };
-    let exceeded = matches!(refusal.error, ClusterError::QuotaExceeded { .. });
-    let quota_full = exceeded && quota_use(message).is_some_and(|u| u.used >= u.hard);
-    if places.free() == 0 || quota_full {
+    if places.free() == 0 {
         return QuotaDecision::Requeue;
     }
     if refusal.persisted + pause <= grace {
         return QuotaDecision::Retry(pause);
+    }
+    let exceeded = matches!(refusal.error, ClusterError::QuotaExceeded { .. });
+    if exceeded && quota_use(message).is_some_and(|u| u.used >= u.hard) {
+        return QuotaDecision::Requeue;
     }
     QuotaDecision::Fail(if exceeded {
         Failure::QuotaPersists {
@@ -204,10 +201,14 @@ mod tests {
     }
 
     #[test]
-    fn a_quota_used_up_requeues_even_when_the_server_counts_free_places() {
+    fn a_quota_used_up_with_places_free_by_the_count_is_retried_then_requeued() {
+        // The quota counts VMs still being deleted a moment longer than the server does.
         let error = exceeded(FULL_MESSAGE);
         let places = Places { taken: 6, limit: 8 };
         let decision = decide_quota(refusal(&error, 1, Duration::ZERO), places, SECOND, GRACE);
+        assert!(matches!(decision, QuotaDecision::Retry(_)), "{decision:?}");
+        // Still used up past the grace: full by VMs the server does not count; a wait.
+        let decision = decide_quota(refusal(&error, 14, GRACE), places, SECOND, GRACE);
         assert!(matches!(decision, QuotaDecision::Requeue), "{decision:?}");
     }
 
