@@ -392,6 +392,25 @@ async function joinAgain() {
   if (lesson) await joinWaitlist(lesson);
 }
 
+/**
+ * The start was refused because every place was taken in the same moment: not a failure, the
+ * student is back in the line at the front. Shows their place, or (if they no longer wait)
+ * says so on the ended view.
+ */
+async function backInLine() {
+  if (await resumeWaiting()) {
+    notice(`You are back in the line at position ${state.waitView.position}: every lab ` +
+      'machine was taken while your lab was being prepared.', 'info');
+    return;
+  }
+  document.getElementById('ended-title').textContent = 'Every lab machine was taken';
+  document.getElementById('ended-text').textContent =
+    'Every lab machine was taken while your lab was being prepared. Nothing of it is left ' +
+    'running; you can start it again.';
+  document.getElementById('back-to-lessons').hidden = false;
+  show('view-ended');
+}
+
 /** `1st`, `2nd`, `3rd`, `4th`… */
 function ordinal(n) {
   const tens = n % 100;
@@ -500,7 +519,7 @@ async function followSession(id) {
 }
 
 function isFinal(status) {
-  return ['finished', 'expired', 'failed', 'ghost'].includes(status);
+  return ['finished', 'expired', 'failed', 'ghost', 'requeued'].includes(status);
 }
 
 /** A new view of the session: re-sync the clock and show the screen for its status. */
@@ -934,6 +953,9 @@ function showEnded(view) {
         'Nothing of it is left running; you can start it again.' +
         (view.reference ? ` Reference for your teacher: ${view.reference}.` : '');
       break;
+    case 'requeued':
+      backInLine();
+      return;
     case 'ghost':
       titleBox.textContent = 'The lab stopped';
       text.textContent = 'Its VM is no longer running (it stopped or was removed). You can start a new lab.';

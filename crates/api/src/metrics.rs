@@ -163,6 +163,9 @@ label_value! {
         Failed => "failed",
         /// The row left `starting` first (finished by its student, failed by the reaper).
         Superseded => "superseded",
+        /// The namespace's quota refused it at capacity; the session was ended `requeued` and
+        /// its student put back in the line.
+        Requeued => "requeued",
     }
 }
 

@@ -34,6 +34,9 @@ pub enum SessionStatus {
     Failed,
     /// Marked `running` but its VM was gone from the cluster.
     Ghost,
+    /// Its start was refused by the namespace's quota at capacity: its objects were deleted
+    /// and the student was put back in the line, at the front. Not a failure.
+    Requeued,
 }
 
 impl SessionStatus {
@@ -47,6 +50,7 @@ impl SessionStatus {
         Self::Finished,
         Self::Failed,
         Self::Ghost,
+        Self::Requeued,
     ];
 
     /// The statuses that hold resources.
@@ -62,7 +66,7 @@ impl SessionStatus {
         matches!(self, Self::Starting | Self::Running | Self::Finishing)
     }
 
-    /// Never changes again (expired, finished, failed, ghost).
+    /// Never changes again (expired, finished, failed, ghost, requeued).
     pub const fn is_final(self) -> bool {
         !self.is_live()
     }
@@ -73,7 +77,7 @@ impl SessionStatus {
     /// |---|---|
     /// | starting | running, finishing |
     /// | running | finishing, ghost |
-    /// | finishing | expired, finished, failed |
+    /// | finishing | expired, finished, failed, requeued |
     ///
     /// Nothing leaves a final status, and no status moves to itself.
     pub const fn can_become(self, to: SessionStatus) -> bool {
@@ -86,6 +90,7 @@ impl SessionStatus {
                 | (Self::Finishing, Self::Expired)
                 | (Self::Finishing, Self::Finished)
                 | (Self::Finishing, Self::Failed)
+                | (Self::Finishing, Self::Requeued)
         )
     }
 }
@@ -110,12 +115,14 @@ pub enum FinalStatus {
     Finished,
     /// Provisioning failed.
     Failed,
+    /// The start was refused at capacity; the student is back in the line.
+    Requeued,
 }
 
 impl FinalStatus {
     /// Every final target.
     pub const ALL: [FinalStatus; FinalStatus::COUNT] =
-        [Self::Expired, Self::Finished, Self::Failed];
+        [Self::Expired, Self::Finished, Self::Failed, Self::Requeued];
 
     /// The session status this target lands on.
     pub const fn status(self) -> SessionStatus {
@@ -123,6 +130,7 @@ impl FinalStatus {
             Self::Expired => SessionStatus::Expired,
             Self::Finished => SessionStatus::Finished,
             Self::Failed => SessionStatus::Failed,
+            Self::Requeued => SessionStatus::Requeued,
         }
     }
 
@@ -179,6 +187,7 @@ mod tests {
             (Finishing, Expired),
             (Finishing, Finished),
             (Finishing, Failed),
+            (Finishing, Requeued),
         ];
         for from in SessionStatus::ALL {
             for to in SessionStatus::ALL {

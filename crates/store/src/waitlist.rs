@@ -1,7 +1,10 @@
 //! The `waitlist` table: students waiting for a place when the VM limit is reached.
 //!
 //! One entry per user (the primary key), served in enqueue order (`enqueued_at`, then
-//! insertion order): the database decides the order, whichever replica a student reached.
+//! insertion order), except that entries put back at the front ([`Waitlist::requeue`]: a
+//! start the namespace's quota refused at capacity) go before every other, in their own
+//! enqueue order: the line is ordered by `(NOT front, enqueued_at, seq)`. The database
+//! decides the order, whichever replica a student reached.
 //! When places free, [`Waitlist::grant`] gives the first waiting entries a *hold* until a
 //! deadline: during it, the capacity check counts the held places as taken for everybody
 //! but the holder ([`Waitlist::reservations`]). A hold that lapses, or an entry that waited
@@ -42,6 +45,9 @@ pub struct WaitlistEntry {
     pub position: u32,
     /// While a place is held for this entry: until when.
     pub hold_until: Option<DateTime<Utc>>,
+    /// Put back at the front of the line after a start the namespace's quota refused at
+    /// capacity ([`Waitlist::requeue`]).
+    pub front: bool,
 }
 
 /// What joining did.
@@ -122,8 +128,12 @@ pub struct Waitlist<'a> {
 
 /// The columns of an entry with its position, from `waitlist w`.
 const ENTRY: &str = "w.user_id, w.lesson, w.env, w.needed, w.enqueued_at, w.hold_until, \
-     (SELECT count(*) FROM waitlist o WHERE (o.enqueued_at, o.seq) <= (w.enqueued_at, w.seq)) \
+     w.front, (SELECT count(*) FROM waitlist o \
+       WHERE (NOT o.front, o.enqueued_at, o.seq) <= (NOT w.front, w.enqueued_at, w.seq)) \
      AS position";
+
+/// The order of the line.
+const LINE: &str = "(NOT front), enqueued_at, seq";
 
 fn entry_from_row(row: &Row) -> Result<WaitlistEntry, StoreError> {
     let needed: i32 = get(row, "needed")?;
@@ -136,6 +146,7 @@ fn entry_from_row(row: &Row) -> Result<WaitlistEntry, StoreError> {
         enqueued_at: get(row, "enqueued_at")?,
         position: u32::try_from(position).unwrap_or(u32::MAX),
         hold_until: get(row, "hold_until")?,
+        front: get(row, "front")?,
     })
 }
 
@@ -185,6 +196,43 @@ impl<'a> Waitlist<'a> {
         })
     }
 
+    /// Puts `user` back in the line for `lesson` at the front: ahead of every entry that
+    /// joined normally, behind the entries requeued before it. For a start the namespace's
+    /// quota refused at capacity (the session was rolled back, not failed). If the user waits
+    /// already, their entry moves to the front. Call it once their session is final: a grant
+    /// removes the entry of a user whose session is `starting` or `running`, but keeps a
+    /// requeued one while the session it replaces is still `finishing`.
+    pub async fn requeue(
+        &self,
+        user: &UserId,
+        lesson: &LessonId,
+        env: &EnvName,
+        needed: u32,
+    ) -> Result<WaitlistEntry, StoreError> {
+        const WHAT: &str = "putting a student back in the line";
+        let needed = i32::try_from(needed.max(1))
+            .map_err(|_| StoreError::InvalidArgument("a lab needs too many places"))?;
+        let sql = format!(
+            "INSERT INTO waitlist (user_id, lesson, env, needed, front) \
+             VALUES ($1, $2, $3, $4, true) \
+             ON CONFLICT (user_id) DO UPDATE SET front = true \
+             RETURNING pg_notify('{}', env)",
+            channel_sessions_changed!()
+        );
+        let (client, statement) = self.store.prepared(WHAT, &sql).await?;
+        client
+            .query(
+                &statement,
+                &[&user.as_str(), &lesson.as_str(), &env.as_str(), &needed],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        drop(client);
+        self.get(user).await?.ok_or(StoreError::Conflict {
+            what: "the waitlist entry was removed as it was made",
+        })
+    }
+
     /// The user's entry and position, if they wait.
     pub async fn get(&self, user: &UserId) -> Result<Option<WaitlistEntry>, StoreError> {
         const WHAT: &str = "reading a waitlist entry";
@@ -202,7 +250,8 @@ impl<'a> Waitlist<'a> {
     /// Every entry, first in line first (for operators and tests).
     pub async fn list(&self) -> Result<Vec<WaitlistEntry>, StoreError> {
         const WHAT: &str = "listing the waitlist";
-        let sql = format!("SELECT {ENTRY} FROM waitlist w ORDER BY w.enqueued_at, w.seq");
+        let sql =
+            format!("SELECT {ENTRY} FROM waitlist w ORDER BY (NOT w.front), w.enqueued_at, w.seq");
         let (client, statement) = self.store.prepared(WHAT, &sql).await?;
         let rows = client
             .query(&statement, &[])
@@ -247,14 +296,15 @@ impl<'a> Waitlist<'a> {
         now: DateTime<Utc>,
     ) -> Result<Reservations, StoreError> {
         const WHAT: &str = "counting the waitlist's holds";
-        const SQL: &str = "WITH me AS (SELECT enqueued_at, seq, hold_until FROM waitlist \
+        const SQL: &str = "WITH me AS (SELECT front, enqueued_at, seq, hold_until FROM waitlist \
              WHERE user_id = $1) \
              SELECT \
                coalesce(sum(w.needed) FILTER (WHERE w.user_id <> $1 AND w.hold_until > $2), 0)::int8 \
                  AS held, \
                count(*) FILTER (WHERE w.user_id <> $1 AND w.hold_until IS NULL AND \
                  (NOT EXISTS (SELECT 1 FROM me) OR \
-                  (w.enqueued_at, w.seq) < (SELECT enqueued_at, seq FROM me)))::int8 AS ahead, \
+                  (NOT w.front, w.enqueued_at, w.seq) < (SELECT NOT front, enqueued_at, seq FROM me))) \
+                 ::int8 AS ahead, \
                (SELECT hold_until FROM me WHERE hold_until > $2) AS own \
              FROM waitlist w";
         let (client, statement) = self.store.prepared(WHAT, SQL).await?;
@@ -272,7 +322,8 @@ impl<'a> Waitlist<'a> {
     }
 
     /// One grant at `now`, in one transaction: removes lapsed holds, entries older than
-    /// `max_wait` and entries of users with a live session, then gives holds of `hold` to the
+    /// `max_wait` and entries of users with a live session (but not a requeued entry while
+    /// the session it replaces is `finishing`), then gives holds of `hold` to the
     /// first waiting entries that fit in `free` places (places not taken by sessions or VMs;
     /// current holds are subtracted here), as [`plan_holds`] decides. Call it while holding
     /// the capacity lock, with `free` counted under it.
@@ -317,18 +368,24 @@ impl<'a> Waitlist<'a> {
                 &format!(
                     "DELETE FROM waitlist w WHERE (w.enqueued_at <= $1 AND w.hold_until IS NULL) \
                      OR EXISTS (SELECT 1 FROM sessions s WHERE s.user_id = w.user_id \
-                                AND s.status = ANY($2)) \
+                                AND s.status = ANY($2) \
+                                AND NOT (w.front AND s.status = $3)) \
                      RETURNING pg_notify('{notify}', w.env)"
                 ),
-                &[&(now - max_wait), &live_names()],
+                &[
+                    &(now - max_wait),
+                    &live_names(),
+                    &SessionStatus::Finishing.as_str(),
+                ],
             )
             .await
             .map_err(StoreError::query(WHAT))?;
         report.removed = removed.len() as u64;
         let rows = tx
             .query(
-                "SELECT user_id, needed, hold_until FROM waitlist \
-                 ORDER BY enqueued_at, seq FOR UPDATE",
+                &format!(
+                    "SELECT user_id, needed, hold_until FROM waitlist ORDER BY {LINE} FOR UPDATE"
+                ),
                 &[],
             )
             .await

@@ -778,9 +778,9 @@ fn reason_of(row: &Session) -> Option<CloseReason> {
         SessionStatus::Finishing => match row.finishing_to {
             Some(FinalStatus::Expired) => CloseReason::Expired,
             Some(FinalStatus::Failed) => CloseReason::VmStopped,
-            Some(FinalStatus::Finished) | None => CloseReason::Finished,
+            Some(FinalStatus::Finished | FinalStatus::Requeued) | None => CloseReason::Finished,
         },
-        SessionStatus::Finished => CloseReason::Finished,
+        SessionStatus::Finished | SessionStatus::Requeued => CloseReason::Finished,
         SessionStatus::Expired => CloseReason::Expired,
         SessionStatus::Failed | SessionStatus::Ghost => CloseReason::VmStopped,
     })

@@ -176,7 +176,7 @@ pub fn document() -> Value {
                 "Lesson": {"type": "object", "properties": {"id": {"type": "string"}, "title": {"type": "string"}, "runtime": {"type": "string", "enum": ["vm", "pod"]}, "nodes": {"type": "array", "items": {"type": "string"}}, "grading_steps": {"type": "integer"}}},
                 "Session": {"type": "object", "properties": {
                     "id": {"type": "string", "format": "uuid"}, "user": {"type": ["string", "null"]}, "lesson": {"type": "string"}, "runtime": {"type": "string"},
-                    "status": {"type": "string", "enum": ["starting", "running", "finishing", "expired", "finished", "failed", "ghost"]},
+                    "status": {"type": "string", "enum": ["starting", "running", "finishing", "expired", "finished", "failed", "ghost", "requeued"]},
                     "stage": {"type": "string"}, "finishing_to": {"type": ["string", "null"]},
                     "started_at": {"type": "string", "format": "date-time"}, "expires_at": {"type": "string", "format": "date-time"}, "max_expires_at": {"type": "string", "format": "date-time"},
                     "remaining_seconds": {"type": "integer"}, "extensions_used": {"type": "integer"}, "extensions_left": {"type": "integer"}, "server_time": {"type": "string", "format": "date-time"},

@@ -55,6 +55,20 @@ pub(crate) enum Failure {
         /// How long it was tried.
         took: Duration,
     },
+    /// The quota kept refusing a create as exceeded although VM places were free, for longer
+    /// than the wait for it to recount.
+    QuotaPersists {
+        /// What was being created.
+        what: String,
+        /// How many times the quota refused it.
+        refusals: u32,
+        /// How long it was refused.
+        took: Duration,
+        /// VM places free by the server's count.
+        free: usize,
+        /// The quota's last refusal.
+        message: String,
+    },
     /// A VMI was not running within the lesson's readiness timeout; `why` is what held it, or
     /// why it could not be watched (with its leading space and brackets), or empty.
     VmiTimedOut {
@@ -130,6 +144,19 @@ impl fmt::Display for Failure {
                 "the cluster had still not counted the lab namespace's quota after {} s (it \
                  refused the {what} {refusals} times); try again in a minute",
                 took.as_secs().max(1)
+            ),
+            Self::QuotaPersists {
+                what,
+                refusals,
+                took,
+                free,
+                message,
+            } => write!(
+                f,
+                "the lab namespace's quota refused the {what} {refusals} times in {} s although \
+                 {free} VM place{} free ({message}); ask the staff to check the namespace's quota",
+                took.as_secs().max(1),
+                if *free == 1 { " is" } else { "s are" }
             ),
             Self::VmiTimedOut { within, why } => {
                 write!(f, "VM did not start within {} s{why}", within.as_secs())

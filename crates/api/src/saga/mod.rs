@@ -19,6 +19,7 @@ mod failure;
 mod gone;
 mod open;
 mod pod;
+mod quota;
 mod retry;
 mod steps;
 mod tokens;
@@ -52,6 +53,10 @@ pub(crate) enum Stop {
     /// The row left `starting` under us (finished by the student, failed by the reaper):
     /// whoever moved it ends it; we only remove what we created.
     Superseded,
+    /// The namespace's quota refused a create at capacity: not a failure. The session ends
+    /// `requeued` (the reason is for the student) and its student goes back in the line, at
+    /// the front.
+    Requeued(String),
 }
 
 impl From<StoreError> for Stop {
@@ -139,6 +144,7 @@ async fn provision(state: &AppState, session: &Session) {
         Ok(()) => crate::metrics::ProvisioningOutcome::Ready,
         Err(Stop::Failed(_)) => crate::metrics::ProvisioningOutcome::Failed,
         Err(Stop::Superseded) => crate::metrics::ProvisioningOutcome::Superseded,
+        Err(Stop::Requeued(_)) => crate::metrics::ProvisioningOutcome::Requeued,
     };
     state.metrics().provisioning_ended(session.runtime, outcome);
     match result {
@@ -176,6 +182,7 @@ async fn provision(state: &AppState, session: &Session) {
                 }
             }
         }
+        Err(Stop::Requeued(reason)) => requeue(state, session, &reason).await,
         Err(Stop::Failed(reason)) => {
             tracing::warn!(%reason, "provisioning failed");
             if let Err(e) = end_session(
@@ -190,6 +197,49 @@ async fn provision(state: &AppState, session: &Session) {
                 tracing::warn!(error = %e, "could not end the failed session; the reaper will");
             }
         }
+    }
+}
+
+/// Ends a start the namespace's quota refused at capacity as `requeued` (its objects
+/// deleted, like a failure's) and puts its student back in the line at the front, where the
+/// page shows their position. The entry is made while the row is `finishing` (its places
+/// still counted), so no grant can give the place it frees to somebody behind the student.
+/// Someone else ending the session first (the student finished it) leaves them out of the
+/// line.
+async fn requeue(state: &AppState, session: &Session, reason: &str) {
+    tracing::info!(%reason, "the namespace is full; the student goes back in the line");
+    let from = [SessionStatus::Starting];
+    let row =
+        match begin_finishing(state, session, &from, FinalStatus::Requeued, Some(reason)).await {
+            Ok(Some(row)) => row,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not end the requeued session; the reaper will");
+                return;
+            }
+        };
+    if let Some(user) = &session.user {
+        let needed = u32::try_from(nodes_of(state, session).len()).unwrap_or(u32::MAX);
+        let joined = with_db(|| async {
+            state
+                .store()
+                .waitlist()
+                .requeue(user, &session.lesson, &state.config().env, needed)
+                .await
+        })
+        .await;
+        match joined {
+            Ok(entry) => {
+                state.metrics().waitlist_joined.inc();
+                tracing::info!(%user, position = entry.position, "back in the line");
+            }
+            Err(e) => {
+                tracing::warn!(%user, error = %e, "could not put the student back in the line")
+            }
+        }
+    }
+    if let Err(e) = complete(state, row).await {
+        tracing::warn!(error = %e, "could not end the requeued session; the reaper will");
     }
 }
 

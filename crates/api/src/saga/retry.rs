@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use ttlab_background::Backoff;
 use ttlab_cluster::ClusterError;
+use ttlab_model::Runtime;
 use ttlab_store::{Session, StoreError};
 
+use super::quota::{Places, QuotaDecision, QuotaRefusal, decide_quota};
 use super::{Failure, Stop, steps::ensure_starting};
 use crate::AppState;
 
@@ -92,13 +94,16 @@ impl Retry {
 /// tried again with jittered backoff for at most [`crate::ApiConfig::cluster_retry_budget`],
 /// then fails with a reason that names the object and how many attempts failed.
 ///
-/// A create refused only because a ResourceQuota has not been counted yet
+/// A create a ResourceQuota refused is weighed by [`decide_quota`] against the server's count
+/// of the VM places others hold: at capacity the start stops as [`Stop::Requeued`] (the
+/// student goes back in the line, at the front; a pod lab or a pool's lab, which cannot wait
+/// in line, fails as the namespace being full); with places free it is tried again, for at
+/// most [`crate::ApiConfig::quota_settle_wait`] when the quota has not been counted yet
 /// ([`ClusterError::QuotaPending`]: a quota or resource type that appeared moments ago;
-/// nothing was created) is tried again for at most [`crate::ApiConfig::quota_settle_wait`];
-/// one refused as exceeded ([`ClusterError::QuotaExceeded`]) for at most
-/// [`crate::ApiConfig::quota_recount_wait`] (the server's own count admitted the session; the
-/// quota recounts what deletions freed a moment later). Every retry stops if the session left
-/// `starting` meanwhile. Any other failure (a foreign object holding the name, a missing
+/// nothing was created) and [`crate::ApiConfig::quota_recount_wait`] when it refused as
+/// exceeded ([`ClusterError::QuotaExceeded`]: the quota recounts what deletions freed a moment
+/// later), then fails with the reason. Every retry stops if the session left `starting`
+/// meanwhile. Any other failure (a foreign object holding the name, a missing
 /// permission, an invalid object) ends provisioning at once.
 pub(crate) async fn create_object<T, F, Fut>(
     state: &AppState,
@@ -114,6 +119,7 @@ where
     let mut quota_pauses = QUOTA_BACKOFF.pauses();
     let mut fault_pauses = FAULT_BACKOFF.pauses();
     let mut refusals = 0u32;
+    let mut first_refusal = None;
     let mut faults = 0u32;
     loop {
         let e = match create().await {
@@ -138,29 +144,74 @@ where
                 tracing::info!(what, faults, error = %e, "the create failed transiently; retrying");
                 wait
             }
-            Retry::Quota(budget) => {
+            Retry::Quota(grace) => {
                 refusals += 1;
-                let wait = quota_pauses.next_pause();
-                if start.elapsed() + wait > budget {
-                    if let ClusterError::QuotaExceeded { .. } = e {
+                let first = *first_refusal.get_or_insert_with(tokio::time::Instant::now);
+                let refusal = QuotaRefusal {
+                    what,
+                    error: &e,
+                    refusals,
+                    persisted: first.elapsed(),
+                };
+                let places = places_of_others(state, session).await;
+                match decide_quota(refusal, places, quota_pauses.next_pause(), grace) {
+                    QuotaDecision::Retry(wait) => {
+                        tracing::info!(what, refusals, error = %e, "refused by the quota; retrying the create");
+                        wait
+                    }
+                    QuotaDecision::Fail(failure) => {
                         tracing::warn!(what, refusals, error = %e, "the quota still refuses; giving up");
+                        return Err(failure.into());
+                    }
+                    QuotaDecision::Requeue if can_wait_in_line(session) => {
+                        tracing::info!(what, refusals, taken = places.taken, limit = places.limit, error = %e, "the namespace is full; back in the line");
+                        return Err(Stop::Requeued(format!(
+                            "the lab namespace was full when your lab was being created (its \
+                             quota refused the {what}); you are back in the line, at the front"
+                        )));
+                    }
+                    QuotaDecision::Requeue => {
+                        tracing::warn!(what, refusals, error = %e, "the namespace is full and this session cannot wait in line");
                         return Err(create_failed(what, e));
                     }
-                    tracing::warn!(what, refusals, error = %e, "the quota was still not counted; giving up");
-                    return Err(Failure::QuotaUncounted {
-                        what: what.to_owned(),
-                        refusals,
-                        took: start.elapsed(),
-                    }
-                    .into());
                 }
-                tracing::info!(what, refusals, error = %e, "refused by the quota; retrying the create");
-                wait
             }
         };
         tokio::time::sleep(wait).await;
         ensure_starting(state, session).await?;
     }
+}
+
+/// The VM places others hold by the server's count (the VM limit against every place taken
+/// but this session's), for [`decide_quota`]. A pod lab is held back by no VM limit; places
+/// that cannot be counted now count as free (the quota's own words decide past the grace).
+async fn places_of_others(state: &AppState, session: &Session) -> Places {
+    let limit = state.config().vm_limit;
+    if session.runtime != Runtime::Vm {
+        return Places { taken: 0, limit };
+    }
+    let counted = match super::listed_vms(state).await {
+        Ok(listing) => super::count_vms(state, &listing).await,
+        Err(e) => Err(e),
+    };
+    match counted {
+        Ok(used) => Places {
+            taken: used
+                .total()
+                .saturating_sub(super::nodes_of(state, session).len()),
+            limit,
+        },
+        Err(e) => {
+            tracing::info!(error = %e, "cannot count the VM places; the quota's refusal decides");
+            Places { taken: 0, limit }
+        }
+    }
+}
+
+/// Whether a session refused at capacity can go back in the line: a student's VM lab (a pod
+/// lab is not held back by the VM limit, a pool's lab has no student yet).
+fn can_wait_in_line(session: &Session) -> bool {
+    session.runtime == Runtime::Vm && session.user.is_some()
 }
 
 /// Why creating `what` failed, for the student.

@@ -1,6 +1,7 @@
 //! The waitlist against real PostgreSQL and kube-sim over HTTP: two server replicas on one
 //! database, the order decided by the database, a freed place held for the first in line
-//! only, a lapsed hold passing on, and the one-session-per-person rule.
+//! only, a lapsed hold passing on, the one-session-per-person rule, and a start the
+//! namespace's quota refused at capacity going back in the line at the front.
 
 use crate::support;
 
@@ -266,5 +267,78 @@ async fn waitlist_mistakes_are_answered_4xx() {
         assert_eq!(v["error"], "waiting", "{v}");
         assert!(v["message"].as_str().unwrap().contains("quick"), "{v}");
     }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_the_quota_refuses_at_capacity_goes_back_in_the_line_at_the_front() {
+    let w = World::new().await;
+    let mut config = w.config(policy(3600, 7200, 3), 2).await;
+    config.waitlist_hold = Duration::from_secs(60);
+    config.quota_recount_wait = Duration::from_secs(1);
+    let s = w.serve(config).await;
+    let alice = running(&s, "alice", "quick").await;
+    // The namespace's quota is used up by VMs the server does not count (another server
+    // took the last place a moment ago): it refuses bob's VM however often he tries.
+    let full = ttlab_kube_sim::FaultRule {
+        action: ttlab_kube_sim::FaultAction::Fail {
+            status: 403,
+            message: Some(
+                "virtualmachines.kubevirt.io \"tt-x-vm\" is forbidden: exceeded quota: \
+                 ttlab-vms, requested: count/virtualmachines.kubevirt.io=1, used: \
+                 count/virtualmachines.kubevirt.io=2, limited: count/virtualmachines.kubevirt.io=2"
+                    .to_owned(),
+            ),
+        },
+        ..ttlab_kube_sim::FaultRule::fail(
+            Some(ttlab_kube_sim::Verb::Create),
+            Some("virtualmachines"),
+            403,
+        )
+    };
+    let rule = w.sim.faults().add(full);
+    let bob_token = token("bob", Role::Student);
+    let (status, v) = start(&s, "bob", "quick").await;
+    assert_eq!(status, 202, "{v}");
+    let bob_session = id(&v);
+    // Carol joins the line while bob's lab is being created.
+    let (status, v) = join(&s, "carol", "quick").await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["position"], 1, "{v}");
+    let ended = s
+        .wait_session(&bob_session, &bob_token, |v| {
+            v["status"]
+                .as_str()
+                .is_some_and(|s| s != "starting" && s != "finishing")
+        })
+        .await;
+    // Not a failure: the session ends `requeued`, saying so.
+    assert_eq!(ended["status"], "requeued", "{ended}");
+    let reason = ended["failure_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the lab namespace was full") && reason.contains("back in the line"),
+        "{reason}"
+    );
+    // Bob is back in the line ahead of carol, who joined before him.
+    let bob = wait_place(&s, "bob", |v| v["waiting"] == true).await;
+    assert_eq!(bob["position"], 1, "{bob}");
+    assert_eq!(place(&s, "carol").await["position"], 2);
+    // The free place is held for him, not for carol.
+    wait_place(&s, "bob", |v| v.get("held_until").is_some()).await;
+    let carol = place(&s, "carol").await;
+    assert!(carol.get("held_until").is_none(), "{carol}");
+    // The quota has room again: bob takes his place and his lab runs, one VM of his.
+    assert!(w.sim.faults().remove(rule));
+    let bob = running(&s, "bob", "quick").await;
+    assert_eq!(place(&s, "bob").await["waiting"], false);
+    assert_eq!(w.sim.stats().vms, 2, "alice's and bob's");
+
+    for (sid, who) in [(alice, "alice"), (bob, "bob")] {
+        let (status, _) = s
+            .delete(&format!("/api/sessions/{sid}"), &token(who, Role::Student))
+            .await;
+        assert_eq!(status, 200);
+    }
+    w.wait_empty().await;
     s.stop().await;
 }

@@ -17,3 +17,4 @@ mod pools;
 mod schema;
 mod sessions;
 mod tls;
+mod waitlist;

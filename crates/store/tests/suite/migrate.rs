@@ -25,7 +25,8 @@ async fn migrating_twice_applies_once() {
             "V12__warm_pools",
             "V13__classes",
             "V14__console_replica_gone",
-            "V15__handover_failures"
+            "V15__handover_failures",
+            "V16__waitlist_front"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -1115,10 +1115,27 @@ fn running_rows(
     // (met faults, not) × (reached running, sessions)
     let mut tally = [[0u64; 2]; 2];
     let mut reasons: BTreeMap<String, [u64; 2]> = BTreeMap::new();
+    // A start the quota refused at capacity puts its student back in the line: a wait, not a
+    // failure, and only a refusal that outlasts free places may fail a session.
+    let mut requeued = 0u64;
+    let mut no_quota_failure = Row::new("no admitted session failed on quota");
     for s in input.sessions {
         let Some(env) = ENVS.iter().position(|e| *e == s.env.as_str()) else {
             continue;
         };
+        no_quota_failure.check(!failed_on_quota(s.status, s.failure_reason.as_deref()), || {
+            format!(
+                "{} ({} {}) failed: {}",
+                s.id,
+                s.env,
+                s.lesson,
+                s.failure_reason.as_deref().unwrap_or("(no reason)")
+            )
+        });
+        if s.status == SessionStatus::Requeued {
+            requeued += 1;
+            continue;
+        }
         // Finished by its student before it ran: it never had to reach running.
         if s.status == SessionStatus::Finished && s.ready_at.is_none() {
             continue;
@@ -1154,6 +1171,10 @@ fn running_rows(
         });
     }
     table.rows.push(row);
+    table.rows.push(no_quota_failure);
+    table.notes.push(format!(
+        "starts the quota refused at capacity, back in the line (waits, not failures): {requeued}"
+    ));
     let pct = |[ran, all]: [u64; 2]| {
         if all == 0 {
             "none".to_owned()
@@ -1183,9 +1204,27 @@ fn running_rows(
     }
 }
 
+/// Whether a session ended failed because a namespace quota refused one of its objects (the
+/// saga's reasons for a full namespace and for a refusal that outlasted free places).
+fn failed_on_quota(status: SessionStatus, reason: Option<&str>) -> bool {
+    status == SessionStatus::Failed && reason.is_some_and(|r| r.contains("quota"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_failure_the_quota_caused_breaks_the_quota_invariant() {
+        let full = "the lab namespace is full (its quota refused the VM); try again later";
+        assert!(failed_on_quota(SessionStatus::Failed, Some(full)));
+        assert!(!failed_on_quota(SessionStatus::Requeued, Some(full)));
+        assert!(!failed_on_quota(
+            SessionStatus::Failed,
+            Some("setup script failed: exit 1")
+        ));
+        assert!(!failed_on_quota(SessionStatus::Failed, None));
+    }
 
     #[test]
     fn reasons_that_differ_only_in_names_and_numbers_count_together() {

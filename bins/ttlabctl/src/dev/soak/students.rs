@@ -233,12 +233,18 @@ impl Student {
                 .call("GET /api/sessions/{id}", Method::GET, &path, None)
                 .await;
             let state = s["status"].as_str().unwrap_or("");
-            if status == 404 || matches!(state, "expired" | "finished" | "failed" | "ghost") {
+            if status == 404
+                || matches!(
+                    state,
+                    "expired" | "finished" | "failed" | "ghost" | "requeued"
+                )
+            {
                 if !state.is_empty() {
                     self.shared.journal.count(match state {
                         "expired" => "seen expired",
                         "finished" => "seen finished",
                         "failed" => "seen failed",
+                        "requeued" => "seen requeued",
                         _ => "seen ghost",
                     });
                 }
