@@ -111,6 +111,15 @@ dns_name!(
     20
 );
 
+dns_name!(
+    /// A site, a place lab VMs run (`default`, `campus-a`, …): one cluster's API server and a
+    /// namespace in it. At most 40 characters, DNS label rules, so that it fits in labels and
+    /// metric values beside other names.
+    SiteName,
+    "site name",
+    40
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +136,19 @@ mod tests {
         assert!(NodeName::new("a".repeat(21)).is_err());
         assert!(LessonId::new("a".repeat(40)).is_ok());
         assert!(LessonId::new("a".repeat(41)).is_err());
+    }
+
+    #[test]
+    fn site_names_are_dns_labels_of_at_most_40() {
+        for ok in ["default", "campus-a", "eu-1", &"a".repeat(40)] {
+            assert_eq!(SiteName::new(ok).unwrap().as_str(), ok);
+        }
+        for bad in ["", "Campus", "campus_a", "-a", "a-", &"a".repeat(41)] {
+            assert!(SiteName::new(bad).is_err(), "{bad}");
+        }
+        let err = SiteName::new("Campus-A").unwrap_err().to_string();
+        assert!(err.contains("site name"), "{err}");
+        assert!(err.contains("\"Campus-A\""), "{err}");
     }
 
     #[test]
