@@ -1123,15 +1123,18 @@ fn running_rows(
         let Some(env) = ENVS.iter().position(|e| *e == s.env.as_str()) else {
             continue;
         };
-        no_quota_failure.check(!failed_on_quota(s.status, s.failure_reason.as_deref()), || {
-            format!(
-                "{} ({} {}) failed: {}",
-                s.id,
-                s.env,
-                s.lesson,
-                s.failure_reason.as_deref().unwrap_or("(no reason)")
-            )
-        });
+        no_quota_failure.check(
+            !failed_on_quota(s.status, s.failure_reason.as_deref()),
+            || {
+                format!(
+                    "{} ({} {}) failed: {}",
+                    s.id,
+                    s.env,
+                    s.lesson,
+                    s.failure_reason.as_deref().unwrap_or("(no reason)")
+                )
+            },
+        );
         if s.status == SessionStatus::Requeued {
             requeued += 1;
             continue;
