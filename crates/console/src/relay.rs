@@ -219,6 +219,59 @@ struct Browser<'a> {
     from: FromBrowser<'a>,
 }
 
+/// A sink whose every error is put through `map`. (`SinkExt::sink_map_err` maps only the
+/// first and panics on a second, and a close after a failed send is a second error.)
+struct MapErrEach<S, F> {
+    sink: Pin<Box<S>>,
+    map: F,
+}
+
+impl<S, F> MapErrEach<S, F> {
+    fn new(sink: S, map: F) -> Self {
+        Self {
+            sink: Box::pin(sink),
+            map,
+        }
+    }
+}
+
+impl<S, F, T, E> Sink<T> for MapErrEach<S, F>
+where
+    S: Sink<T>,
+    F: FnMut(S::Error) -> E + Unpin,
+{
+    type Error = E;
+
+    fn poll_ready(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), E>> {
+        let this = self.get_mut();
+        this.sink.as_mut().poll_ready(cx).map_err(&mut this.map)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: T) -> Result<(), E> {
+        let this = self.get_mut();
+        this.sink.as_mut().start_send(item).map_err(&mut this.map)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), E>> {
+        let this = self.get_mut();
+        this.sink.as_mut().poll_flush(cx).map_err(&mut this.map)
+    }
+
+    fn poll_close(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), E>> {
+        let this = self.get_mut();
+        this.sink.as_mut().poll_close(cx).map_err(&mut this.map)
+    }
+}
+
 /// An open console's two halves.
 struct Console<'a> {
     to: ToConsole<'a>,
@@ -234,7 +287,7 @@ impl<'a> Console<'a> {
         E: fmt::Display,
     {
         Self {
-            to: Box::pin(input.sink_map_err(|e| e.to_string())),
+            to: Box::pin(MapErrEach::new(input, |e: E| e.to_string())),
             from: Box::pin(output.map(|r| r.map_err(|e| e.to_string()))),
         }
     }
@@ -270,7 +323,7 @@ where
 {
     let config = &config;
     let mut browser = Browser {
-        to: Box::pin(to_browser.sink_map_err(|_| Gone)),
+        to: Box::pin(MapErrEach::new(to_browser, |_| Gone)),
         from: Box::pin(from_browser.map(|frame| frame.map_err(|_| Gone))),
     };
     let (sizes, _) = watch::channel(None);

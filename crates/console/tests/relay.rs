@@ -516,3 +516,68 @@ async fn keystrokes_typed_while_the_vm_boots_are_dropped_and_closing_the_tab_sto
     assert_eq!(end.reason, CloseReason::BrowserClosed);
     assert!(!end.connected);
 }
+
+/// A browser socket that refuses everything, its close too (as a WebSocket whose connection
+/// broke does).
+struct BrokenSocket;
+
+impl futures::Sink<Frame> for BrokenSocket {
+    type Error = std::io::Error;
+
+    fn poll_ready(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+
+    fn start_send(self: std::pin::Pin<&mut Self>, _: Frame) -> Result<(), Self::Error> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+}
+
+#[tokio::test]
+async fn a_browser_socket_that_fails_every_send_and_its_close_ends_as_browser_closed() {
+    let (connected, mut consoles) = mpsc::unbounded();
+    let upstream = Scripted {
+        attempts: Arc::new(Mutex::new(VecDeque::new())),
+        connected,
+        on_end: CloseReason::ConsoleLost("gone".into()),
+        capacity: 16,
+    };
+    let (_types, from_browser) = mpsc::channel::<Frame>(16);
+    let (_controller, controls) = controls(None);
+    let relay = tokio::spawn(relay(
+        BrokenSocket,
+        from_browser.map(Ok::<_, Infallible>),
+        upstream,
+        controls,
+        RelayConfig::default(),
+    ));
+    let mut console = consoles.next().await.unwrap();
+    // Output for a browser that is gone: the send fails, and so does the close after it.
+    console
+        .out
+        .send(Ok(Bytes::from_static(b"root@lab-1:~# ")))
+        .await
+        .unwrap();
+    let end = relay
+        .await
+        .expect("the relay ends without a panic when the browser's socket fails twice");
+    assert_eq!(end.reason, CloseReason::BrowserClosed);
+    assert!(end.connected);
+}
