@@ -1,9 +1,9 @@
 //! The vocabulary every ttlab crate shares, and nothing else: typed ids (a [`SessionId`] is
 //! not a [`UserId`] nor a [`ClassId`]), the session [`SessionStatus`] machine with its allowed
 //! transitions, the lab [`Runtime`], the deployment [`EnvName`], the [`SiteName`] of a place
-//! VMs run, the Kubernetes [`labels`] that mark what ttlab created, and the Kubernetes
-//! resource [`Quantity`] (exact, for memory sizes and quota sums) that lessons, manifests and
-//! the simulators read.
+//! VMs run with its [`SiteLabel`]s and [`NamespaceName`], the Kubernetes [`labels`] that mark
+//! what ttlab created, and the Kubernetes resource [`Quantity`] (exact, for memory sizes and
+//! quota sums) that lessons, manifests and the simulators read.
 //!
 //! It owns no I/O, no clock and no policy: lifespans live in `ttlab-lifespan`, persistence in
 //! `ttlab-store`, manifests in `ttlab-vm-manifest`. Every constructor validates, so a value of
@@ -28,7 +28,7 @@ mod status;
 
 pub use error::ModelError;
 pub use ids::{ClassId, SessionId, UserId};
-pub use names::{EnvName, LessonId, NodeName, SiteName};
+pub use names::{EnvName, LessonId, NamespaceName, NodeName, SiteLabel, SiteName};
 pub use quantity::{
     MAX_QUANTITY_DIGITS, MAX_QUANTITY_UNITS, QUANTITY_EXPONENTS, Quantity, QuantityFault,
     QuantityParts, Suffix,

@@ -120,6 +120,22 @@ dns_name!(
     40
 );
 
+dns_name!(
+    /// A capability a site offers and a lesson may require (`kvm-large`, `eu`, `gpu`): at
+    /// most 63 characters, DNS label rules.
+    SiteLabel,
+    "site label",
+    63
+);
+
+dns_name!(
+    /// The Kubernetes namespace lab VMs live in: at most 63 characters, DNS label rules, as
+    /// Kubernetes requires of namespaces.
+    NamespaceName,
+    "namespace",
+    63
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +172,24 @@ mod tests {
         let err = NodeName::new("Worker").unwrap_err().to_string();
         assert!(err.contains("node name"), "{err}");
         assert!(err.contains("lowercase"), "{err}");
+    }
+
+    #[test]
+    fn site_labels_and_namespaces_are_dns_labels_of_at_most_63() {
+        for ok in ["eu", "kvm-large", "0", &"a".repeat(63)] {
+            assert_eq!(SiteLabel::new(ok).unwrap().as_str(), ok);
+            assert_eq!(NamespaceName::new(ok).unwrap().as_str(), ok);
+        }
+        for bad in ["", "EU", "kvm_large", "-eu", "eu-", "é", &"a".repeat(64)] {
+            assert!(SiteLabel::new(bad).is_err(), "{bad}");
+            assert!(NamespaceName::new(bad).is_err(), "{bad}");
+        }
+        let err = SiteLabel::new("KVM").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid site label \"KVM\": only lowercase letters, digits and '-' are allowed"
+        );
+        let err = NamespaceName::new("a".repeat(64)).unwrap_err().to_string();
+        assert!(err.contains("namespace") && err.contains("63"), "{err}");
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use ttlab_model::SiteName;
 
-use crate::{Namespace, SiteError, SiteLabel, SiteRef};
+use crate::{NamespaceName, SiteError, SiteLabel, SiteRef};
 
 /// The name of the one site of a deployment without a sites file ([`SitesConfig::single`]).
 pub const DEFAULT_SITE: &str = "default";
@@ -64,7 +64,7 @@ pub struct Site {
     /// How to reach its API server.
     pub connection: Connection,
     /// The namespace its VMs live in.
-    pub namespace: Namespace,
+    pub namespace: NamespaceName,
     /// The most VMs ttlab may run there at once.
     pub vm_limit: NonZeroU32,
     /// The capabilities it offers, which lessons may require.
@@ -121,7 +121,7 @@ impl SitesConfig {
     ) -> Result<Self, SiteError> {
         let name = default_site_name();
         let site = SiteRef::Named(name.clone());
-        let namespace = Namespace::new(namespace).map_err(|e| SiteError::Invalid {
+        let namespace = NamespaceName::new(namespace).map_err(|e| SiteError::Invalid {
             site: site.clone(),
             field: "namespace",
             message: e.to_string(),
@@ -228,7 +228,7 @@ impl RawSite {
             (None, true) => Connection::InCluster,
         };
         let namespace =
-            Namespace::new(self.namespace).map_err(|e| invalid("namespace", e.to_string()))?;
+            NamespaceName::new(self.namespace).map_err(|e| invalid("namespace", e.to_string()))?;
         let vm_limit = NonZeroU32::new(self.vm_limit)
             .ok_or_else(|| invalid("vm_limit", "must be at least 1".to_owned()))?;
         let mut labels = BTreeSet::new();

@@ -78,11 +78,9 @@
 
 mod config;
 mod error;
-mod names;
 mod place;
 
 pub use config::{AgentPath, Connection, DEFAULT_SITE, Site, SitesConfig, default_site_name};
 pub use error::{SiteError, SiteRef};
-pub use names::{InvalidLabel, Namespace, SiteLabel};
 pub use place::{PassReason, PassedOver, Placement, Reachability, SiteState, Wanted, place};
-pub use ttlab_model::SiteName;
+pub use ttlab_model::{NamespaceName, SiteLabel, SiteName};
