@@ -383,6 +383,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     // After a disturbance the leader lease of a vanished leader runs out first.
     let lease = TimeDelta::from_std(super::rig::LEADER_LEASE).unwrap_or(TimeDelta::MAX);
     let mut delays: Vec<i64> = Vec::new();
+    // The same delays split: expiries nothing disturbed (from 10 s before to the delete), and
+    // the rest.
+    let mut quiet_delays: Vec<i64> = Vec::new();
+    let mut disturbed_delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
     let reaper_faults = injected_faults_by_env(&calls, true);
     for s in input
@@ -427,38 +431,46 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             continue;
         }
         let Some(done) = done else { continue };
-        // What disturbed it between its expiry and the delete: faults on its objects, its
-        // reaper down, PostgreSQL down.
-        let mut last_fault: Option<DateTime<Utc>> = None;
-        for (r, n) in objs {
-            if let Some(cs) = by_object.get(&(*r, n.as_str())) {
-                for c in cs {
-                    if c.at >= e - cycle && c.at <= done && injected(c.status) {
-                        last_fault = Some(last_fault.map_or(c.at, |l| l.max(c.at)));
+        // What disturbed it between `from` and the delete: faults on its objects, its reaper
+        // down, PostgreSQL down; disturbances count when they lasted until `until_from`.
+        let latest_fault = |from: DateTime<Utc>, until_from: DateTime<Utc>| {
+            let mut last: Option<DateTime<Utc>> = None;
+            let mut seen = |t: DateTime<Utc>| last = Some(last.map_or(t, |l| l.max(t)));
+            for (r, n) in objs {
+                if let Some(cs) = by_object.get(&(*r, n.as_str())) {
+                    for c in cs {
+                        if c.at >= from && c.at <= done && injected(c.status) {
+                            seen(c.at);
+                        }
                     }
                 }
             }
-        }
-        // A failed call of its reaper's cycle (a list retried with backoff, say) holds up
-        // the next cycle too.
-        let faults = &reaper_faults[env];
-        let upto = faults.partition_point(|t| *t <= done);
-        if let Some(t) = upto.checked_sub(1).map(|i| faults[i])
-            && t >= e - cycle
-        {
-            last_fault = Some(last_fault.map_or(t, |l| l.max(t)));
-        }
-        for d in &disturbances {
-            let relevant = match d.what {
-                Disrupted::Reaper(x) => x == env,
-                Disrupted::Postgres => true,
-                Disrupted::Link(l, _) => l.reaper && l.env == env,
-                Disrupted::Server(_) | Disrupted::Rolling(_) => false,
-            };
-            if relevant && d.start <= done && d.end >= e - cycle - lease {
-                last_fault = Some(last_fault.map_or(d.end, |l| l.max(d.end)));
+            // A failed call of its reaper's cycle (a list retried with backoff, say) holds
+            // up the next cycle too.
+            let faults = &reaper_faults[env];
+            let upto = faults.partition_point(|t| *t <= done);
+            if let Some(t) = upto.checked_sub(1).map(|i| faults[i])
+                && t >= from
+            {
+                seen(t);
             }
-        }
+            for d in &disturbances {
+                let relevant = match d.what {
+                    Disrupted::Reaper(x) => x == env,
+                    Disrupted::Postgres => true,
+                    Disrupted::Link(l, _) => l.reaper && l.env == env,
+                    Disrupted::Server(_) | Disrupted::Rolling(_) => false,
+                };
+                if relevant && d.start <= done && d.end >= until_from {
+                    seen(d.end);
+                }
+            }
+            last
+        };
+        let last_fault = latest_fault(e - cycle, e - cycle - lease);
+        // Quiet: nothing disturbed it from 10 s before its expiry to its delete.
+        let quiet_from = e - TimeDelta::seconds(QUIET_BEFORE_EXPIRY_SECS);
+        let quiet = latest_fault(quiet_from, quiet_from).is_none();
         let bound = match last_fault {
             None => e + expiry_bound,
             Some(f) => f.max(e) + lease + cycle + expiry_bound,
@@ -466,7 +478,13 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         // (A VM of the environment held terminating meanwhile is no excuse: the reaper's
         // deadline cycles run side by side, so the one waiting for that VM to go holds back
         // no other expiry.)
-        delays.push((done - e).num_milliseconds());
+        let delay = (done - e).num_milliseconds();
+        delays.push(delay);
+        if quiet {
+            quiet_delays.push(delay);
+        } else {
+            disturbed_delays.push(delay);
+        }
         expiry.check(done <= bound, || {
             format!(
                 "{} ({}): expired at {e}, VM delete accepted {} ms later{}",
@@ -868,17 +886,27 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    delays.sort_unstable();
-    if !delays.is_empty() {
-        let pct = |p: usize| delays[(delays.len() - 1) * p / 100];
+    if let Some(all) = delay_figures(&mut delays) {
         table.notes.push(format!(
-            "expiry -> VM delete accepted: p50 {} ms, p99 {} ms, max {} ms ({} expired sessions)",
-            pct(50),
-            pct(99),
-            delays[delays.len() - 1],
+            "expiry -> VM delete accepted: {all} ({} expired sessions)",
             delays.len()
         ));
     }
+    let quiet_p99 = percentile_of(&mut quiet_delays, 99);
+    table.notes.push(format!(
+        "  quiet (no fault from {QUIET_BEFORE_EXPIRY_SECS} s before expiry to the delete): {} ({} sessions){}",
+        delay_figures(&mut quiet_delays).unwrap_or_else(|| "none".to_owned()),
+        quiet_delays.len(),
+        quiet_p99.map_or_else(String::new, |p| format!(
+            "; p99 {p} ms vs target <= {QUIET_EXPIRY_P99_MS} ms: {}",
+            if p <= QUIET_EXPIRY_P99_MS { "met" } else { "MISSED" }
+        ))
+    ));
+    table.notes.push(format!(
+        "  after faults: {} ({} sessions)",
+        delay_figures(&mut disturbed_delays).unwrap_or_else(|| "none".to_owned()),
+        disturbed_delays.len()
+    ));
     table.notes.push(format!(
         "most VMs at once: {} (limit {}); VM creates refused by the quota: {}",
         input.peak_vms,
@@ -1207,6 +1235,25 @@ fn running_rows(
     }
 }
 
+/// How long before its expiry a session's reclamation must have met no fault to count as quiet.
+const QUIET_BEFORE_EXPIRY_SECS: i64 = 10;
+/// The target for quiet expiries: p99 of expiry -> VM delete accepted, in milliseconds.
+const QUIET_EXPIRY_P99_MS: i64 = 1000;
+
+/// `p`th percentile (nearest rank below) of `delays`, sorted in place; `None` when empty.
+fn percentile_of(delays: &mut [i64], p: usize) -> Option<i64> {
+    delays.sort_unstable();
+    (!delays.is_empty()).then(|| delays[(delays.len() - 1) * p / 100])
+}
+
+/// `p50 N ms, p99 N ms, max N ms` of `delays` (sorted in place); `None` when empty.
+fn delay_figures(delays: &mut [i64]) -> Option<String> {
+    let p50 = percentile_of(delays, 50)?;
+    let p99 = percentile_of(delays, 99)?;
+    let max = delays[delays.len() - 1];
+    Some(format!("p50 {p50} ms, p99 {p99} ms, max {max} ms"))
+}
+
 /// Whether a session ended failed because a namespace quota refused one of its objects (the
 /// saga's reasons for a full namespace and for a refusal that outlasted free places).
 fn failed_on_quota(status: SessionStatus, reason: Option<&str>) -> bool {
@@ -1216,6 +1263,17 @@ fn failed_on_quota(status: SessionStatus, reason: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delay_figures_are_nearest_rank_percentiles_of_the_sorted_delays() {
+        let mut delays: Vec<i64> = (1..=100).rev().collect();
+        assert_eq!(
+            delay_figures(&mut delays).as_deref(),
+            Some("p50 50 ms, p99 99 ms, max 100 ms")
+        );
+        assert_eq!(delay_figures(&mut []), None);
+        assert_eq!(percentile_of(&mut [7], 99), Some(7));
+    }
 
     #[test]
     fn only_a_failure_the_quota_caused_breaks_the_quota_invariant() {
