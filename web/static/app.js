@@ -393,20 +393,22 @@ async function joinAgain() {
 }
 
 /**
- * The start was refused because every place was taken in the same moment: not a failure, the
- * student is back in the line at the front. Shows their place, or (if they no longer wait)
- * says so on the ended view.
+ * The start could not be finished for the student (every place was taken in the same moment,
+ * or the lab prepared for them could not be handed over): not a failure, the student is back
+ * in the line at the front. Shows the server's reason and their place, or (if they no longer
+ * wait) says so on the ended view.
  */
-async function backInLine() {
+async function backInLine(view) {
+  const reason = view && view.failure_reason
+    ? view.failure_reason.charAt(0).toUpperCase() + view.failure_reason.slice(1)
+    : 'Every lab machine was taken while your lab was being prepared';
   if (await resumeWaiting()) {
-    notice(`You are back in the line at position ${state.waitView.position}: every lab ` +
-      'machine was taken while your lab was being prepared.', 'info');
+    notice(`${reason}. You are at position ${state.waitView.position}.`, 'info');
     return;
   }
-  document.getElementById('ended-title').textContent = 'Every lab machine was taken';
+  document.getElementById('ended-title').textContent = 'Your lab could not be finished for you';
   document.getElementById('ended-text').textContent =
-    'Every lab machine was taken while your lab was being prepared. Nothing of it is left ' +
-    'running; you can start it again.';
+    `${reason}. Nothing of it is left running; you can start it again.`;
   document.getElementById('back-to-lessons').hidden = false;
   show('view-ended');
 }
@@ -954,7 +956,7 @@ function showEnded(view) {
         (view.reference ? ` Reference for your teacher: ${view.reference}.` : '');
       break;
     case 'requeued':
-      backInLine();
+      backInLine(view);
       return;
     case 'ghost':
       titleBox.textContent = 'The lab stopped';

@@ -17,7 +17,7 @@
 //! | `ttlab_waitlist_lapsed_total` | — | holds that lapsed untaken (removed by this replica) |
 //! | `ttlab_pool_claims_total` | `lesson` | "Start lab" served by a prepared member of the lesson's pool (by this replica) |
 //! | `ttlab_pool_misses_total` | `lesson` | "Start lab" on a pooled lesson that found no ready member and went the cold way |
-//! | `ttlab_pool_handover_failures_total` | `lesson` | claimed members whose hand-over (deadline re-arm, token rotation) failed: each was failed and reclaimed, and the student given the next member or a cold start in the same click |
+//! | `ttlab_pool_handover_failures_total` | `lesson` | claimed members whose hand-over (deadline re-arm, token rotation) failed: each was failed and reclaimed, and the student given the next member or a cold start in the same click (a member claimed while it was prepared: its student put first in line) |
 //! | `ttlab_pool_refills_total` | `lesson` | pool members this replica started preparing |
 //! | `ttlab_pool_retired_total` | `lesson`, `reason` | pool members this replica retired (`too_old`, `surplus`, `capacity_short`, `stuck_preparing`) |
 //! | `ttlab_pool_ready` | `lesson` | unclaimed members ready, at this replica's last look |

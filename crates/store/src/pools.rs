@@ -384,6 +384,24 @@ impl<'a> Pools<'a> {
         get(&row, "since")
     }
 
+    /// Records that a member claimed while it was being prepared could not be handed over
+    /// when it turned ready (counted in [`PoolCounts`] as a hand-over failure).
+    pub async fn record_handover_failure(
+        &self,
+        env: &EnvName,
+        lesson: &LessonId,
+    ) -> Result<(), StoreError> {
+        const WHAT: &str = "recording a failed hand-over";
+        const SQL: &str =
+            "INSERT INTO pool_events (env, lesson, kind) VALUES ($1, $2, 'handover_failed')";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        client
+            .execute(&statement, &[&env.as_str(), &lesson.as_str()])
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        Ok(())
+    }
+
     /// Deletes claim and miss events older than [`EVENT_RETENTION`]; how many went.
     pub async fn prune_events(&self) -> Result<u64, StoreError> {
         const WHAT: &str = "pruning pool events";

@@ -200,14 +200,15 @@ async fn provision(state: &AppState, session: &Session) {
     }
 }
 
-/// Ends a start the namespace's quota refused at capacity as `requeued` (its objects
+/// Ends a start the namespace's quota refused at capacity, or a claimed member whose
+/// hand-over failed, as `requeued` (its objects
 /// deleted, like a failure's) and puts its student back in the line at the front, where the
 /// page shows their position. The entry is made while the row is `finishing` (its places
 /// still counted), so no grant can give the place it frees to somebody behind the student.
 /// Someone else ending the session first (the student finished it) leaves them out of the
 /// line.
 async fn requeue(state: &AppState, session: &Session, reason: &str) {
-    tracing::info!(%reason, "the namespace is full; the student goes back in the line");
+    tracing::info!(%reason, "the student goes back in the line");
     let from = [SessionStatus::Starting];
     let row =
         match begin_finishing(state, session, &from, FinalStatus::Requeued, Some(reason)).await {
@@ -218,7 +219,8 @@ async fn requeue(state: &AppState, session: &Session, reason: &str) {
                 return;
             }
         };
-    if let Some(user) = &session.user {
+    // The row's student: a pool member's is the one who claimed it while it was prepared.
+    if let Some(user) = row.user.as_ref().or(session.user.as_ref()) {
         let needed = u32::try_from(nodes_of(state, session).len()).unwrap_or(u32::MAX);
         let joined = with_db(|| async {
             state

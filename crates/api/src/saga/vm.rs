@@ -85,9 +85,9 @@ async fn member_ready(state: &AppState, session: &Session) -> Result<(), Stop> {
             return Err(Stop::Superseded);
         }
         if fresh.claimed_at.is_some() {
-            crate::pool::hand_over(state, &fresh).await.map_err(|why| {
-                Stop::Failed(format!("the prepared lab could not be handed over: {why}"))
-            })?;
+            if let Err(why) = crate::pool::hand_over(state, &fresh).await {
+                return Err(handover_failed(state, &fresh, &why).await);
+            }
             let marked =
                 with_db(|| async { sessions().mark_member_running(session.id, true).await })
                     .await?;
@@ -95,6 +95,36 @@ async fn member_ready(state: &AppState, session: &Session) -> Result<(), Stop> {
         }
     }
     Err(Stop::Superseded)
+}
+
+/// A member claimed while it was prepared could not be handed over at readiness: counted as
+/// a failed hand-over, and its student, who is already waiting on it, goes back in the line
+/// at the front (the session ends `requeued`, its objects reclaimed) for the next member or
+/// a cold start, rather than being shown a failure.
+async fn handover_failed(state: &AppState, member: &Session, why: &str) -> Stop {
+    tracing::warn!(session = %member.id, error = %why, "a member claimed while it was prepared could not be handed over; its student goes back in the line");
+    state
+        .metrics()
+        .pool_handover_failures
+        .get_or_create(&crate::metrics::LessonLabels {
+            lesson: member.lesson.to_string(),
+        })
+        .inc();
+    let recorded = with_db(|| async {
+        state
+            .store()
+            .pools()
+            .record_handover_failure(&member.env, &member.lesson)
+            .await
+    })
+    .await;
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e, "could not record the failed hand-over");
+    }
+    Stop::Requeued(format!(
+        "the lab prepared for you could not be handed over ({why}); you are back in the line, \
+         at the front"
+    ))
 }
 
 /// One session of a VM lesson being provisioned: what every step works with.

@@ -728,3 +728,122 @@ async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_hande
     assert_eq!(got, (session.max_expires_at + grace).timestamp());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_claimed_while_prepared_that_cannot_be_handed_over_puts_its_student_first_in_line()
+{
+    let w = World::with(|c| {
+        c.timings.boot = Duration::from_secs(8);
+        c.timings.setup = Duration::from_secs(4);
+    })
+    .await;
+    let mut config = w.config(policy(3600, 7200, 3), 20).await;
+    config.lessons = LessonSet::from_sources([
+        ("test.yaml".into(), LESSONS.to_owned()),
+        ("slowpool.yaml".into(), SLOW_POOLED.to_owned()),
+    ])
+    .unwrap();
+    let s = w.serve(config).await;
+    let until = Instant::now() + Duration::from_secs(120);
+    while pool(&s, "slowpool").await["ready"] != 1 {
+        assert!(Instant::now() < until, "no member ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "slowpool"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "{v}");
+    let until = Instant::now() + Duration::from_secs(30);
+    while pool(&s, "slowpool").await["preparing"] != 1 {
+        assert!(Instant::now() < until, "no member being prepared");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = w.db.store().await.unwrap();
+    let (env, lesson) = ("dev".parse().unwrap(), "slowpool".parse().unwrap());
+    let member = store.pools().members(&env, &lesson).await.unwrap()[0].id;
+
+    // Bob takes the member being prepared.
+    let bob = token("bob", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "slowpool"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "starting", "{v}");
+    assert_eq!(v["id"], member.to_string(), "{v}");
+    // The token its hand-over will authenticate with is not the one its guest booted with:
+    // the guest's agent will refuse the hand-over (its readiness is checked with the boot
+    // token the provisioner holds, so the member still turns ready).
+    let node: NodeName = "vm".parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while store
+        .agent_tokens()
+        .get(member, &node)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(Instant::now() < until, "no boot token stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let wrong = AgentToken::from_random_bytes([7; AgentToken::BYTES]);
+    assert!(
+        store
+            .agent_tokens()
+            .replace(member, &node, wrong.reveal())
+            .await
+            .unwrap()
+    );
+
+    // Not a failure in front of Bob: the session ends `requeued`, saying why, and he is first
+    // in line, where his page takes him.
+    let id = member.to_string();
+    let ended = s
+        .wait_session(&id, &bob, |v| {
+            v["status"]
+                .as_str()
+                .is_some_and(|s| s != "starting" && s != "finishing")
+        })
+        .await;
+    assert_eq!(ended["status"], "requeued", "{ended}");
+    let reason = ended["failure_reason"].as_str().unwrap();
+    assert!(reason.contains("could not be handed over"), "{reason}");
+    let (status, place) = s.get("/api/waitlist", &bob).await;
+    assert_eq!(status, 200, "{place}");
+    assert_eq!(place["waiting"], true, "{place}");
+    assert_eq!(place["position"], 1, "{place}");
+    // Counted as a failed hand-over, and the member's VM reclaimed.
+    let v = pool(&s, "slowpool").await;
+    assert_eq!(v["handover_failures_24h"], 1, "{v}");
+    let series = "ttlab_pool_handover_failures_total{lesson=\"slowpool\"}";
+    assert_eq!(metric(&s, series).await, Some(1.0));
+    let vm = ttlab_vm_manifest::vm_name(member, &node);
+    let until = Instant::now() + Duration::from_secs(60);
+    while w.sim.guest_ip(NS, &vm).is_some() {
+        assert!(Instant::now() < until, "{vm} is still there");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // With his place held, his next click starts his lab (the cold way or the next member).
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, place) = s.get("/api/waitlist", &bob).await;
+        if place.get("held_until").is_some() {
+            break;
+        }
+        assert!(Instant::now() < until, "no place held for bob: {place}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, v) = s
+        .post("/api/sessions", &bob, json!({"lesson": "slowpool"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let next = v["id"].as_str().unwrap().to_owned();
+    assert_ne!(next, id, "{v}");
+    let v = s
+        .wait_session(&next, &bob, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    s.stop().await;
+}
