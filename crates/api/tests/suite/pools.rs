@@ -607,9 +607,9 @@ grading:
     command: "true"
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_handed_over_when_ready()
-{
+/// A server with the slow pool of one: its first member ready (one preparation measured),
+/// taken by alice, and its replacement being prepared (returned) with no other member.
+async fn one_member_being_prepared() -> (World, Running, SessionId) {
     let w = World::with(|c| {
         c.timings.boot = Duration::from_secs(8);
         c.timings.setup = Duration::from_secs(4);
@@ -622,7 +622,6 @@ async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_hande
     ])
     .unwrap();
     let s = w.serve(config).await;
-    // One preparation measured: the member ready.
     let until = Instant::now() + Duration::from_secs(120);
     while pool(&s, "slowpool").await["ready"] != 1 {
         assert!(Instant::now() < until, "no member ready");
@@ -645,6 +644,14 @@ async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_hande
     let preparing = store.pools().members(&env, &lesson).await.unwrap();
     assert_eq!(preparing.len(), 1, "{preparing:?}");
     let member = preparing[0].id;
+    (w, s, member)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_handed_over_when_ready()
+{
+    let (w, s, member) = one_member_being_prepared().await;
+    let store = w.db.store().await.unwrap();
 
     // Bob clicks while it boots: he is given that member, starting, rather than a fresh start.
     let bob = token("bob", Role::Student);
@@ -732,37 +739,8 @@ async fn with_no_member_ready_a_student_takes_one_being_prepared_and_it_is_hande
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_claimed_while_prepared_that_cannot_be_handed_over_puts_its_student_first_in_line()
 {
-    let w = World::with(|c| {
-        c.timings.boot = Duration::from_secs(8);
-        c.timings.setup = Duration::from_secs(4);
-    })
-    .await;
-    let mut config = w.config(policy(3600, 7200, 3), 20).await;
-    config.lessons = LessonSet::from_sources([
-        ("test.yaml".into(), LESSONS.to_owned()),
-        ("slowpool.yaml".into(), SLOW_POOLED.to_owned()),
-    ])
-    .unwrap();
-    let s = w.serve(config).await;
-    let until = Instant::now() + Duration::from_secs(120);
-    while pool(&s, "slowpool").await["ready"] != 1 {
-        assert!(Instant::now() < until, "no member ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let alice = token("alice", Role::Student);
-    let (status, v) = s
-        .post("/api/sessions", &alice, json!({"lesson": "slowpool"}))
-        .await;
-    assert_eq!(status, 202, "{v}");
-    assert_eq!(v["status"], "running", "{v}");
-    let until = Instant::now() + Duration::from_secs(30);
-    while pool(&s, "slowpool").await["preparing"] != 1 {
-        assert!(Instant::now() < until, "no member being prepared");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (w, s, member) = one_member_being_prepared().await;
     let store = w.db.store().await.unwrap();
-    let (env, lesson) = ("dev".parse().unwrap(), "slowpool".parse().unwrap());
-    let member = store.pools().members(&env, &lesson).await.unwrap()[0].id;
 
     // Bob takes the member being prepared.
     let bob = token("bob", Role::Student);
