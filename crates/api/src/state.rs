@@ -97,7 +97,11 @@ impl DatabaseHealth {
             (false, _, _, Some(error)) => Some(format!(
                 "the database is not ready yet (the server keeps trying): {error}"
             )),
-            (false, _, _, None) => Some("the database is not ready yet".to_owned()),
+            (false, _, _, None) => Some(
+                "the server is starting: the database answered, and the server is preparing on \
+                 it (the schema, what a previous run left)"
+                    .to_owned(),
+            ),
         }
     }
 }

@@ -706,6 +706,17 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                 .collect()
         })
         .collect();
+    // A killed server from its kill until it is ready again: restarted, it answers the
+    // requests that need the database 503 `database_unavailable` until it is prepared on it.
+    let restarts: Vec<Vec<(DateTime<Utc>, DateTime<Utc>)>> = (0..ENVS.len())
+        .map(|e| {
+            disturbances
+                .iter()
+                .filter(|d| d.what == Disrupted::Server(e))
+                .map(|d| (d.start, d.end))
+                .collect()
+        })
+        .collect();
     let ended_at: HashMap<String, DateTime<Utc>> = input
         .sessions
         .iter()
@@ -742,9 +753,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         let own_db = during(&server_db_links[c.env]);
         let own_kube = during(&server_kube_links[c.env]);
         let rolled = during(&rolls[c.env]);
+        let restarting = during(&restarts[c.env]);
         let ok = match (c.status, c.code.as_str()) {
             (503, "capacity") => true,
-            (503, "database_unavailable") => in_outage || own_db,
+            (503, "database_unavailable") => in_outage || own_db || restarting,
             // The cluster answered with an injected failure during this request, or this
             // server's connection to it misbehaved.
             (503, "cluster_unavailable") => fault_during || own_kube,
