@@ -11,8 +11,12 @@
 //! [`ObjectCache::snapshot`] answers only while the cache is trustworthy: its last full list
 //! completed less than `max_age` ago and no failure came after it. Otherwise `None`, and the
 //! caller lists the cluster itself — the cache is an optimisation, never the only way to see.
+//! [`ObjectCache::first_fill`] waits for the first list (a caller starting up reads it instead
+//! of listing the same objects beside it), and [`ObjectCache::saw_deleted_since`] says
+//! whether the watch reported an object's deletion: a teardown's confirmation that costs no
+//! request.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +28,10 @@ use crate::ObjectSummary;
 pub(crate) const FIRST_RESTART_PAUSE: Duration = Duration::from_millis(500);
 /// The longest pause before a failed watch starts over.
 pub(crate) const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+/// How long a deletion the watch reported is remembered.
+pub(crate) const REMEMBER_DELETIONS: Duration = Duration::from_secs(10 * 60);
+/// How often [`ObjectCache::first_fill`] looks whether the first list is complete.
+const FIRST_FILL_POLL: Duration = Duration::from_millis(20);
 
 /// A watch-fed listing of one kind and selector. Dropping it stops its watch.
 #[derive(Debug)]
@@ -42,8 +50,46 @@ impl ObjectCache {
     /// trustworthy (never listed yet, rebuilding, failed since its last list, or its last list
     /// older than its maximum age).
     pub fn snapshot(&self) -> Option<Vec<ObjectSummary>> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.snapshot(Instant::now())
+        self.lock().snapshot(Instant::now())
+    }
+
+    /// The objects once the first list has completed, waiting for it at most `within`; `None`
+    /// at once when the cache is past its first list (trustworthy or not: see
+    /// [`ObjectCache::snapshot`]), or when the first list failed or did not complete in time.
+    /// For a caller starting up, which would otherwise list the same objects beside the
+    /// cache's own first list and hold both in memory at once.
+    pub async fn first_fill(&self, within: Duration) -> Option<Vec<ObjectSummary>> {
+        let until = Instant::now() + within;
+        loop {
+            {
+                let state = self.lock();
+                if let Some(objects) = state.snapshot(Instant::now()) {
+                    return Some(objects);
+                }
+                if !state.filling_first {
+                    return None;
+                }
+            }
+            if Instant::now() + FIRST_FILL_POLL > until {
+                return None;
+            }
+            tokio::time::sleep(FIRST_FILL_POLL).await;
+        }
+    }
+
+    /// Whether the watch reported the deletion of the object `name` at or after `since` (in
+    /// the last [`REMEMBER_DELETIONS`]). Only a reported deletion counts: an object merely
+    /// absent may be one the watch has not brought yet.
+    pub fn saw_deleted_since(&self, name: &str, since: std::time::Instant) -> bool {
+        self.lock()
+            .deleted
+            .at
+            .get(name)
+            .is_some_and(|seen| seen.into_std() >= since)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -65,6 +111,36 @@ pub(crate) struct CacheState {
     synced_at: Option<Instant>,
     /// How old a list may be before the contents stop being served.
     max_age: Duration,
+    /// Until the first list completes or the watch first fails.
+    filling_first: bool,
+    /// The deletions the watch reported.
+    deleted: Deletions,
+}
+
+/// The deletions a watch reported in the last [`REMEMBER_DELETIONS`], by name.
+#[derive(Debug, Default)]
+struct Deletions {
+    /// When each name's deletion was reported (the last one).
+    at: HashMap<String, Instant>,
+    /// The same, oldest first, to forget them in order.
+    order: VecDeque<(Instant, String)>,
+}
+
+impl Deletions {
+    fn record(&mut self, name: String, now: Instant) {
+        while let Some((seen, _)) = self.order.front() {
+            if now.saturating_duration_since(*seen) < REMEMBER_DELETIONS {
+                break;
+            }
+            if let Some((seen, old)) = self.order.pop_front()
+                && self.at.get(&old) == Some(&seen)
+            {
+                self.at.remove(&old);
+            }
+        }
+        self.at.insert(name.clone(), now);
+        self.order.push_back((now, name));
+    }
 }
 
 /// One change the watch reports, as the cache needs it.
@@ -92,6 +168,8 @@ impl CacheState {
             building: None,
             synced_at: None,
             max_age,
+            filling_first: true,
+            deleted: Deletions::default(),
         }
     }
 
@@ -107,16 +185,19 @@ impl CacheState {
             Change::ListDone => {
                 self.objects = self.building.take().unwrap_or_default();
                 self.synced_at = Some(now);
+                self.filling_first = false;
             }
             Change::Applied(o) => {
                 self.objects.insert(o.name.clone(), o);
             }
             Change::Deleted(name) => {
                 self.objects.remove(&name);
+                self.deleted.record(name, now);
             }
             Change::Failed => {
                 self.building = None;
                 self.synced_at = None;
+                self.filling_first = false;
             }
         }
     }
@@ -207,6 +288,57 @@ mod tests {
         assert_eq!(names(s.snapshot(t0)), Some(vec!["b".to_owned()]));
         s.apply(Change::Failed, t0);
         assert_eq!(s.snapshot(t0), None, "nothing is trusted after a failure");
+    }
+
+    #[test]
+    fn deletions_are_remembered_from_when_they_were_reported_and_forgotten_later() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        for c in [
+            Change::ListStart,
+            Change::Listed(object("a")),
+            Change::Listed(object("b")),
+            Change::ListDone,
+        ] {
+            s.apply(c, t0);
+        }
+        let later = t0 + Duration::from_secs(1);
+        s.apply(Change::Deleted("a".into()), later);
+        let seen = |s: &CacheState, name: &str, since: Instant| {
+            s.deleted.at.get(name).is_some_and(|at| *at >= since)
+        };
+        assert!(
+            seen(&s, "a", t0),
+            "reported after the deletion was asked for"
+        );
+        assert!(
+            !seen(&s, "a", later + Duration::from_millis(1)),
+            "a report from before a deletion was asked for is not its confirmation"
+        );
+        assert!(!seen(&s, "b", t0), "absent from reports: not confirmed");
+        // Reports older than the memory are forgotten as new ones come.
+        s.apply(
+            Change::Deleted("b".into()),
+            later + REMEMBER_DELETIONS + Duration::from_secs(1),
+        );
+        assert!(!seen(&s, "a", t0));
+        assert!(seen(&s, "b", t0));
+        assert_eq!(s.deleted.order.len(), 1);
+    }
+
+    #[test]
+    fn the_first_fill_ends_with_the_first_list_or_the_first_failure() {
+        let t0 = Instant::now();
+        let mut s = CacheState::new(Duration::from_secs(300));
+        assert!(s.filling_first);
+        s.apply(Change::ListStart, t0);
+        s.apply(Change::Listed(object("a")), t0);
+        assert!(s.filling_first, "half a list");
+        s.apply(Change::ListDone, t0);
+        assert!(!s.filling_first);
+        let mut f = CacheState::new(Duration::from_secs(300));
+        f.apply(Change::Failed, t0);
+        assert!(!f.filling_first, "a failed first list is not waited for");
     }
 
     #[test]

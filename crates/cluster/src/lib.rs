@@ -65,8 +65,8 @@ pub use error::ClusterError;
 pub use pod::{EXEC_OUTPUT_LIMIT, ExecOutput, PodPhase, PodState, PodWait, QuotaSummary};
 pub use settings::{ClusterSettings, DEFAULT_USER_AGENT};
 pub use teardown::{
-    LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, named_objects,
-    teardown_session, teardown_session_within,
+    GoneWitness, LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, await_gone,
+    delete_session_objects, named_objects, teardown_session, teardown_session_within,
 };
 pub use terminal::{ByteSink, ByteStream, ResizeSink, Terminal, TtySize};
 pub use types::{

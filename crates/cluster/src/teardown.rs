@@ -11,15 +11,17 @@
 //! Every deletion is attempted even when an earlier one failed, and the report says, object by
 //! object, what happened. An accepted deletion is not the end: real KubeVirt keeps a VM through
 //! its guest's shutdown grace (and for ever on a dead node), and finalizers hold any object. So
-//! every object whose deletion was accepted is then looked for once more
-//! ([`ReaperCluster::find`]): absent, it is confirmed gone; still there, it is
-//! [`Outcome::Terminating`]. Objects found already terminating by the label sweep are deleted
+//! an object the API server did not remove at once ([`Deleted::Removed`]: its answer is the
+//! confirmation) is then looked for once more ([`ReaperCluster::find`]): absent, it is
+//! confirmed gone; still there, it is [`Outcome::Terminating`]. A [`GoneWitness`] (a watch-fed
+//! listing that reports deletions as they happen) confirms it instead, without a request per
+//! object per look. Objects found already terminating by the label sweep are deleted
 //! again (an accepted no-op that retries them) and looked for like the others. The caller
 //! marks the session final only when [`TeardownReport::all_gone`] holds; until then the
 //! session stays live (and its VMs, still listed, count against capacity).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ttlab_background::Backoff;
 use ttlab_model::labels::session_selector;
@@ -55,8 +57,8 @@ pub struct SessionTarget<'a> {
 /// What happened to one object.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The deletion was accepted and the object is confirmed gone (a look right after found
-    /// nothing).
+    /// The deletion was accepted and the object is confirmed gone (the API server removed it
+    /// at once, a look after found nothing, or a [`GoneWitness`] saw it go).
     Deleted,
     /// It did not exist: someone already deleted it, or it was never created.
     AlreadyGone,
@@ -136,7 +138,9 @@ impl TeardownReport {
 
     fn push(&mut self, kind: Kind, name: String, result: Result<Deleted, ClusterError>) {
         let outcome = match result {
-            Ok(Deleted::Deleted) => Outcome::Deleted,
+            // Accepted, and left in place for now: looked for again.
+            Ok(Deleted::Deleted) => Outcome::Terminating,
+            Ok(Deleted::Removed) => Outcome::Deleted,
             Ok(Deleted::AlreadyGone) => Outcome::AlreadyGone,
             Err(e) => Outcome::Failed(e),
         };
@@ -183,16 +187,27 @@ pub fn named_objects(target: &SessionTarget<'_>) -> Vec<(Kind, String)> {
 const LOOK_AGAIN: Backoff =
     Backoff::doubling(Duration::from_millis(50), Duration::from_millis(250)).without_jitter();
 
+/// Something that sees objects go without being asked: a watch-fed listing
+/// ([`ObjectCache`](crate::ObjectCache)) reports each deletion as it happens. A teardown asks
+/// it first, and the API server only for what it has not seen go.
+pub trait GoneWitness: Sync {
+    /// Whether the object `name` of `kind` was seen deleted at or after `since`.
+    fn saw_gone(&self, kind: Kind, name: &str, since: Instant) -> bool;
+}
+
+/// How often a teardown asks its [`GoneWitness`] (in memory: no request).
+const ASK_WITNESS_EVERY: Duration = Duration::from_millis(20);
+
 /// Deletes every object of one session, in the order described in the module docs, looks
-/// once more for each whose deletion was accepted, and reports each outcome. Never stops at a
-/// failure: every object is attempted.
+/// once more for each the API server did not remove at once, and reports each outcome. Never
+/// stops at a failure: every object is attempted.
 pub async fn teardown_session(
     cluster: &dyn ReaperCluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
 ) -> TeardownReport {
-    let mut report = delete_all(cluster, target, sweep).await;
-    confirm_gone(cluster, &mut report, &[]).await;
+    let mut report = delete_session_objects(cluster, target, sweep).await;
+    look_again(cluster, &mut report, &[]).await;
     report
 }
 
@@ -201,28 +216,79 @@ pub async fn teardown_session(
 /// stops quickly is confirmed gone in the same teardown. An object still there after that is
 /// [`Outcome::Terminating`]. Objects of the kinds in `get_kinds` are looked for with
 /// [`ReaperCluster::get`] (for a caller whose Role grants `get` on them: the reaper's, for
-/// VirtualMachines and Pods), the others with [`ReaperCluster::find`].
+/// VirtualMachines and Pods), the others with [`ReaperCluster::find`]. With a `witness`, see
+/// [`await_gone`].
 pub async fn teardown_session_within(
     cluster: &dyn ReaperCluster,
     target: &SessionTarget<'_>,
     sweep: LabelSweep,
     gone_within: Duration,
     get_kinds: &[Kind],
+    witness: Option<&dyn GoneWitness>,
 ) -> TeardownReport {
-    let mut report = delete_all(cluster, target, sweep).await;
-    confirm_gone(cluster, &mut report, get_kinds).await;
-    let start = tokio::time::Instant::now();
-    let mut pauses = LOOK_AGAIN.pauses();
-    let mut pause = pauses.next_pause();
-    while report.terminating().next().is_some() && start.elapsed() + pause <= gone_within {
-        tokio::time::sleep(pause).await;
-        pause = pauses.next_pause();
-        look_again(cluster, &mut report, get_kinds, |o| {
-            matches!(o, Outcome::Terminating)
-        })
-        .await;
-    }
+    let asked = Instant::now();
+    let mut report = delete_session_objects(cluster, target, sweep).await;
+    await_gone(cluster, &mut report, asked, gone_within, get_kinds, witness).await;
     report
+}
+
+/// The first half of a teardown: deletes every object of the session, in order, and reports
+/// each outcome — [`Outcome::Deleted`] for what the API server removed at once,
+/// [`Outcome::Terminating`] for what it accepted to delete but left in place for now.
+/// [`await_gone`] is the second half.
+pub async fn delete_session_objects(
+    cluster: &dyn ReaperCluster,
+    target: &SessionTarget<'_>,
+    sweep: LabelSweep,
+) -> TeardownReport {
+    delete_all(cluster, target, sweep).await
+}
+
+/// The second half of a teardown: waits at most `gone_within` for the objects still
+/// terminating in `report` (their deletions asked for at `asked`) to go.
+///
+/// Without a `witness`, each is looked for at once and then again with a growing pause (50 ms,
+/// doubling up to 250 ms): a request per object per look. With one, the witness is asked every
+/// 20 ms, which costs no request, and only what it has not seen go within `gone_within` is
+/// looked for, once, at the end.
+pub async fn await_gone(
+    cluster: &dyn ReaperCluster,
+    report: &mut TeardownReport,
+    asked: Instant,
+    gone_within: Duration,
+    get_kinds: &[Kind],
+    witness: Option<&dyn GoneWitness>,
+) {
+    let start = tokio::time::Instant::now();
+    let Some(witness) = witness else {
+        look_again(cluster, report, get_kinds).await;
+        let mut pauses = LOOK_AGAIN.pauses();
+        let mut pause = pauses.next_pause();
+        while report.terminating().next().is_some() && start.elapsed() + pause <= gone_within {
+            tokio::time::sleep(pause).await;
+            pause = pauses.next_pause();
+            look_again(cluster, report, get_kinds).await;
+        }
+        return;
+    };
+    loop {
+        for object in &mut report.objects {
+            if matches!(object.outcome, Outcome::Terminating)
+                && witness.saw_gone(object.kind, &object.name, asked)
+            {
+                object.outcome = Outcome::Deleted;
+            }
+        }
+        if report.terminating().next().is_none()
+            || start.elapsed() + ASK_WITNESS_EVERY > gone_within
+        {
+            break;
+        }
+        tokio::time::sleep(ASK_WITNESS_EVERY).await;
+    }
+    if report.terminating().next().is_some() {
+        look_again(cluster, report, get_kinds).await;
+    }
 }
 
 async fn delete_all(
@@ -281,29 +347,12 @@ async fn delete_all(
     report
 }
 
-/// Looks once more for every object whose deletion was accepted: absent, it stays
-/// [`Outcome::Deleted`]; still there, it becomes [`Outcome::Terminating`]; a failed look is
-/// [`Outcome::Failed`] (nothing is confirmed).
-async fn confirm_gone(
-    cluster: &dyn ReaperCluster,
-    report: &mut TeardownReport,
-    get_kinds: &[Kind],
-) {
-    look_again(cluster, report, get_kinds, |o| {
-        matches!(o, Outcome::Deleted)
-    })
-    .await;
-}
-
-/// Looks for every object whose outcome satisfies `which`, as [`confirm_gone`] does.
-async fn look_again(
-    cluster: &dyn ReaperCluster,
-    report: &mut TeardownReport,
-    get_kinds: &[Kind],
-    which: impl Fn(&Outcome) -> bool,
-) {
+/// Looks for every object still terminating: absent, it is [`Outcome::Deleted`]; still
+/// there, it stays [`Outcome::Terminating`]; a failed look is [`Outcome::Failed`] (nothing is
+/// confirmed).
+async fn look_again(cluster: &dyn ReaperCluster, report: &mut TeardownReport, get_kinds: &[Kind]) {
     for object in &mut report.objects {
-        if !which(&object.outcome) {
+        if !matches!(object.outcome, Outcome::Terminating) {
             continue;
         }
         let found = if get_kinds.contains(&object.kind) {

@@ -178,8 +178,12 @@ pub enum Propagation {
 /// What a delete found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
-    /// The deletion was accepted (the object may linger while finalizers run).
+    /// The deletion was accepted and the object is still there, marked for deletion: a
+    /// finalizer or a grace period holds it, and it may linger.
     Deleted,
+    /// The API server removed the object at once (nothing held it): its answer confirms the
+    /// object gone, with no need to look for it again.
+    Removed,
     /// There was no such object: someone else already deleted it. Success all the same.
     AlreadyGone,
 }

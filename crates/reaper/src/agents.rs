@@ -136,7 +136,7 @@ pub(crate) async fn remove_unused(
             .delete(Kind::ConfigMap, &config_map.name, Propagation::Background)
             .await
         {
-            Ok(Deleted::Deleted | Deleted::AlreadyGone) => {
+            Ok(Deleted::Deleted | Deleted::Removed | Deleted::AlreadyGone) => {
                 if let Err(e) = guard.forget().await {
                     tracing::warn!(config_map = %config_map.name, error = %e, "deleted an agent version but could not forget it");
                 }

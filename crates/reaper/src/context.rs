@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use ttlab_cluster::{Kind, LabelSweep, ObjectCache, ReaperCluster};
+use ttlab_cluster::{GoneWitness, Kind, LabelSweep, ObjectCache, ReaperCluster};
 use ttlab_model::EnvName;
 use ttlab_model::labels::env_selector;
 use ttlab_store::Store;
@@ -24,6 +24,8 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 /// Default longest time a watch-fed listing is served before it is rebuilt from a full list
 /// (see [`ReaperContext::with_cached_listings`]).
 pub const DEFAULT_RELIST_EVERY: Duration = Duration::from_secs(5 * 60);
+/// The longest a cycle waits for a watch-fed listing's first list instead of listing itself.
+pub const FIRST_FILL_WAIT: Duration = Duration::from_secs(60);
 /// The kinds whose listings may come from a watch-fed cache: the two with an object per
 /// session (the others are few, and listed every cycle).
 pub const CACHED_KINDS: [Kind; 2] = [Kind::VirtualMachine, Kind::Secret];
@@ -154,14 +156,35 @@ impl ReaperContext {
             .is_some_and(|l| l.values().all(|c| c.snapshot().is_some()))
     }
 
-    /// `kind`'s objects from its cache, if it has one and it is trustworthy now.
-    pub(crate) fn cached(&self, kind: Kind) -> Option<Vec<ttlab_cluster::ObjectSummary>> {
-        self.listings.as_ref()?.get(&kind)?.snapshot()
+    /// `kind`'s objects from its cache, if it has one and it is trustworthy now. While its
+    /// first list is still in progress (the reaper just started), waits for it, at most
+    /// [`FIRST_FILL_WAIT`]: listing beside it would hold two full listings in memory at once
+    /// for no gain.
+    pub(crate) async fn cached(&self, kind: Kind) -> Option<Vec<ttlab_cluster::ObjectSummary>> {
+        let cache = self.listings.as_ref()?.get(&kind)?;
+        match cache.snapshot() {
+            Some(objects) => Some(objects),
+            None => cache.first_fill(FIRST_FILL_WAIT).await,
+        }
+    }
+
+    /// The witness of deletions its watch-fed listings offer, if it has them.
+    pub(crate) fn witness(&self) -> Option<&dyn GoneWitness> {
+        self.listings.is_some().then_some(self as &dyn GoneWitness)
     }
 
     /// The same context with other settings.
     pub fn with_settings(mut self, settings: ReaperSettings) -> Self {
         self.settings = settings;
         self
+    }
+}
+
+impl GoneWitness for ReaperContext {
+    fn saw_gone(&self, kind: Kind, name: &str, since: std::time::Instant) -> bool {
+        self.listings
+            .as_ref()
+            .and_then(|l| l.get(&kind))
+            .is_some_and(|c| c.saw_deleted_since(name, since))
     }
 }

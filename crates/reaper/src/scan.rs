@@ -92,7 +92,7 @@ pub(crate) async fn list_env_objects(
     let lists = futures::future::try_join_all(ORPHAN_KINDS.map(|kind| {
         let selector = &selector;
         async move {
-            let objects = match ctx.cached(kind) {
+            let objects = match ctx.cached(kind).await {
                 Some(objects) => objects,
                 None => ctx.cluster.list_all(kind, selector).await?,
             };

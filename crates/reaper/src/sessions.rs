@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use std::time::Duration;
 
-use ttlab_cluster::{Kind, SessionTarget, named_objects, teardown_session_within};
+use ttlab_cluster::{
+    Kind, SessionTarget, TeardownReport, await_gone, delete_session_objects, named_objects,
+};
 use ttlab_model::{NodeName, SessionStatus};
 use ttlab_store::{Direction, Session};
 
@@ -24,6 +26,10 @@ use crate::{CycleReport, ReaperContext};
 /// delays another session's expiry: deadline cycles run side by side
 /// ([`crate::schedule::MAX_DEADLINE_CYCLES`]).
 const GONE_WITHIN: Duration = Duration::from_secs(3);
+
+/// How many sessions may wait for their objects to go, per session being deleted, when the
+/// watch-fed listings witness deletions (the wait then costs no request).
+const CONFIRMING_PER_DELETING: usize = 16;
 
 /// How a session enters `finishing`.
 #[derive(Debug, Clone, Copy)]
@@ -90,15 +96,17 @@ fn why(session: &Session, begin: Begin) -> String {
     }
 }
 
-async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
+/// The first stage of a session's reclamation: enters `finishing` and asks for its objects'
+/// deletions.
+async fn delete_objects(ctx: &ReaperContext, session: &Session, begin: Begin) -> Stage {
     let id = session.id;
     if ctx.settings.dry_run {
-        return Item::Reclaimed(format!(
+        return Stage::Done(Item::Reclaimed(format!(
             "lesson {}, {}: would delete {}",
             session.lesson,
             why(session, begin),
             describe_objects(session)
-        ));
+        )));
     }
     let sessions = ctx.store.sessions();
     let entered = match begin {
@@ -108,10 +116,10 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
     };
     let session = match entered {
         Ok(Some(s)) => s,
-        Ok(None) => return Item::Skipped,
+        Ok(None) => return Stage::Done(Item::Skipped),
         Err(e) => {
             tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot begin finishing");
-            return Item::Failed(format!("{}: {e}", store_error_kind(&e)));
+            return Stage::Done(Item::Failed(format!("{}: {e}", store_error_kind(&e))));
         }
     };
     if !matches!(begin, Begin::Expire { .. }) {
@@ -124,11 +132,11 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
             Ok(false) => {}
             Ok(true) => {
                 tracing::info!(session = %id, "its provisioner is still stopping; left to it this cycle");
-                return Item::Skipped;
+                return Stage::Done(Item::Skipped);
             }
             Err(e) => {
                 tracing::warn!(session = %id, kind = store_error_kind(&e), error = %e, "cannot tell whether a provisioner is running");
-                return Item::Failed(format!("{}: {e}", store_error_kind(&e)));
+                return Stage::Done(Item::Failed(format!("{}: {e}", store_error_kind(&e))));
             }
         }
     }
@@ -139,18 +147,61 @@ async fn reclaim(ctx: &ReaperContext, session: &Session, begin: Begin) -> Item {
         runtime: session.runtime,
         nodes: &nodes,
     };
-    // A moment for the objects to go: a guest that shuts down within a second or two is
-    // confirmed gone in this cycle. VMs and Pods are looked for with a direct get, which the
-    // reaper's Role grants (it reads them so before declaring a ghost), the other kinds with
-    // a list pinned to the name.
-    let report = teardown_session_within(
-        ctx.cluster.as_ref(),
-        &target,
-        ctx.settings.label_sweep,
-        GONE_WITHIN,
-        &[Kind::VirtualMachine, Kind::Pod],
-    )
-    .await;
+    let asked = std::time::Instant::now();
+    let report =
+        delete_session_objects(ctx.cluster.as_ref(), &target, ctx.settings.label_sweep).await;
+    Stage::Deleted(Box::new(Deleting {
+        session,
+        begin,
+        asked,
+        report,
+    }))
+}
+
+/// A session whose objects' deletions were asked for, waiting to see them go.
+struct Deleting {
+    session: Session,
+    begin: Begin,
+    /// When the deletions were asked for.
+    asked: std::time::Instant,
+    report: TeardownReport,
+}
+
+/// Where a session is after the first stage of its reclamation.
+enum Stage {
+    /// Nothing more to do.
+    Done(Item),
+    /// Its deletions were asked for; [`confirm`] waits for the objects to go.
+    Deleted(Box<Deleting>),
+}
+
+/// The second stage: waits a moment for the objects to go, then marks the row final (or
+/// records what is still terminating).
+async fn confirm(ctx: &ReaperContext, deleting: Deleting) -> Item {
+    let Deleting {
+        session,
+        begin,
+        asked,
+        mut report,
+    } = deleting;
+    let id = session.id;
+    let sessions = ctx.store.sessions();
+    if report.all_deleted() {
+        // A moment for the objects to go: a guest that shuts down within a second or two is
+        // confirmed gone in this cycle. The watch-fed listings see deletions as they happen
+        // (no request); without them, VMs and Pods are looked for with a direct get, which the
+        // reaper's Role grants (it reads them so before declaring a ghost), the other kinds
+        // with a list pinned to the name.
+        await_gone(
+            ctx.cluster.as_ref(),
+            &mut report,
+            asked,
+            GONE_WITHIN,
+            &[Kind::VirtualMachine, Kind::Pod],
+            ctx.witness(),
+        )
+        .await;
+    }
     if !report.all_deleted() {
         let failures: Vec<String> = report
             .failures()
@@ -199,13 +250,32 @@ async fn handle_rows(
     rows: Vec<(Session, Begin)>,
 ) {
     let shutdown = ctx.shutdown.clone();
-    let mut results = futures::stream::iter(rows)
-        .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
-        .map(|(session, begin)| async move {
-            let item = reclaim(ctx, &session, begin).await;
-            (session.id, item)
-        })
-        .buffer_unordered(ctx.settings.concurrency.max(1));
+    let concurrency = ctx.settings.concurrency.max(1);
+    // Two stages: the deletions, `concurrency` sessions at a time, and the wait for the
+    // objects to go. With watch-fed listings that wait costs no request, so many more
+    // sessions wait at once and the deletions of the next ones go on meanwhile (a whole
+    // class expiring together is reclaimed at the pace of the deletions); without them it
+    // looks with requests, as many at once as the deletions.
+    let waiting = if ctx.witness().is_some() {
+        concurrency * CONFIRMING_PER_DELETING
+    } else {
+        concurrency
+    };
+    let mut results =
+        futures::stream::iter(rows)
+            .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
+            .map(|(session, begin)| async move {
+                (session.id, delete_objects(ctx, &session, begin).await)
+            })
+            .buffer_unordered(concurrency)
+            .map(|(id, stage)| async move {
+                let item = match stage {
+                    Stage::Done(item) => item,
+                    Stage::Deleted(deleting) => confirm(ctx, *deleting).await,
+                };
+                (id, item)
+            })
+            .buffer_unordered(waiting);
     while let Some((id, item)) = results.next().await {
         match item {
             Item::Reclaimed(what) => report.done(direction, id.to_string(), what),

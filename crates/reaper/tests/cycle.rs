@@ -13,7 +13,7 @@ use common::{Harness, node};
 use ttlab_cluster::{CapacityCluster as _, Kind, ProvisionCluster as _, ReaperCluster as _};
 use ttlab_kube_sim::{FaultRule, Verb};
 use ttlab_model::{SessionId, SessionStatus};
-use ttlab_reaper::{ReaperSettings, delete_orphans, find_orphans, reap_once};
+use ttlab_reaper::{ReaperSettings, delete_orphans, find_orphans, reap_once, reap_sessions};
 use ttlab_store::Direction;
 use ttlab_vm_manifest::{secret_name, vm_name};
 
@@ -330,6 +330,83 @@ async fn a_long_running_reaper_reads_vms_and_secrets_from_its_watch_and_sees_new
     assert!(!h.vm_alive(stray, "vm").await && !h.secret_alive(stray, "vm").await);
     assert!(h.vm_alive(live.id, "vm").await && h.secret_alive(live.id, "vm").await);
     assert_eq!(h.status(live.id).await, SessionStatus::Running);
+}
+
+on_both_backends!(a_long_running_reaper_sees_deleted_objects_go_through_its_watch);
+async fn a_long_running_reaper_sees_deleted_objects_go_through_its_watch(h: Harness) {
+    const HOLD: &str = "test.ttlab.io/shutting-down";
+    // Expired sessions whose VMs linger a moment after their deletion (a finalizer, as a
+    // guest's shutdown holds a real one), and the reaper's watch-fed listings filled.
+    let mut expired = Vec::new();
+    for _ in 0..3 {
+        let s = h
+            .open("dev", SessionStatus::Running, minutes(-1), &["vm"])
+            .await;
+        h.create_vms_held("dev", s.id, &["vm"], true, Some(HOLD))
+            .await;
+        expired.push(s.id);
+    }
+    let ctx = h.ctx("dev").with_cached_listings(Duration::from_secs(300));
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !ctx.cached_listings_ready() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the listings did not fill in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mark = h.mark();
+    let cycle = tokio::spawn({
+        let ctx = ctx.clone();
+        async move { reap_sessions(&ctx).await }
+    });
+    // The VMs go a moment after their deletions were accepted: seen in the call log (which
+    // asks the API server nothing), then their finalizers dropped.
+    let vms: BTreeSet<String> = expired.iter().map(|id| vm_name(*id, &node("vm"))).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let deleted: BTreeSet<String> = h
+            .reaper_calls_since(mark)
+            .into_iter()
+            .filter(|c| c.verb == "delete" && c.resource == "virtualmachines")
+            .filter_map(|c| c.name)
+            .collect();
+        if vms.is_subset(&deleted) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the reaper did not delete the VMs in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for vm in &vms {
+        h.drop_finalizers(vm).await;
+    }
+    let report = cycle.await.unwrap();
+    // Every row is final in the same cycle: the watch reported each VM gone, and the Secrets
+    // were removed at once (the API server's answer said so). Neither cost a request.
+    assert_eq!(
+        (report.expired.done, report.expired.failed),
+        (3, 0),
+        "{report:?}"
+    );
+    let looked: Vec<_> = h
+        .reaper_calls_since(mark)
+        .into_iter()
+        .filter(|c| {
+            ["get", "list"].contains(&c.verb.as_str())
+                && ["virtualmachines", "secrets"].contains(&c.resource.as_str())
+        })
+        .collect();
+    assert!(
+        looked.is_empty(),
+        "the reaper looked for what its watch saw go: {looked:?}"
+    );
+    for id in &expired {
+        assert_eq!(h.status(*id).await, SessionStatus::Expired);
+        assert!(!h.vm_alive(*id, "vm").await && !h.secret_alive(*id, "vm").await);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -83,6 +83,7 @@ async fn attempt(
         LabelSweep::Always,
         gone_within,
         &[],
+        None,
     )
     .await;
     if report.all_gone() {

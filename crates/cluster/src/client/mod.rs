@@ -519,7 +519,14 @@ impl ReaperCluster for KubeCluster {
                 .call(&format!("delete {kind} {name}"), api.delete(name, &dp))
                 .await
             {
-                Ok(_) => Ok(Deleted::Deleted),
+                // The API server answers with the object as it now is when the deletion left
+                // it in place (marked with a `deletionTimestamp`: a finalizer or a grace
+                // period holds it), and with a Status — or, for a custom resource, the object
+                // as it was, unmarked — when it removed the object at once.
+                Ok(answer) => Ok(match answer.left() {
+                    Some(o) if o.metadata.deletion_timestamp.is_some() => Deleted::Deleted,
+                    _ => Deleted::Removed,
+                }),
                 Err(ClusterError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
                 Err(other) => Err(other),
             }

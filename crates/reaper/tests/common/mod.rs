@@ -520,6 +520,29 @@ impl Harness {
         }
     }
 
+    /// Drops every finalizer of the VM `name` at once, with a patch alone (no read), as the
+    /// administrator: a VM being deleted then goes.
+    pub async fn drop_finalizers(&self, name: &str) {
+        use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.fixtures.client().clone(),
+            &self.ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+                "virtualmachines",
+            ),
+        );
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("dropping the finalizers of {name}: {e}"),
+        }
+    }
+
     /// Waits (60 s at most) until the object is gone.
     pub async fn wait_gone(&self, kind: Kind, name: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
