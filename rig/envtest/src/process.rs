@@ -231,10 +231,13 @@ fn spawn(
 }
 
 /// A shell loop that waits for this process to go and then stops the children and removes the
-/// directory: the `static` shared plane is never dropped.
+/// directory: the `static` shared plane is never dropped. It ignores the signals that end its
+/// parent: `timeout` and a terminal's Ctrl-C signal the whole process group, and the watchdog
+/// must outlive its parent to do its work (kube-apiserver ignores SIGTERM while it drains, so
+/// the children are killed 3 s after being asked to stop).
 fn watchdog(dir: &Path, pids: &[u32]) -> Result<Child, EnvtestError> {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let script = "parent=$1; dir=$2; shift 2; \
+    let script = "trap '' TERM INT HUP; parent=$1; dir=$2; shift 2; \
         while kill -0 \"$parent\" 2>/dev/null; do sleep 1; done; \
         kill \"$@\" 2>/dev/null; sleep 3; kill -9 \"$@\" 2>/dev/null; rm -rf \"$dir\"";
     Command::new("sh")

@@ -37,15 +37,41 @@ enum BenchCommand {
     Pool(pool::PoolBenchArgs),
 }
 
-/// Runs the chosen benchmark.
+/// Runs the chosen benchmark. Ctrl-C or SIGTERM (`timeout`'s) stops it: the benchmark is
+/// dropped, and with it everything it started (the control plane, PostgreSQL, the servers and
+/// reapers, the simulated guests), each stopped by its owner before ttlabctl exits.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    match args.command {
-        BenchCommand::Reaper(args) => reaper::run(args).await,
-        BenchCommand::Api(args) => api::run(args).await,
-        BenchCommand::Console(args) => console::run(args).await,
-        BenchCommand::Real(args) => real::run(args).await,
-        BenchCommand::Pool(args) => pool::run(args).await,
+    let stop = interrupted()?;
+    let bench = async move {
+        match args.command {
+            BenchCommand::Reaper(args) => reaper::run(args).await,
+            BenchCommand::Api(args) => api::run(args).await,
+            BenchCommand::Console(args) => console::run(args).await,
+            BenchCommand::Real(args) => real::run(args).await,
+            BenchCommand::Pool(args) => pool::run(args).await,
+        }
+    };
+    tokio::select! {
+        result = bench => result,
+        signal = stop => {
+            anyhow::bail!("stopped by {signal}; everything the benchmark started was stopped")
+        }
     }
+}
+
+/// Catches SIGINT and SIGTERM from now on (so that neither kills ttlabctl before it has
+/// stopped its children) and resolves to the name of the first that comes.
+fn interrupted() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
+    use anyhow::Context as _;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        }
+    })
 }
 
 /// The `p`th percentile (0–100) of `sorted` by the nearest-rank method; NaN when empty.

@@ -44,6 +44,37 @@ impl SessionObjects {
         let secrets = self.vms.iter().map(|v| v.secret.size_bytes()).sum();
         (vms, secrets)
     }
+
+    /// Every object, by kind and name, in the order the teardown deletes them.
+    pub(crate) fn names(&self) -> Vec<(ttlab_cluster::Kind, String)> {
+        use ttlab_cluster::Kind;
+        let mut out: Vec<(Kind, String)> = self
+            .vms
+            .iter()
+            .map(|v| (Kind::VirtualMachine, v.name.clone()))
+            .collect();
+        out.extend(
+            self.vms
+                .iter()
+                .map(|v| (Kind::Secret, v.secret.name().to_owned())),
+        );
+        if let Some(name) = self.service.as_ref().and_then(|s| s.metadata.name.clone()) {
+            out.push((Kind::Service, name));
+        }
+        if let Some(name) = self
+            .network_policy
+            .as_ref()
+            .and_then(|p| p.metadata.name.clone())
+        {
+            out.push((Kind::NetworkPolicy, name));
+        }
+        out
+    }
+
+    /// How many objects the session has.
+    pub(crate) fn count(&self) -> usize {
+        self.names().len()
+    }
 }
 
 /// The agent's shared ConfigMap of `agent`'s version in `env`.
