@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, env = "TTLAB_REAP_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     interval: Duration,
     /// Sessions (or orphan groups) handled at once.
-    #[arg(long, env = "TTLAB_REAP_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "TTLAB_REAP_CONCURRENCY", default_value_t = ttlab_reaper::DEFAULT_CONCURRENCY)]
     concurrency: usize,
     /// Objects younger than this are never judged orphans.
     #[arg(long, env = "TTLAB_ORPHAN_MIN_AGE", default_value = "2m", value_parser = humantime::parse_duration)]
@@ -115,7 +115,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     settings.validate()?;
     let mut options = StoreOptions {
-        max_connections: args.concurrency + 4,
+        // A session holds a connection only for a statement at a time: 16 are enough for any
+        // concurrency, and keep two environments' reapers well inside PostgreSQL's default
+        // of 100 connections.
+        max_connections: args.concurrency.min(16) + 4,
         ..args.db.store_options()
     };
     options.leases.leader = args.leader_lease;
@@ -136,8 +139,12 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         store
     };
-    let cluster = args
-        .cluster
+    // As many API calls in flight as sessions handled at once, at least: a reaper whose
+    // deletions queue behind its own client's limit reclaims a class more slowly than the API
+    // server allows.
+    let mut cluster_args = args.cluster.clone();
+    cluster_args.kube_concurrency = cluster_args.kube_concurrency.max(args.concurrency);
+    let cluster = cluster_args
         .connect(USER_AGENT)
         .await
         .context("building the Kubernetes client")?;

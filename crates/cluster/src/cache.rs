@@ -33,6 +33,9 @@ pub(crate) const REMEMBER_DELETIONS: Duration = Duration::from_secs(10 * 60);
 /// How often [`ObjectCache::first_fill`] looks whether the first list is complete.
 const FIRST_FILL_POLL: Duration = Duration::from_millis(20);
 
+/// The objects of a [`ObjectCache`] at one moment, by name.
+pub type Snapshot = Arc<BTreeMap<String, ObjectSummary>>;
+
 /// A watch-fed listing of one kind and selector. Dropping it stops its watch.
 #[derive(Debug)]
 pub struct ObjectCache {
@@ -49,7 +52,9 @@ impl ObjectCache {
     /// The objects as the watch last saw them, by name; `None` while the cache is not
     /// trustworthy (never listed yet, rebuilding, failed since its last list, or its last list
     /// older than its maximum age).
-    pub fn snapshot(&self) -> Option<Vec<ObjectSummary>> {
+    /// Shared, not copied: a reader holds the listing as it was while the watch goes on (the
+    /// cache copies its map only when it changes while someone holds it).
+    pub fn snapshot(&self) -> Option<Snapshot> {
         self.lock().snapshot(Instant::now())
     }
 
@@ -58,7 +63,7 @@ impl ObjectCache {
     /// [`ObjectCache::snapshot`]), or when the first list failed or did not complete in time.
     /// For a caller starting up, which would otherwise list the same objects beside the
     /// cache's own first list and hold both in memory at once.
-    pub async fn first_fill(&self, within: Duration) -> Option<Vec<ObjectSummary>> {
+    pub async fn first_fill(&self, within: Duration) -> Option<Snapshot> {
         let until = Instant::now() + within;
         loop {
             {
@@ -103,8 +108,9 @@ impl Drop for ObjectCache {
 /// by [`ObjectCache::snapshot`].
 #[derive(Debug)]
 pub(crate) struct CacheState {
-    /// The objects since the last completed list, kept current by the watch.
-    objects: BTreeMap<String, ObjectSummary>,
+    /// The objects since the last completed list, kept current by the watch (shared with
+    /// the readers of a snapshot).
+    objects: Snapshot,
     /// A list in progress (`Init` seen, `InitDone` not yet).
     building: Option<BTreeMap<String, ObjectSummary>>,
     /// When the last list completed; `None` when the contents are not trustworthy.
@@ -164,7 +170,7 @@ impl CacheState {
     /// An empty, untrusted state.
     pub(crate) fn new(max_age: Duration) -> Self {
         Self {
-            objects: BTreeMap::new(),
+            objects: Arc::default(),
             building: None,
             synced_at: None,
             max_age,
@@ -183,15 +189,17 @@ impl CacheState {
                     .insert(o.name.clone(), o);
             }
             Change::ListDone => {
-                self.objects = self.building.take().unwrap_or_default();
+                self.objects = Arc::new(self.building.take().unwrap_or_default());
                 self.synced_at = Some(now);
                 self.filling_first = false;
             }
             Change::Applied(o) => {
-                self.objects.insert(o.name.clone(), o);
+                Arc::make_mut(&mut self.objects).insert(o.name.clone(), o);
             }
             Change::Deleted(name) => {
-                self.objects.remove(&name);
+                if self.objects.contains_key(&name) {
+                    Arc::make_mut(&mut self.objects).remove(&name);
+                }
                 self.deleted.record(name, now);
             }
             Change::Failed => {
@@ -208,10 +216,9 @@ impl CacheState {
     }
 
     /// The objects at `now`, if trustworthy.
-    pub(crate) fn snapshot(&self, now: Instant) -> Option<Vec<ObjectSummary>> {
+    pub(crate) fn snapshot(&self, now: Instant) -> Option<Snapshot> {
         let synced = self.synced_at?;
-        (now.saturating_duration_since(synced) < self.max_age)
-            .then(|| self.objects.values().cloned().collect())
+        (now.saturating_duration_since(synced) < self.max_age).then(|| Arc::clone(&self.objects))
     }
 }
 
@@ -232,8 +239,8 @@ mod tests {
         }
     }
 
-    fn names(s: Option<Vec<ObjectSummary>>) -> Option<Vec<String>> {
-        s.map(|v| v.into_iter().map(|o| o.name).collect())
+    fn names(s: Option<Snapshot>) -> Option<Vec<String>> {
+        s.map(|v| v.keys().cloned().collect())
     }
 
     #[test]
@@ -350,7 +357,7 @@ mod tests {
         }
         assert_eq!(
             names(s.snapshot(t0 + Duration::from_secs(299))),
-            Some(vec![])
+            Some(Vec::<String>::new())
         );
         // Events alone do not make old contents young again: only a full list does.
         s.apply(Change::Applied(object("a")), t0 + Duration::from_secs(299));

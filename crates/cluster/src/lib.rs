@@ -56,7 +56,7 @@ mod teardown;
 mod terminal;
 mod types;
 
-pub use cache::ObjectCache;
+pub use cache::{ObjectCache, Snapshot};
 pub use client::KubeCluster;
 pub use cluster::{
     CapacityCluster, Cluster, ClusterFuture, ConsoleCluster, ProvisionCluster, ReaperCluster,

@@ -13,7 +13,7 @@ use ttlab_store::Store;
 use crate::ReaperError;
 
 /// Default number of items (sessions, orphan groups) handled at once.
-pub const DEFAULT_CONCURRENCY: usize = 16;
+pub const DEFAULT_CONCURRENCY: usize = 32;
 /// Default minimum age of an object before it may be judged an orphan.
 pub const DEFAULT_ORPHAN_MIN_AGE: Duration = Duration::from_secs(120);
 /// Default minimum age of an unused agent version (its ConfigMap's age, and the time since a
@@ -160,7 +160,7 @@ impl ReaperContext {
     /// first list is still in progress (the reaper just started), waits for it, at most
     /// [`FIRST_FILL_WAIT`]: listing beside it would hold two full listings in memory at once
     /// for no gain.
-    pub(crate) async fn cached(&self, kind: Kind) -> Option<Vec<ttlab_cluster::ObjectSummary>> {
+    pub(crate) async fn cached(&self, kind: Kind) -> Option<ttlab_cluster::Snapshot> {
         let cache = self.listings.as_ref()?.get(&kind)?;
         match cache.snapshot() {
             Some(objects) => Some(objects),

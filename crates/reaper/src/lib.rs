@@ -7,8 +7,11 @@
 //!   rows left `finishing`. Each goes to `finishing` recording its final status, its objects
 //!   are deleted by its recorded runtime ([`ttlab_cluster::teardown_session`]: VMs, then each
 //!   cloud-init Secret by name, the session Service and NetworkPolicy, or the Pod), and only
-//!   when every object is confirmed gone — looked for again after its deletion was accepted —
-//!   does the row become final, with `reclaimed_at` and `objects_gone_at`. An object still
+//!   when every object is confirmed gone does the row become final, with `reclaimed_at` and
+//!   `objects_gone_at`. Confirmed by the API server's answer for what it removed at once, by
+//!   the watch-fed listings' report of the deletion for what lingered (a long-running reaper),
+//!   and otherwise by looking again; the deletions and the wait for the objects to go are two
+//!   stages, so sessions waiting for a guest's shutdown never hold back the next deletions. An object still
 //!   terminating (a guest shutting down, a finalizer) keeps the row `finishing`: it is
 //!   recorded on the row, named in the [`CycleReport`] (`terminating`) and the
 //!   `ttlab_reaper_objects_terminating` gauge, and deleted and looked for again every cycle.

@@ -75,7 +75,23 @@ pub(crate) async fn read_live(ctx: &ReaperContext) -> Result<LiveSet, ttlab_stor
 }
 
 /// The environment's objects, by kind.
-pub(crate) type Listing = BTreeMap<Kind, Vec<ObjectSummary>>;
+pub(crate) type Listing = BTreeMap<Kind, Objects>;
+
+/// One kind's objects: listed for this cycle, or shared with a watch-fed listing (never
+/// copied: a cycle over 10,000 VMs does not hold a second listing of them).
+pub(crate) enum Objects {
+    Listed(Vec<ObjectSummary>),
+    Cached(ttlab_cluster::Snapshot),
+}
+
+impl Objects {
+    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = &ObjectSummary> + '_> {
+        match self {
+            Objects::Listed(v) => Box::new(v.iter()),
+            Objects::Cached(m) => Box::new(m.values()),
+        }
+    }
+}
 
 /// Lists every kind the orphan direction looks at, selecting on this environment's label only
 /// (an object of another environment, or without labels, is never even read). Metadata only,
@@ -93,8 +109,8 @@ pub(crate) async fn list_env_objects(
         let selector = &selector;
         async move {
             let objects = match ctx.cached(kind).await {
-                Some(objects) => objects,
-                None => ctx.cluster.list_all(kind, selector).await?,
+                Some(objects) => Objects::Cached(objects),
+                None => Objects::Listed(ctx.cluster.list_all(kind, selector).await?),
             };
             Ok::<_, ttlab_cluster::ClusterError>((kind, objects))
         }
@@ -225,7 +241,7 @@ pub(crate) fn orphan_candidates(
         chrono::TimeDelta::from_std(ctx.settings.orphan_min_age).unwrap_or(chrono::TimeDelta::MAX);
     let mut out = Vec::new();
     for kind in ORPHAN_KINDS {
-        for object in listing.get(&kind).into_iter().flatten() {
+        for object in listing.get(&kind).into_iter().flat_map(Objects::iter) {
             let Some(labels) = ObjectLabels::from_map(&object.labels) else {
                 continue;
             };

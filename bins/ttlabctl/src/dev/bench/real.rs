@@ -287,7 +287,11 @@ impl Rig {
         let reaper_cluster = Arc::new(
             KubeCluster::from_kubeconfig(
                 &reaper_kubeconfig,
-                ClusterSettings::in_namespace(&namespace),
+                // As the reaper binary: as many calls in flight as sessions handled at once.
+                ClusterSettings {
+                    max_in_flight: ttlab_reaper::DEFAULT_CONCURRENCY,
+                    ..ClusterSettings::in_namespace(&namespace)
+                },
             )
             .await?,
         );
