@@ -23,9 +23,9 @@
 //!   `--runs` times in process, reading VMs and Secrets from watch-fed listings as the
 //!   long-running `ttlab-reaper` does (their fill time printed first), every run printed with
 //!   the median and worst (target median ≤ 1 s); then what the same cycle's parts cost alone
-//!   when listed instead; then the real `ttlab-reaper` binary's first cycle (before its
-//!   listings fill, so it lists) and peak resident memory (target < 150 MB). If the API server (etcd) refuses a create, that is printed and the
-//!   phase measures what was created.
+//!   when listed instead; then the real `ttlab-reaper` binary's first cycle (which reads its
+//!   listings' first fill) and peak resident memory (target < 60 MB). If the API server
+//!   (etcd) refuses a create, that is printed and the phase measures what was created.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -72,7 +72,7 @@ const RAW_CONCURRENCY: usize = 32;
 const RECLAIM_RATIO_TARGET: f64 = 1.25;
 const ETCD_TARGET_MB: f64 = 40.0;
 const NOOP_TARGET: f64 = 1.0;
-const RSS_TARGET_MB: f64 = 150.0;
+const RSS_TARGET_MB: f64 = 60.0;
 /// The whole run, set up to stopped.
 const RUN_TARGET_SECS: f64 = 600.0;
 
