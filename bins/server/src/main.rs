@@ -322,7 +322,7 @@ mod tests {
         );
         let bad = parse(&["--agent-path", "tunnel"]).unwrap_err().to_string();
         assert!(
-            bad.contains("TTLAB_AGENT_PATH") && bad.contains("pod-ip or portforward"),
+            bad.contains("TTLAB_AGENT_PATH") && bad.contains("expected pod-ip"),
             "{bad}"
         );
     }

@@ -250,7 +250,7 @@ mod tests {
         for bad in ["", "podip", "port-forward", "PortForward", "tcp"] {
             let err = bad.parse::<AgentPath>().unwrap_err().to_string();
             assert!(
-                err.contains("TTLAB_AGENT_PATH") && err.contains("pod-ip or portforward"),
+                err.contains("TTLAB_AGENT_PATH") && err.contains("expected pod-ip"),
                 "{bad:?}: {err}"
             );
         }
