@@ -107,6 +107,16 @@ struct Args {
     /// 429, a timeout, a lost connection) before the session fails (e.g. 60s; more than zero).
     #[arg(long, env = "TTLAB_CLUSTER_RETRY_BUDGET", default_value = "60s", value_parser = positive_duration)]
     cluster_retry_budget: std::time::Duration,
+    /// How the server reaches the agents in the guests: `pod-ip` (a TCP connection to the
+    /// VMI's address, from inside the cluster) or `portforward` (through the API server,
+    /// KubeVirt's `portforward` subresource).
+    #[arg(long, env = "TTLAB_AGENT_PATH", default_value = "pod-ip", value_parser = agent_path)]
+    agent_path: ttlab_api::AgentPath,
+}
+
+/// A `TTLAB_AGENT_PATH` value.
+fn agent_path(s: &str) -> Result<ttlab_api::AgentPath, String> {
+    s.parse().map_err(|e: ttlab_api::ApiError| e.to_string())
 }
 
 /// A humantime duration (`90s`, `2m`) that is more than zero.
@@ -205,6 +215,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.waitlist_hold = args.waitlist_hold;
     config.waitlist_max_wait = args.waitlist_max_wait;
     config.cluster_retry_budget = args.cluster_retry_budget;
+    config.agent_path = args.agent_path;
     config.max_concurrent_requests = args.max_concurrent_requests;
     config.user_rate_limit = ttlab_api::limits::RateLimit {
         burst: args.user_rate_burst.max(1),
@@ -299,6 +310,20 @@ mod tests {
         assert!(
             garbage.contains("\"soon\"") && garbage.contains("duration"),
             "{garbage}"
+        );
+    }
+
+    #[test]
+    fn the_agent_path_is_pod_ip_unless_set_and_a_bad_one_is_refused() {
+        assert_eq!(parse(&[]).unwrap().agent_path, ttlab_api::AgentPath::PodIp);
+        assert_eq!(
+            parse(&["--agent-path", "portforward"]).unwrap().agent_path,
+            ttlab_api::AgentPath::PortForward
+        );
+        let bad = parse(&["--agent-path", "tunnel"]).unwrap_err().to_string();
+        assert!(
+            bad.contains("TTLAB_AGENT_PATH") && bad.contains("expected pod-ip"),
+            "{bad}"
         );
     }
 }

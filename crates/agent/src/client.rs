@@ -1,8 +1,16 @@
 //! The typed async client the server uses to ask an agent whether its guest is ready, to run
 //! grading commands, to size the console, to rotate the agent's token and to move the guest's
-//! hard deadline. One HTTP/1.1 connection per request (the agent closes after each).
+//! hard deadline. One HTTP/1.1 connection per request (the agent closes after each): a TCP
+//! connection to the agent's address ([`AgentRoute::Direct`]), or a byte stream a
+//! [`Connector`] opens for each request ([`AgentRoute::Tunnel`]: a port forward through the
+//! cluster's API server, for a server outside the VMs' network).
 
+use std::fmt;
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -13,7 +21,6 @@ use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
 use ttlab_background::Backoff;
 
-use crate::Error;
 use crate::protocol::{
     AgentToken, ConsoleSize, ErrorResponse, ExecRequest, ExecResponse, MAX_EXEC_TIMEOUT_MS,
     MAX_OUTPUT_BYTES, PowerOffAt, ReadyResponse, RotateTokenRequest, TokenRotated,
@@ -29,10 +36,96 @@ const EXEC_MARGIN: Duration = Duration::from_secs(15);
 const READY_POLL: Backoff =
     Backoff::doubling(Duration::from_millis(200), Duration::from_secs(2)).without_jitter();
 
+use crate::{AgentAddr, Error};
+
+/// A connection to an agent that a [`Connector`] opened: any byte stream.
+pub trait AgentIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> AgentIo for T {}
+
+/// A boxed [`AgentIo`].
+pub type AgentConnection = Box<dyn AgentIo>;
+
+/// Opens a fresh connection to one agent for each request, some other way than a TCP
+/// connection to its address (a port forward through the cluster's API server, say).
+///
+/// Its failures are `io::Error`s whose kind says whether to retry: `PermissionDenied`,
+/// `NotFound` and `InvalidInput` mean the way is refused for good ([`Error::NoRoute`]); any
+/// other kind is taken as a refused TCP connection is ([`Error::Unreachable`], retried while
+/// the guest boots).
+pub trait Connector: Send + Sync {
+    /// The agent as errors name it (`port 8899 of VMI lab-1 through the API server`).
+    fn describe(&self) -> String;
+
+    /// Opens one connection.
+    fn connect(&self) -> Pin<Box<dyn Future<Output = io::Result<AgentConnection>> + Send + '_>>;
+}
+
+/// How a client reaches its agent.
+#[derive(Clone)]
+pub enum AgentRoute {
+    /// A TCP connection to the agent's address (the VMI's IP and [`crate::protocol::PORT`]).
+    Direct(SocketAddr),
+    /// A connection from the connector, for each request.
+    Tunnel(Arc<dyn Connector>),
+}
+
+impl fmt::Debug for AgentRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Direct(addr) => f.debug_tuple("Direct").field(addr).finish(),
+            Self::Tunnel(c) => f.debug_tuple("Tunnel").field(&c.describe()).finish(),
+        }
+    }
+}
+
+impl AgentRoute {
+    /// The agent as errors name it.
+    pub fn addr(&self) -> AgentAddr {
+        match self {
+            Self::Direct(addr) => AgentAddr::Direct(*addr),
+            Self::Tunnel(c) => AgentAddr::Tunnel(c.describe()),
+        }
+    }
+
+    /// One connection (not bounded in time here: the caller's connect timeout is).
+    async fn connect(&self) -> Result<AgentConnection, Error> {
+        match self {
+            Self::Direct(addr) => match TcpStream::connect(addr).await {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    Ok(Box::new(stream))
+                }
+                Err(source) => Err(Error::Unreachable {
+                    addr: self.addr(),
+                    source,
+                }),
+            },
+            Self::Tunnel(c) => c.connect().await.map_err(|source| {
+                let addr = self.addr();
+                match source.kind() {
+                    io::ErrorKind::PermissionDenied
+                    | io::ErrorKind::NotFound
+                    | io::ErrorKind::InvalidInput => Error::NoRoute { addr, source },
+                    _ => Error::Unreachable { addr, source },
+                }
+            }),
+        }
+    }
+
+    /// The `Host` header's value.
+    fn host(&self) -> String {
+        match self {
+            Self::Direct(addr) => addr.to_string(),
+            Self::Tunnel(_) => format!("localhost:{}", crate::protocol::PORT),
+        }
+    }
+}
+
 /// A client for one agent.
 #[derive(Debug, Clone)]
 pub struct AgentClient {
-    addr: SocketAddr,
+    route: AgentRoute,
     token: AgentToken,
     connect_timeout: Duration,
     request_timeout: Duration,
@@ -49,8 +142,13 @@ impl AgentClient {
 
     /// A client for the agent at `addr` (the VMI's IP and [`crate::protocol::PORT`]).
     pub fn new(addr: SocketAddr, token: AgentToken) -> Self {
+        Self::via(AgentRoute::Direct(addr), token)
+    }
+
+    /// A client for the agent that `route` reaches.
+    pub fn via(route: AgentRoute, token: AgentToken) -> Self {
         Self {
-            addr,
+            route,
             token,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
@@ -66,8 +164,8 @@ impl AgentClient {
         self
     }
 
-    /// The same client with other timeouts: `connect` for the TCP connection, `request` for a
-    /// whole `ready` exchange. `exec` waits for the command's own timeout plus a margin.
+    /// The same client with other timeouts: `connect` for the connection (a TCP connection,
+    /// or the whole opening of a tunnel), `request` for a whole `ready` exchange. `exec` waits for the command's own timeout plus a margin.
     pub fn with_timeouts(mut self, connect: Duration, request: Duration) -> Self {
         self.connect_timeout = connect;
         self.request_timeout = request;
@@ -82,9 +180,14 @@ impl AgentClient {
         self
     }
 
-    /// The agent's address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The agent as errors name it: its address, or the tunnel's description.
+    pub fn addr(&self) -> AgentAddr {
+        self.route.addr()
+    }
+
+    /// How the agent is reached.
+    pub fn route(&self) -> &AgentRoute {
+        &self.route
     }
 
     /// `GET /v1/ready`: whether the setup finished (or failed).
@@ -111,7 +214,7 @@ impl AgentClient {
             let pause = pauses.next_pause();
             if elapsed + pause > within {
                 return Err(Error::NotReady {
-                    addr: self.addr,
+                    addr: self.addr(),
                     after: elapsed,
                     last,
                 });
@@ -220,19 +323,16 @@ impl AgentClient {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<T, Error> {
-        let addr = self.addr;
-        let stream =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        addr,
-                        after: self.connect_timeout,
-                    });
-                }
-                Ok(Err(source)) => return Err(Error::Unreachable { addr, source }),
-                Ok(Ok(stream)) => stream,
-            };
-        let _ = stream.set_nodelay(true);
+        let addr = self.addr();
+        let stream = match tokio::time::timeout(self.connect_timeout, self.route.connect()).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    addr,
+                    after: self.connect_timeout,
+                });
+            }
+            Ok(result) => result?,
+        };
         let exchange = self.exchange(stream, method, path, body);
         let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
             Err(_) => {
@@ -243,19 +343,19 @@ impl AgentClient {
             }
             Ok(result) => result?,
         };
-        decode(addr, status, &bytes)
+        decode(&addr, status, &bytes)
     }
 
     async fn exchange(
         &self,
-        stream: TcpStream,
+        stream: AgentConnection,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Error> {
-        let addr = self.addr;
+        let addr = self.addr();
         let transport = |e: hyper::Error| Error::Transport {
-            addr,
+            addr: addr.clone(),
             reason: e.to_string(),
         };
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -265,7 +365,7 @@ impl AgentClient {
         let mut request = Request::builder()
             .method(method)
             .uri(path)
-            .header(header::HOST, addr.to_string())
+            .header(header::HOST, self.route.host())
             .header(header::USER_AGENT, self.user_agent.as_str())
             .header(
                 header::AUTHORIZATION,
@@ -285,7 +385,7 @@ impl AgentClient {
             .map_err(|e| match e.downcast::<hyper::Error>() {
                 Ok(e) => transport(*e),
                 Err(e) => Error::BadResponse {
-                    addr,
+                    addr: addr.clone(),
                     reason: e.to_string(),
                 },
             })?
@@ -306,10 +406,11 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// Maps a status and body to the typed answer or error.
 fn decode<T: DeserializeOwned>(
-    addr: SocketAddr,
+    addr: &AgentAddr,
     status: StatusCode,
     bytes: &[u8],
 ) -> Result<T, Error> {
+    let addr = addr.clone();
     if status == StatusCode::OK {
         return serde_json::from_slice(bytes).map_err(|e| Error::BadResponse {
             addr,
@@ -351,23 +452,29 @@ mod tests {
         "127.0.0.1:8899".parse().unwrap()
     }
 
+    fn agent_addr() -> AgentAddr {
+        AgentAddr::Direct(addr())
+    }
+
     #[test]
     fn statuses_map_to_typed_errors() {
         let body = br#"{"error":"busy","message":"later"}"#;
         assert!(matches!(
-            decode::<ReadyResponse>(addr(), StatusCode::UNAUTHORIZED, b""),
+            decode::<ReadyResponse>(&agent_addr(), StatusCode::UNAUTHORIZED, b""),
             Err(Error::Unauthorized { .. })
         ));
-        let busy =
-            decode::<ReadyResponse>(addr(), StatusCode::SERVICE_UNAVAILABLE, body).unwrap_err();
+        let busy = decode::<ReadyResponse>(&agent_addr(), StatusCode::SERVICE_UNAVAILABLE, body)
+            .unwrap_err();
         assert!(matches!(&busy, Error::Unavailable { code, .. } if code == "busy"));
         assert!(busy.is_retryable());
-        let big = decode::<ReadyResponse>(addr(), StatusCode::PAYLOAD_TOO_LARGE, body).unwrap_err();
+        let big = decode::<ReadyResponse>(&agent_addr(), StatusCode::PAYLOAD_TOO_LARGE, body)
+            .unwrap_err();
         assert!(matches!(big, Error::Rejected { status: 413, .. }));
         assert!(!big.is_retryable());
-        let odd = decode::<ReadyResponse>(addr(), StatusCode::OK, b"<html>").unwrap_err();
+        let odd = decode::<ReadyResponse>(&agent_addr(), StatusCode::OK, b"<html>").unwrap_err();
         assert!(matches!(odd, Error::BadResponse { .. }));
-        let ok = decode::<ReadyResponse>(addr(), StatusCode::OK, br#"{"ready":true}"#).unwrap();
+        let ok =
+            decode::<ReadyResponse>(&agent_addr(), StatusCode::OK, br#"{"ready":true}"#).unwrap();
         assert_eq!(
             ok,
             ReadyResponse {
@@ -464,5 +571,90 @@ mod tests {
         let err = client.ready().await.unwrap_err();
         assert!(matches!(err, Error::Unreachable { .. }), "{err}");
         assert!(err.is_retryable());
+    }
+
+    /// A tunnel in memory: each connection is one end of a pipe whose other end is handed to
+    /// the test; or, with `refuse`, an error of that kind.
+    struct Pipes {
+        ends: tokio::sync::mpsc::UnboundedSender<tokio::io::DuplexStream>,
+        refuse: Option<io::ErrorKind>,
+    }
+
+    impl Connector for Pipes {
+        fn describe(&self) -> String {
+            "port 8899 of VMI lab through a pipe".to_owned()
+        }
+
+        fn connect(
+            &self,
+        ) -> Pin<Box<dyn Future<Output = io::Result<AgentConnection>> + Send + '_>> {
+            Box::pin(async move {
+                if let Some(kind) = self.refuse {
+                    return Err(io::Error::new(kind, "refused"));
+                }
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                let _ = self.ends.send(theirs);
+                Ok(Box::new(ours) as AgentConnection)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_carries_the_request_and_its_refusals_say_whether_to_retry() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let token = || AgentToken::from_random_bytes([1; 32]);
+        let route = AgentRoute::Tunnel(Arc::new(Pipes {
+            ends: tx.clone(),
+            refuse: None,
+        }));
+        let client = AgentClient::via(route, token());
+        let agent = tokio::spawn(async move {
+            let mut end = rx.recv().await.unwrap();
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = end.read(&mut chunk).await.unwrap();
+                head.extend_from_slice(&chunk[..n]);
+            }
+            let body = br#"{"ready":true}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            end.write_all(answer.as_bytes()).await.unwrap();
+            end.write_all(body).await.unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        assert!(client.ready().await.unwrap().ready);
+        let head = agent.await.unwrap();
+        assert!(head.starts_with("GET /v1/ready HTTP/1.1"), "{head}");
+        assert_eq!(
+            client.addr(),
+            AgentAddr::Tunnel("port 8899 of VMI lab through a pipe".into())
+        );
+
+        let refused = |kind| {
+            AgentClient::via(
+                AgentRoute::Tunnel(Arc::new(Pipes {
+                    ends: tx.clone(),
+                    refuse: Some(kind),
+                })),
+                token(),
+            )
+        };
+        let forbidden = refused(io::ErrorKind::PermissionDenied)
+            .ready()
+            .await
+            .unwrap_err();
+        assert!(matches!(forbidden, Error::NoRoute { .. }), "{forbidden}");
+        assert!(!forbidden.is_retryable());
+        let booting = refused(io::ErrorKind::ConnectionRefused)
+            .ready()
+            .await
+            .unwrap_err();
+        assert!(matches!(booting, Error::Unreachable { .. }), "{booting}");
+        assert!(booting.is_retryable());
+        assert!(booting.to_string().contains("through a pipe"), "{booting}");
     }
 }

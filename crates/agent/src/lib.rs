@@ -117,11 +117,41 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[cfg(feature = "client")]
-pub use client::AgentClient;
+pub use client::{AgentClient, AgentConnection, AgentIo, AgentRoute, Connector};
 pub use paths::AgentPaths;
 pub use server::{Agent, AgentConfig, REQUEST_TIMEOUT};
 #[doc(hidden)]
 pub use server::{Answered, answer_bytes};
+
+/// Where a client reaches an agent, as its errors name it: the agent's address, or a tunnel
+/// that a [`Connector`](crate::Connector) opens (described in its own words, such as `port
+/// 8899 of VMI lab-1 through the API server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentAddr {
+    /// A TCP connection to this address.
+    Direct(SocketAddr),
+    /// A tunnel, described.
+    Tunnel(String),
+}
+
+impl AgentAddr {
+    /// The address of a direct connection.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Direct(addr) => Some(*addr),
+            Self::Tunnel(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AgentAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Direct(addr) => write!(f, "{addr}"),
+            Self::Tunnel(what) => f.write_str(what),
+        }
+    }
+}
 
 /// Everything that can go wrong in this crate: starting the agent, and talking to one.
 #[derive(Debug, thiserror::Error)]
@@ -138,20 +168,30 @@ pub enum Error {
         /// Why it failed.
         source: std::io::Error,
     },
-    /// No TCP connection to the agent (refused, unreachable): the guest is not up yet, or the
-    /// agent is not running.
+    /// No connection to the agent (refused, unreachable; or a tunnel that could not be opened
+    /// now): the guest is not up yet, or the agent is not running.
     #[error("agent at {addr} unreachable: {source}")]
     Unreachable {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// Why connecting failed.
+        source: std::io::Error,
+    },
+    /// The way to the agent is refused for good: a tunnel's [`Connector`](crate::Connector)
+    /// failed with `PermissionDenied`, `NotFound` or `InvalidInput` (no right to open it, no
+    /// such VM). Retrying will not help.
+    #[error("agent at {addr} cannot be reached: {source}")]
+    NoRoute {
+        /// Where the agent was sought.
+        addr: AgentAddr,
+        /// Why the tunnel was refused.
         source: std::io::Error,
     },
     /// The connection broke during the exchange.
     #[error("connection to the agent at {addr} failed: {reason}")]
     Transport {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// What failed.
         reason: String,
     },
@@ -159,7 +199,7 @@ pub enum Error {
     #[error("agent at {addr} did not answer within {after:?}")]
     Timeout {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// The deadline that passed.
         after: Duration,
     },
@@ -167,14 +207,14 @@ pub enum Error {
     #[error("agent at {addr} refused the token")]
     Unauthorized {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
     },
     /// The agent cannot serve now (503: `busy`, or `token_unavailable` while cloud-init has
     /// not written the token yet); retrying later may succeed.
     #[error("agent at {addr} unavailable ({code}): {message}")]
     Unavailable {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// The error code ([`protocol::error_code`]).
         code: String,
         /// The agent's explanation.
@@ -184,7 +224,7 @@ pub enum Error {
     #[error("agent at {addr} refused the request with {status} ({code}): {message}")]
     Rejected {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// HTTP status.
         status: u16,
         /// The error code ([`protocol::error_code`]).
@@ -196,7 +236,7 @@ pub enum Error {
     #[error("agent at {addr} answered outside the protocol: {reason}")]
     BadResponse {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// What was wrong.
         reason: String,
     },
@@ -207,7 +247,7 @@ pub enum Error {
     #[error("agent at {addr} not ready after {after:?} (last: {last})")]
     NotReady {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: AgentAddr,
         /// How long it was polled.
         after: Duration,
         /// The last answer or error seen.

@@ -61,6 +61,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `user_rate_limit` | `TTLAB_USER_RATE_BURST`, `TTLAB_USER_RATE_INTERVAL` | 10, 1 s |
 /// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
 /// | `cluster_retry_budget` | `TTLAB_CLUSTER_RETRY_BUDGET` (more than zero) | 60 s |
+/// | `agent_path` | `TTLAB_AGENT_PATH` (`pod-ip` or `portforward`) | `pod-ip` |
 /// | `migrate` | — (`ttlab-server` migrates) | false |
 #[derive(Clone)]
 pub struct ApiConfig {
@@ -138,6 +139,54 @@ pub struct ApiConfig {
     /// they are taken off it (their page says why and offers to join again). Default
     /// [`DEFAULT_WAITLIST_MAX_WAIT`].
     pub waitlist_max_wait: Duration,
+    /// How the server reaches the agents in the guests. Default [`AgentPath::PodIp`].
+    pub agent_path: AgentPath,
+}
+
+/// How the server reaches the agent in a guest (`TTLAB_AGENT_PATH`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AgentPath {
+    /// `pod-ip`: a TCP connection to the VMI's address (its launcher pod's IP) and the agent's
+    /// port. The server must be inside the VMs' cluster network (and the NetworkPolicy must
+    /// let it in).
+    #[default]
+    PodIp,
+    /// `portforward`: through the cluster's API server, KubeVirt's `portforward` subresource
+    /// of the VMI (a WebSocket per request; the server's identity needs `get` on
+    /// `virtualmachineinstances/portforward` in `subresources.kubevirt.io`). For a server
+    /// outside the cluster, or one the pod network does not reach.
+    PortForward,
+}
+
+impl AgentPath {
+    /// The setting's value for this path.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodIp => "pod-ip",
+            Self::PortForward => "portforward",
+        }
+    }
+}
+
+impl std::fmt::Display for AgentPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for AgentPath {
+    type Err = crate::ApiError;
+    fn from_str(s: &str) -> Result<Self, crate::ApiError> {
+        match s.trim() {
+            "pod-ip" => Ok(Self::PodIp),
+            "portforward" => Ok(Self::PortForward),
+            other => Err(crate::ApiError::Config(format!(
+                "TTLAB_AGENT_PATH: {other:?} is not a way to reach the agents; expected \
+                 pod-ip (the VMI's address, from inside the cluster) or portforward \
+                 (through the API server)"
+            ))),
+        }
+    }
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -183,6 +232,27 @@ impl ApiConfig {
             waitlist_hold: DEFAULT_WAITLIST_HOLD,
             migrate: false,
             waitlist_max_wait: DEFAULT_WAITLIST_MAX_WAIT,
+            agent_path: AgentPath::PodIp,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentPath;
+
+    #[test]
+    fn agent_paths_parse_from_their_names_and_nothing_else() {
+        for path in [AgentPath::PodIp, AgentPath::PortForward] {
+            assert_eq!(path.as_str().parse::<AgentPath>().unwrap(), path);
+        }
+        assert_eq!(AgentPath::default(), AgentPath::PodIp);
+        for bad in ["", "podip", "port-forward", "PortForward", "tcp"] {
+            let err = bad.parse::<AgentPath>().unwrap_err().to_string();
+            assert!(
+                err.contains("TTLAB_AGENT_PATH") && err.contains("expected pod-ip"),
+                "{bad:?}: {err}"
+            );
         }
     }
 }

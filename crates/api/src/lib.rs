@@ -50,6 +50,7 @@
 //! # }
 //! ```
 
+mod agent_route;
 pub mod auth;
 mod classes;
 mod config;
@@ -74,8 +75,9 @@ use ttlab_cluster::Cluster;
 use ttlab_store::Store;
 
 pub use config::{
-    ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT_REQUESTS,
-    DEFAULT_QUOTA_SETTLE_WAIT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_VM_LIMIT,
+    AgentPath, ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_QUOTA_SETTLE_WAIT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_VM_LIMIT,
 };
 pub use error::{ApiError, CapacityUse, ErrorBody};
 pub use state::{AppState, ClusterHealth, DatabaseHealth, HubEvent};

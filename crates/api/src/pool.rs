@@ -26,17 +26,18 @@
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
 //! reserve a cold start of the largest lesson needs, are never taken.
 
-use std::net::SocketAddr;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use ttlab_agent::AgentClient;
+use ttlab_cluster::ConsoleCluster;
 use ttlab_lesson::Lesson;
 use ttlab_model::{ClassId, FinalStatus, Runtime, SessionId, SessionStatus, UserId};
 use ttlab_pool::{Capacity, Demand, Forecast, Member, Plan, PlanInput, PoolSettings, RetireReason};
 use ttlab_store::{NewPoolMember, PoolClaim, Session, SessionTimes};
 
+use crate::agent_route::{NoAgent, agent_client};
 use crate::classes::CurrentClasses;
 use crate::metrics::LessonLabels;
 use crate::saga::{self, with_db};
@@ -223,19 +224,18 @@ async fn hand_over_vm(
     power_off_at: DateTime<Utc>,
 ) -> Result<(), String> {
     let node = &vm.node;
-    let ip = state
-        .cluster()
-        .vmi_ip(&vm.name)
-        .await
-        .map_err(|e| format!("{node}: {e}"))?
-        .ok_or_else(|| format!("{node}: the VM has no address"))?;
     let old = saga::agent_token(state, session, node)
         .await
         .map_err(|e| format!("{node}: {e}"))?;
     let new = crate::saga::fresh_token().map_err(|e| format!("{node}: {e}"))?;
-    let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), old)
-        .with_timeouts(Duration::from_secs(2), Duration::from_secs(3))
-        .with_user_agent(state.config().user_agent.as_str());
+    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
+    let client = agent_client(state, cluster, &vm.name, None, old)
+        .await
+        .map_err(|e| match e {
+            NoAgent::NoAddress => format!("{node}: the VM has no address"),
+            e => format!("{node}: {e}"),
+        })?
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(3));
     client
         .set_deadline(power_off_at.into())
         .await

@@ -17,7 +17,7 @@ use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, GoldenFacts, GoldenRef, Kind,
     Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiState,
 };
-use crate::{ClusterError, ObjectCache, Terminal};
+use crate::{ClusterError, ObjectCache, PortStream, Terminal};
 
 /// The future every cluster method returns: boxed, `Send`, borrowing its arguments.
 pub type ClusterFuture<'a, T> = BoxFuture<'a, Result<T, ClusterError>>;
@@ -230,8 +230,9 @@ pub trait ProvisionCluster: Send + Sync {
 }
 
 /// What the server's console and grading need of a running lab: its VMI's or Pod's state
-/// and address, the VM's status (why a console ended), the serial console, and commands in a
-/// pod (a shell for the terminal, one command for grading).
+/// and address, the VM's status (why a console ended), the serial console, a guest's port
+/// through the API server (the agent, where the server cannot reach the VMI's address), and
+/// commands in a pod (a shell for the terminal, one command for grading).
 pub trait ConsoleCluster: Send + Sync {
     /// Reads a VMI's state; `Ok(None)` if there is no VMI of that name.
     fn vmi_state<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Option<VmiState>>;
@@ -262,6 +263,14 @@ pub trait ConsoleCluster: Send + Sync {
     /// [`ClusterError::ConsoleNotReady`] while the VMI is not running (retry each second),
     /// [`ClusterError::Conflict`] if it has failed, [`ClusterError::NotFound`] if absent.
     fn open_console<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, Terminal>;
+
+    /// Opens a TCP connection to `port` of the VMI's guest through the API server (KubeVirt's
+    /// `portforward` subresource: `plain.kubevirt.io`, the connection's bytes in binary
+    /// frames), for a server that cannot reach the VMI's address itself. Each call is a
+    /// connection of its own. [`ClusterError::PortUnreachable`] while the VMI has no address
+    /// or nothing answers on the port (retry), [`ClusterError::Forbidden`] without `get` on
+    /// `virtualmachineinstances/portforward`, [`ClusterError::NotFound`] if there is no VMI.
+    fn open_portforward<'a>(&'a self, name: &'a str, port: u16) -> ClusterFuture<'a, PortStream>;
 
     /// Runs `command` in a pod's container (`None`: the pod's only or default container)
     /// with a TTY and stdin attached, for pod labs.

@@ -63,6 +63,19 @@ pub enum ClusterError {
         /// The server's message.
         message: String,
     },
+    /// A port of the VMI's guest cannot be reached through the `portforward` subresource now:
+    /// the VMI has no address yet (400: not running, or ended), is paused (409), or nothing
+    /// answers on the port (500 `dialing VM: …`: the guest is off, or its program has not
+    /// started). Retry later; a VMI that has ended will keep refusing.
+    #[error("port {port} of VMI {name} unreachable: {message}")]
+    PortUnreachable {
+        /// The VMI.
+        name: String,
+        /// The guest's port.
+        port: u16,
+        /// The server's message.
+        message: String,
+    },
     /// The API server could not answer now: a timeout, a 5xx, 429 Too Many Requests, a
     /// connection error, or an expired list continuation. The same call may succeed later.
     #[error("transient: {message}")]
@@ -123,12 +136,15 @@ fn describe_faults(faults: Option<&str>) -> String {
 
 impl ClusterError {
     /// Whether the same call may succeed if simply tried again later: transient failures, a
-    /// console that is not ready yet, and a quota not counted yet. A conflict, an exceeded
+    /// console or a guest's port that is not ready yet, and a quota not counted yet. A conflict, an exceeded
     /// quota, a missing permission or an invalid object will fail the same way again.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Transient { .. } | Self::ConsoleNotReady { .. } | Self::QuotaPending { .. }
+            Self::Transient { .. }
+                | Self::ConsoleNotReady { .. }
+                | Self::PortUnreachable { .. }
+                | Self::QuotaPending { .. }
         )
     }
 

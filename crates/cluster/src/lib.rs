@@ -12,7 +12,8 @@
 //! (get, create if absent, never update); getting, listing by label selector page by page, and deleting
 //! (a missing object is already deleted, which is success); counting the live VMs; observing
 //! the golden PVC, DataVolume and DataSource; waiting for a VMI to run by watching it; the
-//! VMI's address; the serial console; pod exec — and it maps every failure onto one typed
+//! VMI's address; the serial console; a guest's port through the API server (KubeVirt's
+//! `portforward`); pod exec — and it maps every failure onto one typed
 //! [`ClusterError`] that says whether a retry can help. A semaphore bounds the calls in
 //! flight, so a reaper cycle cannot flood the API server.
 //!
@@ -68,7 +69,7 @@ pub use teardown::{
     GoneWitness, LabelSweep, ObjectOutcome, Outcome, SessionTarget, TeardownReport, await_gone,
     delete_session_objects, named_objects, teardown_session, teardown_session_within,
 };
-pub use terminal::{ByteSink, ByteStream, ResizeSink, Terminal, TtySize};
+pub use terminal::{ByteSink, ByteStream, PortStream, ResizeSink, Terminal, TtySize};
 pub use types::{
     Condition, Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, GoldenFacts, GoldenRef,
     Kind, Lookup, ObjectSummary, Page, Propagation, PvcFacts, VmStatus, VmiPhase, VmiState,

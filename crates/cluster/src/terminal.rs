@@ -49,3 +49,65 @@ impl fmt::Debug for Terminal {
         f.debug_struct("Terminal").finish_non_exhaustive()
     }
 }
+
+/// A byte stream to a port of a VMI's guest, opened through the API server
+/// ([`ConsoleCluster::open_portforward`](crate::ConsoleCluster::open_portforward)): one TCP
+/// connection's bytes both ways. Reading returns what the guest's program sent, and ends
+/// (`Ok(0)`) when it closes; shutting the stream down closes the connection.
+pub struct PortStream {
+    io: Pin<Box<dyn PortIo>>,
+}
+
+/// What a [`PortStream`] wraps.
+trait PortIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send> PortIo for T {}
+
+impl PortStream {
+    /// Wraps a connection.
+    pub(crate) fn new(
+        io: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    ) -> Self {
+        Self { io: Box::pin(io) }
+    }
+}
+
+impl fmt::Debug for PortStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PortStream").finish_non_exhaustive()
+    }
+}
+
+impl tokio::io::AsyncRead for PortStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().io.as_mut().poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for PortStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().io.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().io.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().io.as_mut().poll_shutdown(cx)
+    }
+}

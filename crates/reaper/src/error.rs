@@ -37,6 +37,7 @@ pub fn cluster_error_kind(e: &ClusterError) -> &'static str {
         ClusterError::QuotaPending { .. } => "quota_pending",
         ClusterError::Invalid { .. } => "invalid",
         ClusterError::ConsoleNotReady { .. } => "console_not_ready",
+        ClusterError::PortUnreachable { .. } => "port_unreachable",
         ClusterError::Transient { .. } => "transient",
         ClusterError::WaitTimedOut { .. } => "wait_timed_out",
         ClusterError::VmiEnded { .. } => "vmi_ended",

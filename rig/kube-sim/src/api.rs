@@ -183,8 +183,8 @@ async fn handle(State(sim): State<Arc<Sim>>, req: Request) -> Response {
     if let Some(r) = crate::discovery::handle(&sim, req.method(), &path, req.uri().query()) {
         return r;
     }
-    if let Some((ns, name)) = crate::console::console_path(&path) {
-        return crate::console::handle(sim, req, ns, name).await;
+    if let Some((ns, name, sub)) = crate::console::stream_path(&path) {
+        return crate::console::handle(sim, req, ns, name, sub).await;
     }
     if let Some((ns, name)) = crate::exec::exec_path(&path) {
         return crate::exec::handle(sim, req, ns, name).await;

@@ -1,9 +1,14 @@
-//! The VMI serial console subresource (`subresources.kubevirt.io/v1 …/console`): kube-sim
-//! authenticates, authorizes (RBAC on `virtualmachineinstances/console`), injects faults and
-//! records the call, then relays the WebSocket (subprotocol `plain.kubevirt.io`, raw bytes in
-//! binary frames both ways) to kubevirt-sim's console server, as kube-apiserver's proxy
-//! relays an aggregated API. kubevirt-sim serves the simulated serial line or a qemu guest's
-//! serial port. With [`crate::Controllers::External`] nothing serves it: `404`.
+//! The VMI subresources that are WebSocket streams, relayed to kubevirt-sim as
+//! kube-apiserver's proxy relays an aggregated API: the serial console
+//! (`subresources.kubevirt.io/v1 …/console`) and the port forward (`…/portforward/{port}`,
+//! `…/portforward/{port}/{protocol}`: one TCP connection to the guest's port). kube-sim
+//! authenticates, authorizes (RBAC `get` on `virtualmachineinstances/console` or
+//! `virtualmachineinstances/portforward`, as KubeVirt's aggregated roles grant them), injects
+//! faults and records the call, then relays the WebSocket (subprotocol `plain.kubevirt.io`,
+//! raw bytes in binary frames both ways) to kubevirt-sim's console server, whose refusals
+//! come back as they are. kubevirt-sim serves the simulated serial line or a qemu guest's
+//! serial port, and dials the guest's port for a port forward. With
+//! [`crate::Controllers::External`] nothing serves them: `404`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,8 +28,42 @@ use crate::status::ApiError;
 /// The subprotocol KubeVirt's console speaks.
 pub const PROTOCOL: &str = "plain.kubevirt.io";
 
-/// `(namespace, name)` if `path` is a console path.
-pub(crate) fn console_path(path: &str) -> Option<(String, String)> {
+/// A streaming subresource of a VMI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Subresource {
+    /// The serial console.
+    Console,
+    /// A port forward; what follows `portforward/` in the path (`8899`, `8899/tcp`).
+    PortForward(String),
+}
+
+impl Subresource {
+    /// The resource RBAC and the fault table know it by.
+    fn resource(&self) -> &'static str {
+        match self {
+            Self::Console => "virtualmachineinstances/console",
+            Self::PortForward(_) => "virtualmachineinstances/portforward",
+        }
+    }
+
+    /// The path's last segments.
+    fn tail(&self) -> String {
+        match self {
+            Self::Console => "console".to_owned(),
+            Self::PortForward(rest) => format!("portforward/{rest}"),
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Self::Console => "console",
+            Self::PortForward(_) => "portforward",
+        }
+    }
+}
+
+/// `(namespace, name, subresource)` if `path` is the path of a console or a port forward.
+pub(crate) fn stream_path(path: &str) -> Option<(String, String, Subresource)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segs.as_slice() {
         [
@@ -36,19 +75,40 @@ pub(crate) fn console_path(path: &str) -> Option<(String, String)> {
             "virtualmachineinstances",
             name,
             "console",
-        ] => Some(((*ns).to_owned(), (*name).to_owned())),
+        ] => Some(((*ns).to_owned(), (*name).to_owned(), Subresource::Console)),
+        [
+            "apis",
+            "subresources.kubevirt.io",
+            "v1",
+            "namespaces",
+            ns,
+            "virtualmachineinstances",
+            name,
+            "portforward",
+            rest @ ..,
+        ] if matches!(rest.len(), 1 | 2) && rest.iter().all(|s| !s.is_empty()) => Some((
+            (*ns).to_owned(),
+            (*name).to_owned(),
+            Subresource::PortForward(rest.join("/")),
+        )),
         _ => None,
     }
 }
 
-pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String) -> Response {
+pub(crate) async fn handle(
+    sim: Arc<Sim>,
+    req: Request,
+    ns: String,
+    name: String,
+    sub: Subresource,
+) -> Response {
     let arrived = Instant::now();
     let identity = sim.tokens.identify(req.headers());
     let user = identity.as_ref().ok().cloned().flatten();
     let user = user.as_deref();
     let key = CallKey {
         verb: Verb::Get,
-        resource: "virtualmachineinstances/console",
+        resource: sub.resource(),
         group: Some("subresources.kubevirt.io"),
         namespace: Some(&ns),
         name: Some(&name),
@@ -71,7 +131,8 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
             return error_response(&ApiError::new(
                 status,
                 "InternalError",
-                message.unwrap_or_else(|| format!("injected fault: console answered {status}")),
+                message
+                    .unwrap_or_else(|| format!("injected fault: {} answered {status}", sub.what())),
             ));
         }
         Some(FaultAction::Hang) => {
@@ -81,15 +142,21 @@ pub(crate) async fn handle(sim: Arc<Sim>, req: Request, ns: String, name: String
         }
         _ => {}
     }
-    let response = connect(&sim, req, &ns, &name).await;
+    let response = connect(&sim, req, &ns, &name, &sub).await;
     sim.faults
         .record_as(arrived, &key, user, response.status().as_u16());
     response
 }
 
-async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response {
+async fn connect(
+    sim: &Arc<Sim>,
+    req: Request,
+    ns: &str,
+    name: &str,
+    sub: &Subresource,
+) -> Response {
     match sim.kubevirt_console.get() {
-        Some(addr) => relay(sim, req, *addr, ns, name).await,
+        Some(addr) => relay(sim, req, *addr, ns, name, sub).await,
         // No KubeVirt here: its aggregated API is not served.
         None => error_response(&ApiError::new(
             404,
@@ -99,15 +166,17 @@ async fn connect(sim: &Arc<Sim>, req: Request, ns: &str, name: &str) -> Response
     }
 }
 
-/// With kubevirt-sim as the controllers the console is its own, served behind this server as
-/// kube-apiserver's proxy serves an aggregated API: the upgrade goes on to kubevirt-sim's
-/// console server, its refusals come back as they are, and frames flow both ways.
+/// With kubevirt-sim as the controllers the console and the port forward are its own, served
+/// behind this server as kube-apiserver's proxy serves an aggregated API: the upgrade goes on
+/// to kubevirt-sim's console server, its refusals come back as they are, and frames flow both
+/// ways.
 async fn relay(
     sim: &Arc<Sim>,
     req: Request,
     addr: std::net::SocketAddr,
     ns: &str,
     name: &str,
+    sub: &Subresource,
 ) -> Response {
     use tokio_tungstenite::tungstenite;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
@@ -121,16 +190,20 @@ async fn relay(
                 name,
             ));
         }
-        return error_response(&ApiError::bad_request(
-            "the console subresource needs a WebSocket upgrade (Sec-WebSocket-Protocol: plain.kubevirt.io)",
-        ));
+        return error_response(&ApiError::bad_request(format!(
+            "the {} subresource needs a WebSocket upgrade (Sec-WebSocket-Protocol: plain.kubevirt.io)",
+            sub.what()
+        )));
     };
     let url = format!(
-        "ws://{addr}/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/console"
+        "ws://{addr}/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/{}",
+        sub.tail()
     );
     let mut upstream_req = match url.into_client_request() {
         Ok(r) => r,
-        Err(e) => return error_response(&ApiError::bad_request(format!("console: {e}"))),
+        Err(e) => {
+            return error_response(&ApiError::bad_request(format!("{}: {e}", sub.what())));
+        }
     };
     let offered = ws
         .requested_protocols()

@@ -39,6 +39,7 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
             "groupVersion": gv,
             "resources": [
                 {"name": "virtualmachineinstances/console", "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["get"]},
+                {"name": "virtualmachineinstances/portforward", "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["get"]},
             ],
         }));
     }

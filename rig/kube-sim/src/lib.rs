@@ -209,6 +209,13 @@ pub struct SimConfig {
     pub guest_root: Option<PathBuf>,
     /// Guest addresses are allocated from `127.<second octet>.x.y`.
     pub guest_ip_second_octet: u8,
+    /// Publish pod and VMI addresses that nothing routes (`192.0.2.0/24`) while the guests
+    /// listen on their loopback addresses (kubevirt-sim's `unroutable_pod_ips`): the pod
+    /// network is out of the clients' reach, the `portforward` subresource still gets there.
+    pub unroutable_pod_ips: bool,
+    /// An agent binary every simulated guest runs when its cloud-init installed none
+    /// (kubevirt-sim's `agent_binary`; `None`: such a guest has no agent).
+    pub agent_binary: Option<PathBuf>,
     /// The port the guest agent is started on.
     pub agent_port: u16,
     /// Memory the virt-launcher pod requests on top of the guest's request (counts in a
@@ -280,6 +287,8 @@ impl SimConfig {
             lesson_setup: BTreeMap::new(),
             guest_root: None,
             guest_ip_second_octet: 100,
+            unroutable_pod_ips: false,
+            agent_binary: None,
             agent_port: ttlab_agent::protocol::PORT,
             launcher_memory_overhead_mib: 0,
             seed: 1,
@@ -815,6 +824,8 @@ async fn start_kubevirt_sim(
     settings.shutdown_grace = t.stop;
     settings.agent_port = config.agent_port;
     settings.ip_second_octet = config.guest_ip_second_octet;
+    settings.unroutable_pod_ips = config.unroutable_pod_ips;
+    settings.agent_binary.clone_from(&config.agent_binary);
     settings.setup_outcomes = config.lesson_setup.clone();
     if let guest::GuestBackend::Qemu(qemu) = &config.guest {
         settings.qemu = Some((**qemu).clone());

@@ -381,7 +381,10 @@ async fn real_guests_boot_set_up_grade_power_off_and_fail_as_the_lesson_says() {
         (ready_at - answering).as_secs_f64()
     );
     // A wrong token is refused by the agent in the guest.
-    let wrong = AgentClient::new(agent.addr(), AgentToken::from_random_bytes([9; 32]));
+    let wrong = AgentClient::via(
+        agent.route().clone(),
+        AgentToken::from_random_bytes([9; 32]),
+    );
     assert!(matches!(
         wrong.ready().await,
         Err(ttlab_agent::Error::Unauthorized { .. })

@@ -46,6 +46,8 @@ use crate::object::uid;
 use crate::rest::Kind;
 use crate::{Ctx, Error};
 
+mod portforward;
+
 /// The subprotocol of KubeVirt's serial console.
 pub const PROTOCOL: &str = "plain.kubevirt.io";
 /// The API group served.
@@ -558,6 +560,12 @@ impl Server {
                         "namespaced": true,
                         "kind": "VirtualMachineInstance",
                         "verbs": ["get"],
+                    }, {
+                        "name": "virtualmachineinstances/portforward",
+                        "singularName": "",
+                        "namespaced": true,
+                        "kind": "VirtualMachineInstance",
+                        "verbs": ["get"],
                     }],
                 }),
             ),
@@ -577,6 +585,26 @@ impl Server {
                 let (ns, vmi) = ((*ns).to_owned(), (*vmi).to_owned());
                 self.console(req, &ns, &vmi, stop).await
             }
+            (
+                &Method::GET,
+                [
+                    "apis",
+                    GROUP,
+                    VERSION,
+                    "namespaces",
+                    ns,
+                    "virtualmachineinstances",
+                    vmi,
+                    "portforward",
+                    port,
+                    protocol @ ..,
+                ],
+            ) if protocol.len() <= 1 => {
+                let (ns, vmi, port) = ((*ns).to_owned(), (*vmi).to_owned(), (*port).to_owned());
+                let protocol = protocol.first().copied().unwrap_or("tcp").to_owned();
+                self.portforward(req, &ns, &vmi, &port, &protocol, stop)
+                    .await
+            }
             _ => status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
@@ -585,8 +613,14 @@ impl Server {
         }
     }
 
-    /// Authorizes `user` for `get` on `virtualmachineinstances/console` of `ns/vmi`.
-    async fn authorized(&self, user: &User, ns: &str, vmi: &str) -> Result<bool, Error> {
+    /// Authorizes `user` for `get` on `virtualmachineinstances/<subresource>` of `ns/vmi`.
+    async fn authorized(
+        &self,
+        user: &User,
+        ns: &str,
+        vmi: &str,
+        subresource: &str,
+    ) -> Result<bool, Error> {
         let review = json!({
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
@@ -600,7 +634,7 @@ impl Server {
                     "group": GROUP,
                     "version": VERSION,
                     "resource": "virtualmachineinstances",
-                    "subresource": "console",
+                    "subresource": subresource,
                     "name": vmi,
                 },
             },
@@ -613,14 +647,16 @@ impl Server {
         Ok(answer["status"]["allowed"] == true)
     }
 
-    async fn console(
-        self: Arc<Self>,
-        req: Request<Incoming>,
+    /// The caller of `virtualmachineinstances/<subresource>` of `ns/vmi`, authenticated and
+    /// authorized as the front requires; else the refusal to answer.
+    async fn admit(
+        &self,
+        req: &Request<Incoming>,
         ns: &str,
         vmi_name: &str,
-        stop: CancellationToken,
-    ) -> Response<Body> {
-        let user = match (self.user(&req), self.settings.front) {
+        subresource: &str,
+    ) -> Result<User, Response<Body>> {
+        let user = match (self.user(req), self.settings.front) {
             (Some(user), _) => user,
             // A local front authorized the caller; it may not name them.
             (None, Front::Local) => User {
@@ -629,38 +665,52 @@ impl Server {
                 extra: serde_json::Map::new(),
             },
             (None, Front::Aggregator) => {
-                return status(
+                return Err(status(
                     StatusCode::UNAUTHORIZED,
                     "Unauthorized",
                     "no user in the front proxy's headers",
-                );
+                ));
             }
         };
         let review = match self.settings.front {
-            Front::Aggregator => self.authorized(&user, ns, vmi_name).await,
+            Front::Aggregator => self.authorized(&user, ns, vmi_name, subresource).await,
             Front::Local => Ok(true),
         };
         match review {
             Ok(true) => {}
             Ok(false) => {
-                return status(
+                return Err(status(
                     StatusCode::FORBIDDEN,
                     "Forbidden",
                     &format!(
-                        "User \"{}\" cannot get resource \"virtualmachineinstances/console\" in API group \"{GROUP}\" in the namespace \"{ns}\"",
+                        "User \"{}\" cannot get resource \"virtualmachineinstances/{subresource}\" in API group \"{GROUP}\" in the namespace \"{ns}\"",
                         user.name
                     ),
-                );
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "console: SubjectAccessReview failed");
-                return status(
+                return Err(status(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "InternalError",
                     &e.to_string(),
-                );
+                ));
             }
         }
+        Ok(user)
+    }
+
+    async fn console(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        ns: &str,
+        vmi_name: &str,
+        stop: CancellationToken,
+    ) -> Response<Body> {
+        let user = match self.admit(&req, ns, vmi_name, "console").await {
+            Ok(user) => user,
+            Err(refused) => return refused,
+        };
         let vmi = match self.ctx.rest.get(Kind::Vmi, ns, vmi_name).await {
             Ok(Some(v)) => v,
             Ok(None) => {

@@ -81,10 +81,27 @@ impl Kubelet {
         ip
     }
 
+    /// Where pod `pod_uid` really listens (its loopback address), once it has one.
+    pub(crate) fn real_ip(&self, pod_uid: &str) -> Option<Ipv4Addr> {
+        lock(&self.pod_ips).get(pod_uid).copied()
+    }
+
     fn forget(&self, pod_uid: &str) {
         lock(&self.pod_ips).remove(pod_uid);
         lock(&self.starting).remove(pod_uid);
         lock(&self.stopping).remove(pod_uid);
+    }
+}
+
+/// The address a pod that listens on `real` is published with: `real`, or with
+/// [`crate::SimSettings::unroutable_pod_ips`] the same last two octets' place in
+/// `192.0.2.0/24`, which nothing routes.
+pub(crate) fn published_ip(settings: &crate::SimSettings, real: Ipv4Addr) -> Ipv4Addr {
+    if settings.unroutable_pod_ips {
+        let [_, _, _, lo] = real.octets();
+        Ipv4Addr::new(192, 0, 2, lo.max(1))
+    } else {
+        real
     }
 }
 
@@ -250,7 +267,10 @@ async fn start(ctx: &Ctx, ns: &str, pod: &Value) -> Result<Action, Error> {
     if elapsed < ctx.settings.pod_start {
         return Ok(Action::requeue(ctx.settings.pod_start - elapsed));
     }
-    let ip = ctx.kubelet.ip_for(&pod_uid, ctx.settings.agent_port);
+    let ip = published_ip(
+        &ctx.settings,
+        ctx.kubelet.ip_for(&pod_uid, ctx.settings.agent_port),
+    );
     let written = ctx
         .rest
         .update(Kind::Pod, ns, name(pod), Part::Status, |cur| {

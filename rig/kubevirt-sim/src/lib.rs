@@ -41,7 +41,10 @@
 //!   to it after its own authentication and RBAC, given the front-proxy flags
 //!   (`--requestheader-client-ca-file`, `--requestheader-allowed-names`,
 //!   `--requestheader-{username,group}-headers`, `--requestheader-extra-headers-prefix`,
-//!   `--proxy-client-cert-file`, `--proxy-client-key-file`).
+//!   `--proxy-client-cert-file`, `--proxy-client-key-file`); the same server serves the
+//!   **port forward** (`…/portforward/{port}`: one TCP connection to the guest's port, where
+//!   the agent listens), which reaches the guests also when their published pod addresses
+//!   are unroutable ([`SimSettings::unroutable_pod_ips`]).
 //!
 //! Every write goes through the API with `fieldValidation=Strict`, statuses through the
 //! `/status` subresources, updates as merge patches guarded by the resourceVersion they were
@@ -277,6 +280,12 @@ pub struct SimSettings {
     /// simulated guests). The agent and its setup then run inside the guest: `agent_start`,
     /// `setup`, `setup_outcomes` and `agent_binary` do not apply.
     pub qemu: Option<ttlab_qemu_guest::QemuSettings>,
+    /// Publish every pod address (the launcher pod's `status.podIP`, the VMI's
+    /// `status.interfaces`) in `192.0.2.0/24` (TEST-NET-1, routed nowhere) while the guests
+    /// still listen on their loopback addresses: a cluster whose pod network its API's
+    /// clients cannot reach. The `portforward` subresource still reaches the guests, as
+    /// virt-api does from inside the cluster.
+    pub unroutable_pod_ips: bool,
 }
 
 impl SimSettings {
@@ -303,6 +312,7 @@ impl SimSettings {
             ip_second_octet: 101,
             launcher_image: "quay.io/kubevirt/virt-launcher:v1.9.0".to_owned(),
             qemu: None,
+            unroutable_pod_ips: false,
         }
     }
 

@@ -358,12 +358,15 @@ impl Vmi<'_> {
                 .fail(pod, "launcher pod went down before the guest ran")
                 .await;
         };
-        let Some(ip) = p["status"]["podIP"]
+        let Some(published) = p["status"]["podIP"]
             .as_str()
             .and_then(|s| s.parse::<Ipv4Addr>().ok())
         else {
             return self.fail(Some(p), "launcher pod has no IPv4 address").await;
         };
+        // The guest listens where the pod really is (its published address may be one
+        // nothing routes: `SimSettings::unroutable_pod_ips`).
+        let ip = self.ctx.kubelet.real_ip(uid(p)).unwrap_or(published);
         let settings = &self.ctx.settings;
         let dir = settings.guest_root.join(self.ns).join(format!(
             "{}-{}",
@@ -582,6 +585,7 @@ impl Vmi<'_> {
     /// Writes Running (the guest's address in `interfaces`), then starts the guest's agent
     /// and setup.
     async fn set_running(&self, vmi: &Value, pod: &Value, ip: Ipv4Addr) -> Result<Action, Error> {
+        let published = crate::kubelet::published_ip(&self.ctx.settings, ip);
         let iface = vmi["spec"]["networks"][0]["name"]
             .as_str()
             .unwrap_or("default")
@@ -597,8 +601,8 @@ impl Vmi<'_> {
                 set_phase(s, "Running");
                 s["interfaces"] = json!([{
                     "name": iface,
-                    "ipAddress": ip.to_string(),
-                    "ipAddresses": [ip.to_string()],
+                    "ipAddress": published.to_string(),
+                    "ipAddresses": [published.to_string()],
                     "mac": mac_for(ip),
                     "interfaceName": "eth0",
                     "infoSource": "domain, guest-agent",

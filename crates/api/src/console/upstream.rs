@@ -4,7 +4,6 @@
 //! /v1/console-size`: the serial console has no resize channel) and a pod through the exec's
 //! resize channel.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use ttlab_cluster::{
 use ttlab_console::{CloseReason, Connected, ConsoleError, TermSize, Upstream};
 use ttlab_model::{NodeName, SessionId};
 
+use crate::agent_route::{NoAgent, agent_client};
 use crate::{AppState, saga};
 
 /// Asks the pod whether it has bash (exit status 0 if so).
@@ -55,29 +55,26 @@ impl Drop for VmConsole {
     }
 }
 
-/// A client of the agent of `vm` (node `node` of `session`): its address now, the node's
-/// stored token.
+/// A client of the agent of `vm` (node `node` of `session`), reached as the server's agent
+/// path says, with the node's stored token.
 async fn agent_of(
     state: &AppState,
-    cluster: &dyn ConsoleCluster,
+    cluster: Arc<dyn ConsoleCluster>,
     session: SessionId,
     vm: &str,
     node: &str,
 ) -> Result<AgentClient, String> {
-    let ip = cluster
-        .vmi_ip(vm)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{vm} has no address yet"))?;
     let node: NodeName = node.parse().map_err(|_| format!("no node {node:?}"))?;
     let token = saga::agent_token(state, session, &node)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(
-        AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
-            .with_timeouts(RESIZE_TIMEOUT, RESIZE_TIMEOUT)
-            .with_user_agent(state.config().user_agent.as_str()),
-    )
+    let client = agent_client(state, cluster, vm, None, token)
+        .await
+        .map_err(|e| match e {
+            NoAgent::NoAddress => format!("{vm} has no address yet"),
+            e => e.to_string(),
+        })?;
+    Ok(client.with_timeouts(RESIZE_TIMEOUT, RESIZE_TIMEOUT))
 }
 
 impl VmConsole {
@@ -85,7 +82,7 @@ impl VmConsole {
         if self.agent.is_none() {
             let client = agent_of(
                 &self.state,
-                self.cluster.as_ref(),
+                Arc::clone(&self.cluster),
                 self.session,
                 &self.vm,
                 &self.node,
@@ -108,7 +105,7 @@ impl VmConsole {
             let until = tokio::time::Instant::now() + RESIZE_RETRY_FOR;
             while tokio::time::Instant::now() < until {
                 tokio::time::sleep(RESIZE_RETRY_EVERY).await;
-                let Ok(agent) = agent_of(&state, cluster.as_ref(), session, &vm, &node).await
+                let Ok(agent) = agent_of(&state, Arc::clone(&cluster), session, &vm, &node).await
                 else {
                     continue;
                 };

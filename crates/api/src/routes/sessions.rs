@@ -1,6 +1,6 @@
 //! Student routes: lessons, sessions, extend, finish, grade.
 
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -10,11 +10,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use ttlab_agent::AgentClient;
-use ttlab_cluster::ClusterError;
+use ttlab_cluster::ConsoleCluster;
 use ttlab_model::{LessonId, Runtime, SessionStatus};
 use ttlab_store::Session;
 
+use crate::agent_route::{NoAgent, agent_client};
 use crate::auth::CurrentUser;
 use crate::extract::{ApiJson, SessionPath};
 use crate::limits::Action;
@@ -394,27 +394,26 @@ async fn grade_in_vm(
         .iter()
         .find(|v| v.node == step.node)
         .ok_or_else(|| ApiError::Internal(format!("no VM recorded for node {}", step.node)))?;
-    let ip = match state.cluster().vmi_ip(&vm.name).await {
-        Ok(Some(ip)) => ip,
-        Ok(None) => {
+    let token = saga::agent_token(state, s.id, &step.node).await?;
+    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
+    let client = match agent_client(state, cluster, &vm.name, None, token).await {
+        Ok(client) => client,
+        Err(NoAgent::NoAddress) => {
             return Err(ApiError::AgentUnavailable(format!(
                 "{} has no address",
                 vm.name
             )));
         }
         // No VMI: the VM is not running (powered off, or deleted behind the server's back).
-        Err(ClusterError::NotFound { .. }) => {
+        Err(NoAgent::NoInstance) => {
             return Err(ApiError::AgentUnavailable(format!(
                 "{} has no running instance",
                 vm.name
             )));
         }
-        Err(e) => return Err(e.into()),
-    };
-    let token = saga::agent_token(state, s.id, &step.node).await?;
-    let client = AgentClient::new(SocketAddr::new(ip, state.config().agent_port), token)
-        .with_timeouts(Duration::from_secs(3), Duration::from_secs(5))
-        .with_user_agent(state.config().user_agent.as_str());
+        Err(NoAgent::Cluster(e)) => return Err(e.into()),
+    }
+    .with_timeouts(Duration::from_secs(3), Duration::from_secs(5));
     let out = client
         .exec(&step.command, step.timeout)
         .await

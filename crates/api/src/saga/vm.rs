@@ -3,7 +3,8 @@
 //! in the same order. A step that fails returns [`Stop`]; whatever was created is deleted by
 //! the caller (`saga::provision`), which marks the session failed with the reason.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use ttlab_agent::AgentClient;
 use ttlab_agent::protocol::AgentToken;
 use ttlab_background::Backoff;
 use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
-use ttlab_cluster::{ClusterError, Created, VmiState};
+use ttlab_cluster::{ClusterError, ConsoleCluster, Created, VmiState};
 use ttlab_disk_select::DiskDecision;
 use ttlab_lesson::Lesson;
 use ttlab_model::labels::ObjectLabels;
@@ -30,6 +31,8 @@ use ttlab_vm_manifest::{
 use super::steps::{self, ensure_starting, observe_stage, record_stage};
 use super::{Failure, Stop, create_object, with_db};
 use crate::AppState;
+use crate::agent_route::agent_client;
+use crate::config::AgentPath;
 
 /// Polls of the VMI's address: 50 ms, doubling up to 200 ms.
 const ADDRESS_POLL: Backoff =
@@ -346,16 +349,16 @@ impl VmProvisioning<'_> {
                 .zip(running)
                 .zip(tokens)
                 .map(|((v, vmi), token)| async move {
-                    let ip = match vmi.ip {
-                        Some(ip) => ip,
-                        None => wait_ip(state, &v.name, setup).await?,
+                    // The VMI's address matters on the `pod-ip` path only.
+                    let known_ip = match (state.config().agent_path, vmi.ip) {
+                        (AgentPath::PodIp, None) => Some(wait_ip(state, &v.name, setup).await?),
+                        (_, ip) => ip,
                     };
-                    let client = AgentClient::new(
-                        SocketAddr::new(ip, state.config().agent_port),
-                        token.clone(),
-                    )
-                    .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
-                    .with_user_agent(state.config().user_agent.as_str());
+                    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
+                    let client = agent_client(state, cluster, &v.name, known_ip, token.clone())
+                        .await
+                        .map_err(|e| Failure::AgentRefused(format!("{}: {e}", v.name)))?
+                        .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
                     self.wait_agent(&client, setup, agent_up).await
                 }),
         )

@@ -5,7 +5,8 @@ use crate::support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{World, policy, token};
+use support::{NS, World, policy, token};
+use ttlab_api::AgentPath;
 use ttlab_api::auth::Role;
 
 fn id(v: &Value) -> String {
@@ -104,6 +105,81 @@ async fn a_session_starts_runs_extends_grades_and_finishes() {
     let (status, stats) = s.get("/api/admin/stats", &admin).await;
     assert_eq!(status, 200, "{stats}");
     assert_eq!(stats["time_to_ready"][0]["seconds"]["count"], 1, "{stats}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn through_the_api_servers_port_forward_a_session_runs_and_is_graded_while_its_pod_ip_is_unreachable()
+ {
+    // The cluster publishes pod and VMI addresses that nothing routes (TEST-NET-1): a server
+    // on the `pod-ip` path could not reach any agent.
+    let w = World::with(|c| c.unroutable_pod_ips = true).await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.agent_path = AgentPath::PortForward;
+    let s = w.serve(config).await;
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let sid = id(&v);
+    let v = s
+        .wait_session(&sid, &alice, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(v["status"], "running", "{v}");
+    for stage in ["vmi_running", "agent_up", "ready"] {
+        assert!(v["stages"][stage].is_string(), "{stage} missing: {v}");
+    }
+
+    let vm = ttlab_vm_manifest::vm_name(sid.parse().unwrap(), &"vm".parse().unwrap());
+    let vmi = w
+        .sim
+        .get("virtualmachineinstances", NS, &vm)
+        .expect("the VMI");
+    let published: std::net::Ipv4Addr = vmi["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .expect("an address")
+        .parse()
+        .unwrap();
+    assert_eq!(published.octets()[..3], [192, 0, 2], "{published}");
+    let guest = w.sim.guest_ip(NS, &vm).expect("the guest's own address");
+    assert_ne!(guest, published);
+    let direct = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::net::TcpStream::connect((published, ttlab_agent::protocol::PORT)),
+    )
+    .await;
+    assert!(
+        !matches!(direct, Ok(Ok(_))),
+        "the published address answered"
+    );
+
+    // Grading runs through the port forward to the real agent.
+    let (status, g) = s
+        .post(&format!("/api/sessions/{sid}/grade"), &alice, json!({}))
+        .await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(
+        (g["passed"].as_u64(), g["total"].as_u64()),
+        (Some(1), Some(2)),
+        "{g}"
+    );
+    assert_eq!(g["steps"][1]["exit_code"], 3);
+    // Every call to the agent went through the API server.
+    let forwards = w
+        .sim
+        .calls()
+        .iter()
+        .filter(|c| {
+            c.resource.contains("portforward") || c.subresource.as_deref() == Some("portforward")
+        })
+        .count();
+    assert!(forwards >= 2, "{forwards} port forwards");
+
+    let (status, f) = s.delete(&format!("/api/sessions/{sid}"), &alice).await;
+    assert_eq!(status, 200, "{f}");
+    assert_eq!(f["status"], "finished", "{f}");
+    w.wait_empty().await;
     s.stop().await;
 }
 

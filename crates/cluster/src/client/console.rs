@@ -53,8 +53,44 @@ pub(super) async fn open(
     name: &str,
     ping_interval: Option<Duration>,
 ) -> Result<Terminal, ClusterError> {
+    let what = format!("console of {name}");
+    match upgrade(client, console_path(namespace, name), &what, config()).await? {
+        Upgrade::Open(socket) => Ok(terminal(*socket, ping_interval)),
+        Upgrade::Refused {
+            code,
+            reason,
+            message,
+        } => Err(refusal(name, code, &reason, message)),
+    }
+}
+
+/// A KubeVirt streaming subresource's upgrade, and what came of it.
+pub(super) enum Upgrade {
+    /// `101 Switching Protocols` to `plain.kubevirt.io`: the WebSocket.
+    Open(Box<WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>>),
+    /// Any other answer: its code and its `Status` (or its body as the message).
+    Refused {
+        /// The HTTP status.
+        code: StatusCode,
+        /// The `Status`'s reason (empty without one).
+        reason: String,
+        /// The `Status`'s message, or the body's text.
+        message: String,
+    },
+}
+
+/// Sends the WebSocket upgrade of `path` (subprotocol `plain.kubevirt.io`) through
+/// `Client::send`, checks a `101` answer (its accept key and subprotocol) and wraps the
+/// upgraded connection as a client-side WebSocket with `config`. `what` names the connection
+/// in errors (`console of lab-1`).
+pub(super) async fn upgrade(
+    client: &Client,
+    path: String,
+    what: &str,
+    config: WebSocketConfig,
+) -> Result<Upgrade, ClusterError> {
     let key = generate_key();
-    let request = Request::get(console_path(namespace, name))
+    let request = Request::get(path)
         .header(CONNECTION, "Upgrade")
         .header(UPGRADE, "websocket")
         .header(SEC_WEBSOCKET_VERSION, "13")
@@ -62,15 +98,26 @@ pub(super) async fn open(
         .header(SEC_WEBSOCKET_PROTOCOL, PLAIN_KUBEVIRT)
         .body(Body::from(Vec::new()))
         .map_err(|e| ClusterError::Invalid {
-            message: format!("console request: {e}"),
+            message: format!("{what}: request: {e}"),
         })?;
     let response = client
         .send(request)
         .await
         .map_err(ClusterError::from_kube)?;
 
-    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return Err(refusal(name, response).await);
+    let code = response.status();
+    if code != StatusCode::SWITCHING_PROTOCOLS {
+        if code.is_success() || code.is_redirection() || code.is_informational() {
+            return Err(ClusterError::Unexpected {
+                message: format!("{what}: expected 101 Switching Protocols, got {code}"),
+            });
+        }
+        let (reason, message) = status_of(response).await;
+        return Ok(Upgrade::Refused {
+            code,
+            reason,
+            message,
+        });
     }
     let headers = response.headers();
     let accept_ok = headers
@@ -78,7 +125,7 @@ pub(super) async fn open(
         .is_some_and(|v| v.as_bytes() == derive_accept_key(key.as_bytes()).as_bytes());
     if !accept_ok {
         return Err(ClusterError::Unexpected {
-            message: format!("console of {name}: wrong or missing Sec-WebSocket-Accept"),
+            message: format!("{what}: wrong or missing Sec-WebSocket-Accept"),
         });
     }
     let protocol_ok = headers
@@ -87,7 +134,7 @@ pub(super) async fn open(
     if !protocol_ok {
         return Err(ClusterError::Unexpected {
             message: format!(
-                "console of {name}: the server did not agree to {PLAIN_KUBEVIRT} (got {:?})",
+                "{what}: the server did not agree to {PLAIN_KUBEVIRT} (got {:?})",
                 headers.get(SEC_WEBSOCKET_PROTOCOL)
             ),
         });
@@ -96,12 +143,28 @@ pub(super) async fn open(
     let upgraded = hyper::upgrade::on(response)
         .await
         .map_err(|e| ClusterError::Transient {
-            message: format!("console of {name}: upgrade failed: {e}"),
+            message: format!("{what}: upgrade failed: {e}"),
         })?;
     let socket =
-        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(config()))
-            .await;
-    Ok(terminal(socket, ping_interval))
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(config)).await;
+    Ok(Upgrade::Open(Box::new(socket)))
+}
+
+/// The `Status` of a refusal: its reason and message, or no reason and the body's text.
+async fn status_of(response: http::Response<Body>) -> (String, String) {
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .unwrap_or_default();
+    let status: Option<kube::core::Status> = serde_json::from_slice(&body).ok();
+    match status {
+        Some(s) => (s.reason, s.message),
+        None => (
+            String::new(),
+            String::from_utf8_lossy(&body).trim().to_owned(),
+        ),
+    }
 }
 
 /// The console connection's WebSocket settings. The read buffer is filled (zeroed) to its
@@ -112,34 +175,15 @@ fn config() -> WebSocketConfig {
     WebSocketConfig::default().read_buffer_size(16 * 1024)
 }
 
-/// Turns a non-101 answer into an error: 400 means "not running yet" on this subresource.
-async fn refusal(name: &str, response: http::Response<Body>) -> ClusterError {
-    let code = response.status();
-    let body = response
-        .into_body()
-        .collect_bytes()
-        .await
-        .unwrap_or_default();
-    let status: Option<kube::core::Status> = serde_json::from_slice(&body).ok();
-    let (reason, message) = match status {
-        Some(s) => (s.reason, s.message),
-        None => (
-            String::new(),
-            String::from_utf8_lossy(&body).trim().to_owned(),
-        ),
-    };
+/// Turns a console's refusal into an error: 400 means "not running yet" on this subresource.
+fn refusal(name: &str, code: StatusCode, reason: &str, message: String) -> ClusterError {
     if code == StatusCode::BAD_REQUEST {
         return ClusterError::ConsoleNotReady {
             name: name.to_owned(),
             message,
         };
     }
-    if code.is_success() || code.is_redirection() || code.is_informational() {
-        return ClusterError::Unexpected {
-            message: format!("console of {name}: expected 101 Switching Protocols, got {code}"),
-        };
-    }
-    ClusterError::from_status(code.as_u16(), &reason, &message)
+    ClusterError::from_status(code.as_u16(), reason, &message)
 }
 
 fn ws_error(e: WsError) -> ClusterError {

@@ -5,6 +5,7 @@ mod convert;
 mod exec;
 mod listing;
 mod pod;
+mod portforward;
 mod wait;
 mod watch;
 
@@ -36,7 +37,7 @@ use crate::types::{
     Created, DataSourceFacts, DataVolumeFacts, Deleted, Ensured, Kind, Lookup, ObjectSummary, Page,
     Propagation, PvcFacts, VmStatus, VmiState,
 };
-use crate::{ClusterError, ClusterSettings, Terminal};
+use crate::{ClusterError, ClusterSettings, PortStream, Terminal};
 
 /// The [`Cluster`](crate::Cluster) implementation over a kube-rs [`Client`]: the same code runs in a pod
 /// (in-cluster service account), against a kubeconfig, and against kube-sim.
@@ -765,6 +766,22 @@ impl ConsoleCluster for KubeCluster {
                 Ok(result) => result,
                 Err(_) => Err(ClusterError::timed_out(
                     &format!("console of VirtualMachineInstance {name}"),
+                    timeout,
+                )),
+            }
+        })
+    }
+
+    fn open_portforward<'a>(&'a self, name: &'a str, port: u16) -> ClusterFuture<'a, PortStream> {
+        Box::pin(async move {
+            check_name("VirtualMachineInstance", name)?;
+            let _permit = self.permit().await?;
+            let timeout = self.inner.settings.request_timeout;
+            let open = portforward::open(&self.inner.client, &self.inner.namespace, name, port);
+            match tokio::time::timeout(timeout, open).await {
+                Ok(result) => result,
+                Err(_) => Err(ClusterError::timed_out(
+                    &format!("port forward to port {port} of VirtualMachineInstance {name}"),
                     timeout,
                 )),
             }

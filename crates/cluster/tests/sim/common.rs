@@ -25,7 +25,7 @@ use ttlab_model::SessionId;
 use ttlab_model::labels::ObjectLabels;
 
 /// The namespace of tests on kube-sim (`SimConfig::for_tests` creates it).
-const SIM_NS: &str = "ttlab";
+pub const SIM_NS: &str = "ttlab";
 
 /// Where the objects live.
 pub enum Backend {

@@ -39,4 +39,5 @@ mod console;
 mod errors;
 mod objects;
 mod pods;
+mod portforward;
 mod vmi;

@@ -192,7 +192,7 @@ async fn the_real_agent_answers_at_the_vmi_address_and_stops_with_the_vm() {
     let agent = running_agent(&h, &name, token).await;
     assert_eq!(
         sim.guest_ip("ttlab", &name).map(IpAddr::V4),
-        Some(agent.addr().ip())
+        agent.addr().socket_addr().map(|a| a.ip())
     );
     // Running comes first, as on KubeVirt: the guest still boots and its agent's port
     // refuses connections.
@@ -253,7 +253,10 @@ async fn the_real_agent_answers_at_the_vmi_address_and_stops_with_the_vm() {
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     assert_eq!(out.stdout, String::from_utf8_lossy(&local.stdout));
     // A wrong token is refused by the real agent.
-    let wrong = AgentClient::new(agent.addr(), AgentToken::from_random_bytes([9; 32]));
+    let wrong = AgentClient::via(
+        agent.route().clone(),
+        AgentToken::from_random_bytes([9; 32]),
+    );
     assert!(matches!(
         wrong.ready().await,
         Err(ttlab_agent::Error::Unauthorized { .. })
