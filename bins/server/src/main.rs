@@ -116,7 +116,7 @@ struct Args {
 
 /// A `TTLAB_AGENT_PATH` value.
 fn agent_path(s: &str) -> Result<ttlab_api::AgentPath, String> {
-    s.parse().map_err(|e: ttlab_api::ApiError| e.to_string())
+    ttlab_api::agent_path_setting(s).map_err(|e| e.to_string())
 }
 
 /// A humantime duration (`90s`, `2m`) that is more than zero.
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().agent_path, ttlab_api::AgentPath::PodIp);
         assert_eq!(
             parse(&["--agent-path", "portforward"]).unwrap().agent_path,
-            ttlab_api::AgentPath::PortForward
+            ttlab_api::AgentPath::Portforward
         );
         let bad = parse(&["--agent-path", "tunnel"]).unwrap_err().to_string();
         assert!(

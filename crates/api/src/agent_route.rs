@@ -65,7 +65,7 @@ pub(crate) async fn agent_client(
             };
             AgentRoute::Direct(SocketAddr::new(ip, port))
         }
-        AgentPath::PortForward => AgentRoute::Tunnel(Arc::new(PortForward {
+        AgentPath::Portforward => AgentRoute::Tunnel(Arc::new(PortForward {
             cluster,
             vmi: vmi.to_owned(),
             port,

@@ -143,50 +143,23 @@ pub struct ApiConfig {
     pub agent_path: AgentPath,
 }
 
-/// How the server reaches the agent in a guest (`TTLAB_AGENT_PATH`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AgentPath {
-    /// `pod-ip`: a TCP connection to the VMI's address (its launcher pod's IP) and the agent's
-    /// port. The server must be inside the VMs' cluster network (and the NetworkPolicy must
-    /// let it in).
-    #[default]
-    PodIp,
-    /// `portforward`: through the cluster's API server, KubeVirt's `portforward` subresource
-    /// of the VMI (a WebSocket per request; the server's identity needs `get` on
-    /// `virtualmachineinstances/portforward` in `subresources.kubevirt.io`). For a server
-    /// outside the cluster, or one the pod network does not reach.
-    PortForward,
-}
+/// How the server reaches the agent in a guest (`TTLAB_AGENT_PATH`): `pod-ip`, a TCP
+/// connection to the VMI's address (the server must be inside the VMs' cluster network, and
+/// the NetworkPolicy must let it in), or `portforward`, through the cluster's API server,
+/// KubeVirt's `portforward` subresource of the VMI (a WebSocket per request; the server's
+/// identity needs `get` on `virtualmachineinstances/portforward` in
+/// `subresources.kubevirt.io`), for a server the pod network does not reach. The sites file
+/// names the same paths.
+pub use ttlab_site::AgentPath;
 
-impl AgentPath {
-    /// The setting's value for this path.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PodIp => "pod-ip",
-            Self::PortForward => "portforward",
-        }
-    }
-}
-
-impl std::fmt::Display for AgentPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for AgentPath {
-    type Err = crate::ApiError;
-    fn from_str(s: &str) -> Result<Self, crate::ApiError> {
-        match s.trim() {
-            "pod-ip" => Ok(Self::PodIp),
-            "portforward" => Ok(Self::PortForward),
-            other => Err(crate::ApiError::Config(format!(
-                "TTLAB_AGENT_PATH: {other:?} is not a way to reach the agents; expected \
-                 pod-ip (the VMI's address, from inside the cluster) or portforward \
-                 (through the API server)"
-            ))),
-        }
-    }
+/// A `TTLAB_AGENT_PATH` value, or an error saying what is expected.
+pub fn agent_path_setting(value: &str) -> Result<AgentPath, crate::ApiError> {
+    AgentPath::from_name(value.trim()).ok_or_else(|| {
+        crate::ApiError::Config(format!(
+            "TTLAB_AGENT_PATH: {value:?} is not a way to reach the agents; expected pod-ip (the \
+             VMI's address, from inside the cluster) or portforward (through the API server)"
+        ))
+    })
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -239,16 +212,15 @@ impl ApiConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::AgentPath;
+    use super::{AgentPath, agent_path_setting};
 
     #[test]
     fn agent_paths_parse_from_their_names_and_nothing_else() {
-        for path in [AgentPath::PodIp, AgentPath::PortForward] {
-            assert_eq!(path.as_str().parse::<AgentPath>().unwrap(), path);
+        for path in [AgentPath::PodIp, AgentPath::Portforward] {
+            assert_eq!(agent_path_setting(path.as_str()).unwrap(), path);
         }
-        assert_eq!(AgentPath::default(), AgentPath::PodIp);
         for bad in ["", "podip", "port-forward", "PortForward", "tcp"] {
-            let err = bad.parse::<AgentPath>().unwrap_err().to_string();
+            let err = agent_path_setting(bad).unwrap_err().to_string();
             assert!(
                 err.contains("TTLAB_AGENT_PATH") && err.contains("expected pod-ip"),
                 "{bad:?}: {err}"

@@ -77,7 +77,7 @@ use ttlab_store::Store;
 pub use config::{
     AgentPath, ApiConfig, DEFAULT_COLLECT_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_QUOTA_SETTLE_WAIT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_VM_LIMIT,
+    DEFAULT_VM_LIMIT, agent_path_setting,
 };
 pub use error::{ApiError, CapacityUse, ErrorBody};
 pub use state::{AppState, ClusterHealth, DatabaseHealth, HubEvent};

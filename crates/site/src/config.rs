@@ -45,6 +45,14 @@ impl AgentPath {
         }
     }
 
+    /// The path written `name` (`pod-ip`, `portforward`), as in the sites file and the
+    /// server's `TTLAB_AGENT_PATH`; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [AgentPath::PodIp, AgentPath::Portforward]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
+
     /// The path a site gets when its entry names none: `pod-ip` in the server's own cluster
     /// ([`Connection::InCluster`], and [`Connection::Inferred`] as today), `portforward`
     /// through a kubeconfig (another cluster, whose pod network the server may not reach).
@@ -53,6 +61,12 @@ impl AgentPath {
             Connection::InCluster | Connection::Inferred => AgentPath::PodIp,
             Connection::Kubeconfig(_) => AgentPath::Portforward,
         }
+    }
+}
+
+impl std::fmt::Display for AgentPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -700,6 +700,24 @@ impl Server {
         Ok(user)
     }
 
+    /// The VMI `vmi_name` in `ns`, or virt-api's answer when there is none (404) or it cannot
+    /// be read (500).
+    async fn vmi(&self, ns: &str, vmi_name: &str) -> Result<Value, Response<Body>> {
+        match self.ctx.rest.get(Kind::Vmi, ns, vmi_name).await {
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("virtualmachineinstance.kubevirt.io \"{vmi_name}\" not found"),
+            )),
+            Err(e) => Err(status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("unable to retrieve vmi [{vmi_name}]: {e}"),
+            )),
+        }
+    }
+
     async fn console(
         self: Arc<Self>,
         req: Request<Incoming>,
@@ -711,22 +729,9 @@ impl Server {
             Ok(user) => user,
             Err(refused) => return refused,
         };
-        let vmi = match self.ctx.rest.get(Kind::Vmi, ns, vmi_name).await {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("virtualmachineinstance.kubevirt.io \"{vmi_name}\" not found"),
-                );
-            }
-            Err(e) => {
-                return status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    &e.to_string(),
-                );
-            }
+        let vmi = match self.vmi(ns, vmi_name).await {
+            Ok(vmi) => vmi,
+            Err(refused) => return refused,
         };
         match vmi["status"]["phase"].as_str().filter(|p| !p.is_empty()) {
             Some("Running") => {}

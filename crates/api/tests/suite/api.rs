@@ -115,7 +115,7 @@ async fn through_the_api_servers_port_forward_a_session_runs_and_is_graded_while
     // on the `pod-ip` path could not reach any agent.
     let w = World::with(|c| c.unroutable_pod_ips = true).await;
     let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
-    config.agent_path = AgentPath::PortForward;
+    config.agent_path = AgentPath::Portforward;
     let s = w.serve(config).await;
     let alice = token("alice", Role::Student);
     let (status, v) = s

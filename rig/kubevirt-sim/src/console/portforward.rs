@@ -35,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Body, PROTOCOL, Server, status};
 use crate::object::uid;
-use crate::rest::Kind;
 
 /// How long the dial of the guest's port may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,22 +67,9 @@ impl Server {
                 &format!("protocol {protocol:?} is not forwarded here (only tcp)"),
             );
         }
-        let vmi = match self.ctx.rest.get(Kind::Vmi, ns, vmi_name).await {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("virtualmachineinstance.kubevirt.io \"{vmi_name}\" not found"),
-                );
-            }
-            Err(e) => {
-                return status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    &format!("unable to retrieve vmi [{vmi_name}]: {e}"),
-                );
-            }
+        let vmi = match self.vmi(ns, vmi_name).await {
+            Ok(vmi) => vmi,
+            Err(refused) => return refused,
         };
         let paused = vmi["status"]["conditions"]
             .as_array()
