@@ -142,7 +142,7 @@ pub fn document() -> Value {
                 ],
                 "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
             }},
-            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows; `sites`: the same per site (today one, `default`), with whether the last cluster probe reached it", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
                 "summary": "Recent reaper cycle reports",
                 "security": [{"bearer": []}],
