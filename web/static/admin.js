@@ -84,6 +84,16 @@ function stat(label, value, hint) {
     hint ? el('div', { class: 'muted small' }, hint) : null);
 }
 
+/** One site's card: its VMs against its limit, and whether the cluster probe reached it. */
+function siteStat(site) {
+  const used = site.in_use === null || site.in_use === undefined ? '?' : String(site.in_use);
+  const card = stat(`Site ${site.name}`, `${used} / ${site.vm_limit}`,
+    site.reachable ? `${site.namespace}, reachable` : `${site.namespace}, unreachable: ${site.why || 'no answer'}`);
+  card.dataset.site = site.name;
+  if (!site.reachable) card.classList.add('error');
+  return card;
+}
+
 function renderCapacity(c) {
   const box = document.getElementById('capacity');
   const live = c.live_vms === null || c.live_vms === undefined ? '?' : String(c.live_vms);
@@ -94,6 +104,7 @@ function renderCapacity(c) {
     stat('Namespace', c.namespace),
     stat('Quota', quotaText(c)),
     memoryStat(c),
+    ...(c.sites || []).map(siteStat),
   );
   // What one session of each VM lesson costs, KubeVirt's overhead included, and how many more
   // the quota's memory allows.
@@ -363,7 +374,7 @@ function renderSessions(sessions) {
   const body = document.querySelector('#sessions tbody');
   body.replaceChildren();
   if (!sessions.length) {
-    body.append(el('tr', {}, el('td', { colspan: 7, class: 'muted' }, 'No live sessions.')));
+    body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No live sessions.')));
   }
   for (const s of sessions) {
     const status = s.status === 'starting' ? `starting (${s.stage.replace('_', ' ')})`
@@ -374,6 +385,7 @@ function renderSessions(sessions) {
     body.append(el('tr', {},
       el('td', {}, open, ' ', s.user || 'pool member (unclaimed)'),
       el('td', {}, s.lesson),
+      el('td', { 'data-field': 'site' }, s.site),
       el('td', {}, status),
       el('td', { class: s.remaining_seconds <= 300 ? 'warn' : '' }, clockText(s.remaining_seconds)),
       el('td', {}, s.nodes.map((n) => (s.nodes.length > 1 ? `${n.node}: ${n.vm}` : n.vm)).join(', ')),

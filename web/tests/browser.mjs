@@ -263,6 +263,8 @@ try {
     await admin.goto(adminUrl);
     const open = admin.locator('#sessions button[data-session]').first();
     await open.waitFor({ timeout: 15000 });
+    // Without a sites file every session is on the one site, `default`.
+    assert.equal(await admin.locator('#sessions tbody tr').first().locator('[data-field="site"]').innerText(), 'default');
     await open.click();
     const detail = admin.locator('#detail');
     await detail.waitFor({ state: 'visible', timeout: 10000 });
@@ -309,6 +311,10 @@ try {
     // The demo's namespace has no ResourceQuota: the card says so in words.
     const quota = await admin.locator('#capacity .stat', { hasText: 'Quota' }).locator('.stat-value').innerText();
     assert.equal(quota, 'none');
+    // The one site's card: its VMs against its limit, reached by the cluster probe.
+    const site = admin.locator('#capacity .stat[data-site="default"]');
+    assert.match(await site.locator('.stat-value').innerText(), /^\d+ \/ \d+$/);
+    assert.match(await site.locator('.muted').innerText(), /^[a-z0-9-]+, reachable$/);
     // The replica's background tasks, each with its last run; none failing. The console
     // watchers run too: the student's page opened a console above.
     for (const name of ['cluster_probe', 'hub', 'waitlist', 'pool_refill', 'adoption',

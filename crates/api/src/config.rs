@@ -8,7 +8,7 @@ use std::time::Duration;
 use ttlab_cloudinit::AgentPayload;
 use ttlab_lesson::LessonSet;
 use ttlab_lifespan::Policy;
-use ttlab_model::EnvName;
+use ttlab_model::{EnvName, SiteName};
 
 use crate::auth::AuthConfig;
 
@@ -62,6 +62,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
 /// | `cluster_retry_budget` | `TTLAB_CLUSTER_RETRY_BUDGET` (more than zero) | 60 s |
 /// | `agent_path` | `TTLAB_AGENT_PATH` (`pod-ip` or `portforward`) | `pod-ip` |
+/// | `site` | — (one site until the server reads a sites file) | `default` |
 /// | `migrate` | — (`ttlab-server` migrates) | false |
 #[derive(Clone)]
 pub struct ApiConfig {
@@ -141,6 +142,10 @@ pub struct ApiConfig {
     pub waitlist_max_wait: Duration,
     /// How the server reaches the agents in the guests. Default [`AgentPath::PodIp`].
     pub agent_path: AgentPath,
+    /// The site this server's cluster and namespace are: every session it opens (and every
+    /// warm-pool member) records it, and the admin's capacity view reports under it. Default
+    /// [`ttlab_site::DEFAULT_SITE`], the one site of a deployment without a sites file.
+    pub site: SiteName,
 }
 
 /// How the server reaches the agent in a guest (`TTLAB_AGENT_PATH`): `pod-ip`, a TCP
@@ -173,6 +178,7 @@ impl std::fmt::Debug for ApiConfig {
             .field("lessons", &self.lessons.len())
             .field("agent_bytes", &self.agent.binary_len())
             .field("agent_port", &self.agent_port)
+            .field("site", &self.site)
             .finish_non_exhaustive()
     }
 }
@@ -206,6 +212,7 @@ impl ApiConfig {
             migrate: false,
             waitlist_max_wait: DEFAULT_WAITLIST_MAX_WAIT,
             agent_path: AgentPath::PodIp,
+            site: ttlab_site::default_site_name(),
         }
     }
 }

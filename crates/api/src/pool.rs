@@ -425,6 +425,7 @@ fn new_member(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
+        site: state.config().site.clone(),
         times: SessionTimes {
             started_at: now,
             expires_at: expires,

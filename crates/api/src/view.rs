@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use ttlab_lifespan::Policy;
-use ttlab_model::{SessionStatus, UserId};
+use ttlab_model::{SessionStatus, SiteName, UserId};
 use ttlab_store::Session;
 
 use crate::auth::CurrentUser;
@@ -19,6 +19,8 @@ pub struct SessionView {
     pub lesson: String,
     /// `vm` or `pod`.
     pub runtime: String,
+    /// The site its VMs run on (`default` without a sites file).
+    pub site: SiteName,
     /// `starting`, `running`, `finishing`, `expired`, `finished`, `failed` or `ghost`.
     pub status: SessionStatus,
     /// Where provisioning is: `requested`, `vm_created`, `vmi_running`, `agent_up`, `ready`,
@@ -270,6 +272,7 @@ impl SessionView {
             user: s.user.clone(),
             lesson: s.lesson.to_string(),
             runtime: s.runtime.as_str().to_owned(),
+            site: s.site.clone(),
             status: s.status,
             stage: stage_of(s),
             finishing_to: s.finishing_to.map(|f| f.as_str().to_owned()),

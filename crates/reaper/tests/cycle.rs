@@ -265,6 +265,7 @@ async fn a_session_opened_after_the_listing_is_not_an_orphan(h: Harness) {
             lesson: common::LESSON.parse().unwrap(),
             runtime: ttlab_model::Runtime::Vm,
             env: common::env("dev"),
+            site: "default".parse().unwrap(),
             times: ttlab_store::SessionTimes {
                 started_at: now,
                 expires_at: now + minutes(60),
@@ -745,6 +746,7 @@ async fn pool_members_are_their_environments_and_never_another_reapers(h: Harnes
             lesson: common::LESSON.parse().unwrap(),
             runtime: ttlab_model::Runtime::Vm,
             env: common::env("dev"),
+            site: "default".parse().unwrap(),
             times: ttlab_store::SessionTimes {
                 started_at: now - TimeDelta::hours(1),
                 expires_at: now + age_limit,

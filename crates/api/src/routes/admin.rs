@@ -151,12 +151,12 @@ async fn capacity(
             })
         })
         .collect();
-    let starting = state
+    let starting_rows = state
         .store()
         .sessions()
         .list_in_status(&state.config().env, SessionStatus::Starting, None, 5000)
-        .await?
-        .len();
+        .await?;
+    let starting = starting_rows.len();
     let (live_vms, error) = match live {
         Ok(n) => (Some(n), None),
         Err(e) => (None, Some(e.to_string())),
@@ -176,6 +176,25 @@ async fn capacity(
         Err(e) => (None, Some(e.to_string())),
     };
     let memory = memory_view(&state.config().lessons, quotas.as_deref().ok());
+    // Per site (today one: the server's cluster and namespace), with the cluster probe's
+    // finding; the top-level fields above stay as they were.
+    let site = &state.config().site;
+    let (reachable, why) = site_reachable(&state.cluster_health(), error.as_deref());
+    let sites = vec![json!({
+        "name": site,
+        "namespace": state.cluster().namespace(),
+        "vm_limit": state.config().vm_limit,
+        "in_use": live_vms,
+        "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
+        "starting_sessions": starting_rows.iter().filter(|s| &s.site == site).count(),
+        "quota": quota,
+        "quota_error": quota_error,
+        "memory": memory,
+        "error": error,
+        "reachable": reachable,
+        "why": why,
+        "checked_at": state.cluster_health().checked_at,
+    })];
     Ok(Json(json!({
         "live_vms": live_vms,
         "starting_sessions": starting,
@@ -188,7 +207,30 @@ async fn capacity(
         "terminating": terminating,
         "error": error,
         "quota_error": quota_error,
+        "sites": sites,
     })))
+}
+
+/// Whether a site's cluster is reachable, and if not why: the last probe's finding
+/// (`tasks::cluster_probe`); before the first probe ends, whether this view's own count of
+/// the site's VMs answered (`count_error` its error).
+fn site_reachable(
+    health: &crate::ClusterHealth,
+    count_error: Option<&str>,
+) -> (bool, Option<String>) {
+    match health.reachable {
+        Some(true) => (true, None),
+        Some(false) => (
+            false,
+            Some(
+                health
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "the last probe of the Kubernetes API failed".to_owned()),
+            ),
+        ),
+        None => (count_error.is_none(), count_error.map(str::to_owned)),
+    }
 }
 
 /// Memory against the quota: the `requests.memory` of the namespace quota with the least left
@@ -707,6 +749,34 @@ async fn actions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_site_is_reachable_as_the_last_probe_found_it() {
+        let probe = |reachable, error: Option<&str>| crate::ClusterHealth {
+            reachable,
+            error: error.map(str::to_owned),
+            ..crate::ClusterHealth::default()
+        };
+        assert_eq!(site_reachable(&probe(Some(true), None), None), (true, None));
+        // The probe's finding wins over this view's own count, either way.
+        assert_eq!(
+            site_reachable(&probe(Some(true), None), Some("timed out")),
+            (true, None)
+        );
+        assert_eq!(
+            site_reachable(&probe(Some(false), Some("connection refused")), None),
+            (false, Some("connection refused".to_owned()))
+        );
+        let (reachable, why) = site_reachable(&probe(Some(false), None), None);
+        assert!(!reachable);
+        assert!(why.unwrap().contains("probe"));
+        // Before the first probe: the count decides.
+        assert_eq!(site_reachable(&probe(None, None), None), (true, None));
+        assert_eq!(
+            site_reachable(&probe(None, None), Some("connection refused")),
+            (false, Some("connection refused".to_owned()))
+        );
+    }
 
     fn quota(name: &str, hard: &str, used: Option<&str>) -> QuotaSummary {
         QuotaSummary {

@@ -142,7 +142,7 @@ pub fn document() -> Value {
                 ],
                 "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
             }},
-            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows; `sites`: the same per site (today one, `default`), with whether the last cluster probe reached it", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
                 "summary": "Recent reaper cycle reports",
                 "security": [{"bearer": []}],
@@ -250,6 +250,8 @@ pub fn document() -> Value {
     doc["components"]["schemas"]["Error"]["properties"]["field"] =
         json!({"type": "string", "description": "with a 422: the field of the request at fault"});
     doc["components"]["schemas"]["Capacity"]["properties"]["memory"] = capacity_memory_schema();
+    doc["components"]["schemas"]["SiteCapacity"] = site_capacity_schema();
+    doc["components"]["schemas"]["Capacity"]["properties"]["sites"] = json!({"type": "array", "description": "one entry per site, a place VMs run (today one: `default`, the server's cluster and namespace)", "items": {"$ref": "#/components/schemas/SiteCapacity"}});
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -267,6 +269,7 @@ pub fn document() -> Value {
         "opens_at": {"type": "string", "format": "date-time", "description": "from when extending is offered"},
         "window_seconds": {"type": "integer"},
         "refusal": {"type": ["object", "null"], "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}});
+    session["site"] = json!({"type": "string", "description": "the site its VMs run on: a cluster's API server and a namespace in it (`default` without a sites file)"});
     session["reference"] = json!({"type": "string", "description": "with a failure reason: the reference its student quotes to an operator (the first 8 characters of the session id, which the provisioning's log lines carry)"});
     session["expected_ready"] = json!({"type": "object", "description": "while starting, if measured: p50_seconds, p90_seconds and count of the lesson's recent starts (request to ready)", "properties": {
         "count": {"type": "integer"}, "p50_seconds": {"type": "number"}, "p90_seconds": {"type": "number"}}});
@@ -299,6 +302,25 @@ fn task_schema() -> Value {
         "last_success_at": {"type": ["string", "null"], "format": "date-time"},
         "last_error": {"type": ["string", "null"], "description": "why the last activation failed, until the next success"},
         "last_error_at": {"type": ["string", "null"], "format": "date-time"}
+    }})
+}
+
+/// `Capacity.sites[]` (apart, to keep `json!`'s recursion in bounds).
+fn site_capacity_schema() -> Value {
+    json!({"type": "object", "required": ["name", "namespace", "vm_limit", "in_use", "reachable"], "properties": {
+        "name": {"type": "string", "description": "the site's name (a DNS label of at most 40 characters)"},
+        "namespace": {"type": "string", "description": "the namespace its VMs live in"},
+        "vm_limit": {"type": "integer", "description": "most VMs at once on the site"},
+        "in_use": {"type": ["integer", "null"], "description": "VMs ttlab manages there, those being deleted included (as live_vms); null if the cluster could not be read"},
+        "available": {"type": ["integer", "null"], "description": "vm_limit minus in_use (0 if above); null if the cluster could not be read"},
+        "starting_sessions": {"type": "integer", "description": "this environment's sessions on the site still starting"},
+        "quota": {"type": ["array", "null"], "description": "the site namespace's ResourceQuotas (as the top-level quota); null if they could not be read"},
+        "quota_error": {"type": ["string", "null"]},
+        "memory": {"type": "object", "description": "memory against the site's quota (as the top-level memory)"},
+        "error": {"type": ["string", "null"], "description": "why in_use could not be counted"},
+        "reachable": {"type": "boolean", "description": "whether the last probe of the site's Kubernetes API answered (before the first probe ends: whether this view's count of its VMs did)"},
+        "why": {"type": ["string", "null"], "description": "when not reachable: the probe's last error"},
+        "checked_at": {"type": ["string", "null"], "format": "date-time", "description": "when the last probe ended; null before the first"}
     }})
 }
 

@@ -43,6 +43,7 @@ pub async fn open_session(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
+        site: state.config().site.clone(),
         times: SessionTimes {
             started_at: lifespan.started_at,
             expires_at: lifespan.expires_at,

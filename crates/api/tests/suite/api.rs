@@ -24,6 +24,7 @@ async fn a_session_starts_runs_extends_grades_and_finishes() {
     assert_eq!(status, 202, "{v}");
     assert_eq!(v["status"], "starting");
     assert_eq!(v["lesson"], "quick");
+    assert_eq!(v["site"], "default", "{v}");
     let sid = id(&v);
 
     // A second click names the lab already open.
@@ -53,6 +54,22 @@ async fn a_session_starts_runs_extends_grades_and_finishes() {
     let remaining = v["remaining_seconds"].as_u64().unwrap();
     assert!((3500..=3600).contains(&remaining), "{remaining}");
     assert_eq!(v["extensions_left"], 3);
+    // Without a sites file every session is on the one site, `default`: in the student's
+    // view, the current session and the admin's list alike.
+    assert_eq!(v["site"], "default", "{v}");
+    let (status, current) = s.get("/api/sessions/current", &alice).await;
+    assert_eq!(status, 200, "{current}");
+    assert_eq!(current["site"], "default", "{current}");
+    let admin = token("root", Role::Admin);
+    let (status, list) = s.get("/api/admin/sessions", &admin).await;
+    assert_eq!(status, 200, "{list}");
+    let listed: Vec<(&str, &str)> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap(), r["site"].as_str().unwrap()))
+        .collect();
+    assert_eq!(listed, [(sid.as_str(), "default")], "{list}");
 
     // Extensions: three granted, the fourth refused.
     for n in 1..=3 {
@@ -90,7 +107,6 @@ async fn a_session_starts_runs_extends_grades_and_finishes() {
         (status, e["error"].as_str()),
         (404, Some("session_not_found"))
     );
-    let admin = token("root", Role::Admin);
     assert_eq!(s.get(&format!("/api/sessions/{sid}"), &admin).await.0, 200);
     let (status, e) = s.delete(&format!("/api/sessions/{sid}"), &bob).await;
     assert_eq!(status, 404, "{e}");

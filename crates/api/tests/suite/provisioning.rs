@@ -87,6 +87,20 @@ async fn twenty_students_with_a_limit_of_eight_never_exceed_eight_vms() {
         (Some(8), Some(8)),
         "{cap}"
     );
+    // The one site, `default`: the server's namespace, its limit and its VMs, reachable.
+    let sites = cap["sites"].as_array().expect("a list of sites");
+    assert_eq!(sites.len(), 1, "{cap}");
+    let site = &sites[0];
+    assert_eq!(site["name"], "default", "{cap}");
+    assert_eq!(site["namespace"], NS, "{cap}");
+    assert_eq!(site["vm_limit"], 8, "{cap}");
+    assert_eq!(site["in_use"], 8, "{cap}");
+    assert_eq!(site["available"], 0, "{cap}");
+    assert_eq!(site["starting_sessions"], 0, "{cap}");
+    assert_eq!(site["quota"], cap["quota"], "{cap}");
+    assert_eq!(site["memory"], cap["memory"], "{cap}");
+    assert_eq!(site["reachable"], true, "{cap}");
+    assert_eq!(site["why"], Value::Null, "{cap}");
     a.stop().await;
     b.stop().await;
 }

@@ -312,6 +312,7 @@ impl Harness {
             lesson: LESSON.parse().expect("lesson"),
             runtime,
             env: env(env_name),
+            site: "default".parse().unwrap(),
             times: SessionTimes {
                 started_at,
                 expires_at,

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 use ttlab_lifespan::Lifespan;
 use ttlab_model::{
-    ClassId, EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, UserId,
+    ClassId, EnvName, FinalStatus, LessonId, NodeName, Runtime, SessionId, SessionStatus, SiteName,
+    UserId,
 };
 use uuid::Uuid;
 
@@ -41,7 +42,7 @@ macro_rules! columns {
          max_expires_at, extensions_used, readiness_deadline, created_at, vm_created_at, \
          vmi_running_at, agent_up_at, ready_at, finished_at, reclaimed_at, disk_kind, \
          disk_reason, node_names, vm_names, failure_reason, updated_at, pool_member, claimed_at, \
-         class_id"
+         class_id, site"
     };
 }
 
@@ -148,6 +149,8 @@ pub struct Session {
     pub runtime: Runtime,
     /// The environment of the backend that opened it.
     pub env: EnvName,
+    /// The site its VMs run on (schema version 17; `default` without a sites file).
+    pub site: SiteName,
     /// Where it is in its life.
     pub status: SessionStatus,
     /// While finishing: the final status it lands on once its objects are deleted.
@@ -242,6 +245,7 @@ impl Session {
             lesson: parse(row, "lesson")?,
             runtime: parse(row, "runtime")?,
             env: parse(row, "env")?,
+            site: parse(row, "site")?,
             status: parse(row, "status")?,
             finishing_to: parse_opt(row, "finishing_to")?,
             started_at: get(row, "started_at")?,

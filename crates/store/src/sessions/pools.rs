@@ -3,7 +3,7 @@
 //! server; [`Pools`](crate::Pools) counts and lists them).
 
 use chrono::{DateTime, Utc};
-use ttlab_model::{ClassId, EnvName, LessonId, Runtime, SessionId, UserId};
+use ttlab_model::{ClassId, EnvName, LessonId, Runtime, SessionId, SiteName, UserId};
 
 use super::start::{InsertError, NewRow, exists_error, insert_row, is_live_exists};
 use super::{Session, SessionTimes, Sessions, opt_session};
@@ -23,6 +23,8 @@ pub struct NewPoolMember {
     pub runtime: Runtime,
     /// The environment of the backend opening it.
     pub env: EnvName,
+    /// The site its VMs are created on (a claimed member stays there).
+    pub site: SiteName,
     /// Its age limit, as a lifespan: it is expired at `expires_at` unless claimed before.
     pub times: SessionTimes,
     /// If it is not running by then, it is failed and reclaimed.
@@ -73,6 +75,7 @@ pub(crate) async fn insert_member_on(
         lesson: &new.lesson,
         runtime: new.runtime,
         env: &new.env,
+        site: &new.site,
         times: &new.times,
         readiness_deadline: new.readiness_deadline,
         class: new.class,

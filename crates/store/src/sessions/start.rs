@@ -5,7 +5,9 @@
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::error::SqlState;
-use ttlab_model::{ClassId, EnvName, LessonId, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_model::{
+    ClassId, EnvName, LessonId, Runtime, SessionId, SessionStatus, SiteName, UserId,
+};
 use uuid::Uuid;
 
 use super::{DiskKind, Session, SessionTimes, SessionVm, Sessions, TO_RUNNING, ensure, names};
@@ -24,6 +26,8 @@ pub struct NewSession {
     pub runtime: Runtime,
     /// The environment of the backend opening it.
     pub env: EnvName,
+    /// The site its VMs are created on.
+    pub site: SiteName,
     /// Its lifespan.
     pub times: SessionTimes,
     /// If it is not running by then, it is failed and reclaimed.
@@ -70,6 +74,7 @@ pub(crate) async fn insert_on(
             lesson: &new.lesson,
             runtime: new.runtime,
             env: &new.env,
+            site: &new.site,
             times: &new.times,
             readiness_deadline: new.readiness_deadline,
             class: None,
@@ -85,6 +90,7 @@ pub(super) struct NewRow<'a> {
     pub(super) lesson: &'a LessonId,
     pub(super) runtime: Runtime,
     pub(super) env: &'a EnvName,
+    pub(super) site: &'a SiteName,
     pub(super) times: &'a SessionTimes,
     pub(super) readiness_deadline: DateTime<Utc>,
     pub(super) class: Option<ClassId>,
@@ -96,8 +102,8 @@ pub(super) async fn insert_row(
 ) -> Result<Session, InsertError> {
     const SQL: &str = concat!(
         "INSERT INTO sessions (id, user_id, lesson, runtime, env, status, started_at, \
-         expires_at, max_expires_at, readiness_deadline, pool_member, class_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         expires_at, max_expires_at, readiness_deadline, pool_member, class_id, site) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         returning_and_notify!()
     );
     let t = new.times;
@@ -122,6 +128,7 @@ pub(super) async fn insert_row(
                 &new.readiness_deadline,
                 &new.user.is_none(),
                 &new.class.map(|c| c.as_uuid()),
+                &new.site.as_str(),
             ],
         )
         .await;

@@ -21,6 +21,7 @@ async fn tokens_are_kept_while_live_and_forgotten_when_final() {
         lesson: "quick".parse().unwrap(),
         runtime: Runtime::Vm,
         env: "dev".parse().unwrap(),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::minutes(60),

@@ -47,6 +47,7 @@ async fn member_for(store: &Store, class: Option<ClassId>) -> Session {
         lesson: lesson("intro"),
         runtime: Runtime::Vm,
         env: env("dev"),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::hours(4),
@@ -382,6 +383,7 @@ async fn counts_and_students_read_each_classs_members_and_distinct_students() {
         lesson: lesson("intro"),
         runtime: Runtime::Vm,
         env: env("dev"),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::hours(4),
@@ -410,6 +412,7 @@ async fn counts_and_students_read_each_classs_members_and_distinct_students() {
             lesson: lesson("intro"),
             runtime: Runtime::Vm,
             env: env("dev"),
+            site: "default".parse().unwrap(),
             times: SessionTimes {
                 started_at: now,
                 expires_at: now + Duration::minutes(60),

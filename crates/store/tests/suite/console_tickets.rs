@@ -18,6 +18,7 @@ async fn session(store: &Store, user: &str) -> SessionId {
         lesson: "quick".parse().unwrap(),
         runtime: Runtime::Vm,
         env: "dev".parse().unwrap(),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + chrono::Duration::minutes(60),

@@ -26,7 +26,8 @@ async fn migrating_twice_applies_once() {
             "V13__classes",
             "V14__console_replica_gone",
             "V15__handover_failures",
-            "V16__waitlist_front"
+            "V16__waitlist_front",
+            "V17__session_site"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -53,6 +53,7 @@ fn new_member(
         lesson: lesson(lesson_name),
         runtime: Runtime::Vm,
         env: env(env_name),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + age,
@@ -88,6 +89,7 @@ fn new_session(who: &str, lesson_name: &str, now: DateTime<Utc>) -> NewSession {
         lesson: lesson(lesson_name),
         runtime: Runtime::Vm,
         env: env("dev"),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::minutes(60),
@@ -256,6 +258,8 @@ async fn a_claimed_member_is_a_normal_session_of_its_user() {
     assert_eq!(s.user, Some(user("bob")));
     assert_eq!(s.status, SessionStatus::Running);
     assert!(s.pool_member);
+    assert_eq!(s.site, member.site, "a claimed member stays on its site");
+    assert_eq!(s.site.as_str(), "default");
     let claimed_at = s.claimed_at.expect("claimed_at is set");
     assert!(before <= claimed_at && claimed_at <= after);
     assert_eq!(s.started_at, claimed_at, "the lifespan starts at the claim");

@@ -21,6 +21,7 @@ fn new_session(user: &str, lesson: &str, env_name: &str, now: DateTime<Utc>) -> 
         lesson: lesson.parse().unwrap(),
         runtime: Runtime::Vm,
         env: env(env_name),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::minutes(60),
@@ -597,4 +598,124 @@ async fn ending_a_starting_session_waits_for_its_provisioner_to_let_go() {
     assert!(store.provisioning_in_progress(id).await.unwrap());
     assert!(store.try_provisioning_lock(id).await.unwrap().is_none());
     drop(held);
+}
+
+#[tokio::test]
+async fn a_session_records_its_site_and_reads_it_back_everywhere() {
+    let (_db, store, now) = setup().await;
+    let opened = store
+        .sessions()
+        .insert(&new_session("alice", "systemd-basics", "dev", now))
+        .await
+        .unwrap();
+    assert_eq!(opened.site.as_str(), "default");
+    let sessions = store.sessions();
+    assert_eq!(
+        sessions.get(opened.id).await.unwrap().unwrap().site,
+        opened.site
+    );
+    let (read, _) = sessions.get_with_now(opened.id).await.unwrap().unwrap();
+    assert_eq!(read.site.as_str(), "default");
+    let mine = sessions
+        .live_for_user(&UserId::new("alice").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(mine.site.as_str(), "default");
+
+    // Another site is stored as given, and every listing reads it.
+    let elsewhere = NewSession {
+        site: "campus-a".parse().unwrap(),
+        ..new_session("bob", "systemd-basics", "dev", now)
+    };
+    let bob = sessions.insert(&elsewhere).await.unwrap();
+    assert_eq!(bob.site.as_str(), "campus-a");
+    let live = sessions.list_live(&env("dev"), None, 10).await.unwrap();
+    let sites: BTreeSet<(SessionId, &str)> = live.iter().map(|s| (s.id, s.site.as_str())).collect();
+    assert_eq!(
+        sites,
+        BTreeSet::from([(opened.id, "default"), (bob.id, "campus-a")])
+    );
+}
+
+#[tokio::test]
+async fn the_database_refuses_a_site_that_is_not_a_site_name() {
+    let (db, store, now) = setup().await;
+    let opened = store
+        .sessions()
+        .insert(&new_session("alice", "systemd-basics", "dev", now))
+        .await
+        .unwrap();
+    let (client, conn) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let set_site = |site: String| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "UPDATE sessions SET site = $2 WHERE id = $1",
+                    &[&opened.id.as_uuid(), &site],
+                )
+                .await
+        }
+    };
+    for bad in [
+        String::new(),
+        "Campus-A".to_owned(),
+        "campus_a".to_owned(),
+        "-a".to_owned(),
+        "a-".to_owned(),
+        "dév".to_owned(),
+        "a".repeat(41),
+    ] {
+        let err = set_site(bad.clone()).await.unwrap_err();
+        let db_err = err
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{bad:?}: {err}"));
+        assert_eq!(
+            db_err.constraint(),
+            Some("sessions_site_check"),
+            "{bad:?}: {err}"
+        );
+    }
+    let err = client
+        .execute(
+            "UPDATE sessions SET site = NULL WHERE id = $1",
+            &[&opened.id.as_uuid()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::NOT_NULL_VIOLATION)
+    );
+    // The longest name the model accepts is stored, and read back.
+    let longest = "a".repeat(40);
+    assert_eq!(set_site(longest.clone()).await.unwrap(), 1);
+    let read = store.sessions().get(opened.id).await.unwrap().unwrap();
+    assert_eq!(read.site.as_str(), longest);
+}
+
+#[tokio::test]
+async fn a_row_written_without_a_site_is_on_the_default_site() {
+    let (db, store, now) = setup().await;
+    let (client, conn) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // As a backend of schema version 16 writes it.
+    let id = SessionId::new_random();
+    client
+        .execute(
+            "INSERT INTO sessions (id, user_id, lesson, runtime, env, status, started_at, \
+             expires_at, max_expires_at, readiness_deadline) \
+             VALUES ($1, 'carol', 'systemd-basics', 'vm', 'dev', 'starting', $2, $2, $2, $2)",
+            &[&id.as_uuid(), &now],
+        )
+        .await
+        .unwrap();
+    let read = store.sessions().get(id).await.unwrap().unwrap();
+    assert_eq!(read.site.as_str(), "default");
 }

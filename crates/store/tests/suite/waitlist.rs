@@ -130,6 +130,7 @@ async fn a_requeued_entry_outlives_the_finishing_session_it_replaces() {
         lesson: lesson(),
         runtime: Runtime::Vm,
         env: env(),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::minutes(60),

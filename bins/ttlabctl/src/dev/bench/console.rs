@@ -232,6 +232,7 @@ impl Rig {
                 lesson: self.lesson.parse()?,
                 runtime: Runtime::Vm,
                 env: ENV.parse()?,
+                site: "default".parse()?,
                 times: SessionTimes {
                     started_at: now,
                     expires_at: now + chrono::TimeDelta::hours(1),

@@ -440,6 +440,7 @@ impl Rig {
                 lesson: self.lesson.id.clone(),
                 runtime: Runtime::Vm,
                 env: env.clone(),
+                site: "default".parse()?,
                 times: SessionTimes {
                     started_at,
                     expires_at,

@@ -163,6 +163,7 @@ impl Bench {
                 lesson: "bench".parse()?,
                 runtime: Runtime::Vm,
                 env: self.env.clone(),
+                site: "default".parse()?,
                 times: SessionTimes {
                     started_at,
                     expires_at,

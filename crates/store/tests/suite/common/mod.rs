@@ -15,6 +15,7 @@ pub async fn starting(store: &Store, user: &str, now: DateTime<Utc>) -> Session 
         lesson: "quick".parse().unwrap(),
         runtime: Runtime::Vm,
         env: "dev".parse().unwrap(),
+        site: "default".parse().unwrap(),
         times: SessionTimes {
             started_at: now,
             expires_at: now + Duration::minutes(60),
