@@ -1,6 +1,8 @@
 //! The command-line flag groups ttlab's binaries share, declared once: where the database is
-//! and how long to wait for it ([`DatabaseArgs`]), and which cluster and namespace to work in
-//! ([`ClusterArgs`], feature `cluster`). `ttlab-server`, `ttlab-reaper` and `ttlabctl`
+//! and how long to wait for it ([`DatabaseArgs`]), which cluster and namespace to work in
+//! ([`ClusterArgs`], feature `cluster`), and the sites file naming every place lab VMs run
+//! ([`SitesArgs`], feature `cluster`: `TTLAB_SITES`, or the one cluster as the site `default`,
+//! and [`connect_site`] for one site's client). `ttlab-server`, `ttlab-reaper` and `ttlabctl`
 //! flatten them (`#[command(flatten)]`), so a flag, its variable, its default and its help
 //! are the same in every binary, and `DATABASE_URL` is never printed by `--help`.
 //!
@@ -28,7 +30,11 @@
 #[cfg(feature = "cluster")]
 mod cluster;
 mod database;
+#[cfg(feature = "cluster")]
+mod sites;
 
 #[cfg(feature = "cluster")]
 pub use cluster::ClusterArgs;
 pub use database::DatabaseArgs;
+#[cfg(feature = "cluster")]
+pub use sites::{LoadSitesError, SitesArgs, connect_site, site_settings};

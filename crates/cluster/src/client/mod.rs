@@ -78,6 +78,16 @@ impl KubeCluster {
         Self::from_config(config, settings)
     }
 
+    /// Builds the client from the service account of the pod it runs in (kube-rs'
+    /// `Config::incluster`): the server's own cluster, a site with `in_cluster: true`. An
+    /// error outside a pod.
+    pub fn in_cluster(settings: ClusterSettings) -> Result<Self, ClusterError> {
+        let config = Config::incluster().map_err(|e| ClusterError::Config {
+            message: format!("in-cluster service account: {e}"),
+        })?;
+        Self::from_config(config, settings)
+    }
+
     /// Builds the client from an explicit kubeconfig file (its current context), e.g. the one
     /// kube-sim writes. Must run inside a Tokio runtime.
     pub async fn from_kubeconfig(
