@@ -8,11 +8,15 @@
 //! watch the cluster with kubectl, and runs until Ctrl-C or SIGTERM, when it stops the
 //! children (by pid), the simulation and PostgreSQL, and deletes every file it made. With
 //! `--no-reaper` the reaper is not started, so a VM outlives its session's expiry until its
-//! own hard deadline powers it off (to watch that deadline).
+//! own hard deadline powers it off (to watch that deadline). With `--sites N` (N > 1) it runs
+//! N kube-sim instances, one cluster per site (`site-a`, `site-b`, …, each with
+//! `--site-vm-limit` places and its own kubeconfig), and gives both binaries a sites file
+//! (`TTLAB_SITES`) naming them all; the agents are then reached through each site's API
+//! server (KubeVirt's portforward), as for a cluster the server's pod network cannot reach.
 //!
 //! The children get `DATABASE_URL`, `KUBECONFIG`, `TTLAB_ENV`, `TTLAB_NAMESPACE`,
 //! `TTLAB_LISTEN`, `TTLAB_LESSONS`, `TTLAB_AGENT_BINARY`, `TTLAB_WEB_DIR` and
-//! `TTLAB_AUTH_SECRET` from the demo; every other setting (`TTLAB_SESSION_TTL=2m`,
+//! `TTLAB_AUTH_SECRET` (and with several sites `TTLAB_SITES`) from the demo; every other setting (`TTLAB_SESSION_TTL=2m`,
 //! `TTLAB_VM_LIMIT`, `TTLAB_REAP_INTERVAL`, `RUST_LOG`, …) passes through from the
 //! environment.
 
@@ -91,6 +95,13 @@ pub struct DemoArgs {
     /// `TTLAB_HARD_DEADLINE_GRACE`) powers it off. To watch the guest's own deadline.
     #[arg(long, env = "TTLAB_DEMO_NO_REAPER")]
     pub no_reaper: bool,
+    /// How many sites (clusters) to run, each a kube-sim of its own (1 to 16). With more
+    /// than one, the server and the reaper get a sites file naming them all.
+    #[arg(long, env = "TTLAB_DEMO_SITES", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub sites: u8,
+    /// Each site's VM limit when there are several sites (with one, `TTLAB_VM_LIMIT` holds).
+    #[arg(long, env = "TTLAB_DEMO_SITE_VM_LIMIT", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub site_vm_limit: u32,
     /// Validity of the printed login tokens.
     #[arg(long, env = "TTLAB_DEMO_TOKEN_TTL", default_value = "12h", value_parser = parse_duration)]
     pub token_ttl: Duration,
@@ -174,7 +185,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 struct Demo {
     data: Option<tempfile::TempDir>,
     database: Option<Database>,
-    sim: Option<KubeSim>,
+    sims: Vec<(String, KubeSim)>,
     server: Option<ChildProcess>,
     reaper: Option<ChildProcess>,
     kubeconfig_out: Option<PathBuf>,
@@ -258,17 +269,45 @@ impl Demo {
             // A real guest shuts down within its grace period, not at once.
             timings.stop = Duration::from_secs(30);
         }
-        let sim = stack::start_sim_with(&args.namespace, timings, &guest_root, backend).await?;
-        let golden = stack::create_golden_disks(&sim, &args.namespace, &lessons)?;
-        let kubeconfig = data_dir.join("kubeconfig");
-        sim.write_kubeconfig(&kubeconfig, &args.namespace)?;
-        if let Some(out) = &args.kubeconfig_out {
-            sim.write_kubeconfig(out, &args.namespace)
-                .with_context(|| format!("writing the kubeconfig to {}", out.display()))?;
-            self.kubeconfig_out = Some(out.clone());
+        let site_names = site_names(args.sites);
+        let mut sites_file = None;
+        let mut kubeconfig = data_dir.join("kubeconfig");
+        let mut golden = Default::default();
+        for (i, name) in site_names.iter().enumerate() {
+            let root = if site_names.len() == 1 {
+                guest_root.clone()
+            } else {
+                guest_root.join(name)
+            };
+            let sim =
+                stack::start_sim_with(&args.namespace, timings.clone(), &root, backend.clone())
+                    .await
+                    .with_context(|| format!("starting the kube-sim of site {name}"))?;
+            let disks = stack::create_golden_disks(&sim, &args.namespace, &lessons)?;
+            let path = if site_names.len() == 1 {
+                data_dir.join("kubeconfig")
+            } else {
+                data_dir.join(format!("{name}.kubeconfig"))
+            };
+            sim.write_kubeconfig(&path, &args.namespace)?;
+            if i == 0 {
+                golden = disks;
+                kubeconfig = path;
+                if let Some(out) = &args.kubeconfig_out {
+                    sim.write_kubeconfig(out, &args.namespace)
+                        .with_context(|| format!("writing the kubeconfig to {}", out.display()))?;
+                    self.kubeconfig_out = Some(out.clone());
+                }
+            }
+            self.sims.push((name.clone(), sim));
         }
-        let sim_url = sim.url().to_owned();
-        self.sim = Some(sim);
+        if site_names.len() > 1 {
+            let path = data_dir.join("sites.yaml");
+            let text = sites_yaml(&self.sims, &data_dir, &args.namespace, args.site_vm_limit);
+            std::fs::write(&path, text)
+                .with_context(|| format!("writing the sites file {}", path.display()))?;
+            sites_file = Some(path);
+        }
 
         let port = if args.port == 0 {
             stack::free_loopback_port()?
@@ -283,6 +322,9 @@ impl Demo {
             ("TTLAB_ENV", env.as_str().into()),
             ("TTLAB_NAMESPACE", args.namespace.clone().into()),
         ];
+        if let Some(file) = &sites_file {
+            common.push(("TTLAB_SITES", file.clone().into()));
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             common.push(("RUST_LOG", "info".into()));
         }
@@ -374,13 +416,26 @@ impl Demo {
         if web_dir.is_none() {
             banner.push_str("  web:      NOT SERVED (see the message above); the API works\n");
         }
-        banner.push_str(&format!("  cluster:  kube-sim at {sim_url}\n"));
-        let watch_config = self.kubeconfig_out.as_deref().unwrap_or(&kubeconfig);
-        banner.push_str(&format!(
-            "  kubectl:  KUBECONFIG={} kubectl get vm,vmi,pods,secrets,pvc -n {} -w\n",
-            watch_config.display(),
-            args.namespace
-        ));
+        if let Some(file) = &sites_file {
+            banner.push_str(&format!("  sites:    {}\n", file.display()));
+            for (name, sim) in &self.sims {
+                banner.push_str(&format!(
+                    "    {name}: kube-sim at {} (VM limit {}; kubectl: KUBECONFIG={} kubectl get vm,vmi -n {} -w)\n",
+                    sim.url(),
+                    args.site_vm_limit,
+                    data_dir.join(format!("{name}.kubeconfig")).display(),
+                    args.namespace
+                ));
+            }
+        } else if let Some((_, sim)) = self.sims.first() {
+            banner.push_str(&format!("  cluster:  kube-sim at {}\n", sim.url()));
+            let watch_config = self.kubeconfig_out.as_deref().unwrap_or(&kubeconfig);
+            banner.push_str(&format!(
+                "  kubectl:  KUBECONFIG={} kubectl get vm,vmi,pods,secrets,pvc -n {} -w\n",
+                watch_config.display(),
+                args.namespace
+            ));
+        }
         banner.push_str(&format!("  postgres: {}\n", database_dir.display()));
         // Another server replica joins the demo with this (and the kubeconfig above).
         banner.push_str(&format!("  database: {database_url}\n"));
@@ -423,7 +478,7 @@ impl Demo {
                 Err(e) => errors.push(format!("{e:#}")),
             }
         }
-        if let Some(sim) = self.sim.take() {
+        for (_, sim) in self.sims.drain(..) {
             sim.shutdown().await;
         }
         if let Some(db) = self.database.take()
@@ -450,6 +505,37 @@ impl Demo {
             anyhow::bail!("{}", errors.join("; "))
         }
     }
+}
+
+/// The names of `n` sites: `default` alone, else `site-a`, `site-b`, ….
+fn site_names(n: u8) -> Vec<String> {
+    if n <= 1 {
+        return vec!["default".to_owned()];
+    }
+    (0..n)
+        .map(|i| format!("site-{}", char::from(b'a' + i)))
+        .collect()
+}
+
+/// The sites file of the demo's sites: each its kube-sim's kubeconfig in `data_dir`, the
+/// namespace and `vm_limit` places; the agent path is the default for a kubeconfig
+/// (portforward, through the site's API server).
+fn sites_yaml(
+    sims: &[(String, KubeSim)],
+    data_dir: &Path,
+    namespace: &str,
+    vm_limit: u32,
+) -> String {
+    let mut text =
+        String::from("# Written by ttlabctl demo --sites: one kube-sim per site.\nsites:\n");
+    for (name, _) in sims {
+        let kubeconfig = data_dir.join(format!("{name}.kubeconfig"));
+        text.push_str(&format!(
+            "  - name: {name}\n    kubeconfig: {}\n    namespace: {namespace}\n    vm_limit: {vm_limit}\n",
+            serde_json::to_string(&kubeconfig.display().to_string()).unwrap_or_default()
+        ));
+    }
+    text
 }
 
 /// Waits until the server's `/readyz` answers 200, failing early if it exits.
