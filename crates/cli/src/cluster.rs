@@ -33,11 +33,18 @@ impl ClusterArgs {
     /// it (the in-cluster service account in a pod, `~/.kube/config` elsewhere). Must run
     /// inside a Tokio runtime.
     pub async fn connect(&self, user_agent: &str) -> Result<KubeCluster, ClusterError> {
-        let settings = self.settings(user_agent);
-        match &self.kubeconfig {
-            Some(path) => KubeCluster::from_kubeconfig(path, settings).await,
-            None => KubeCluster::try_default(settings).await,
-        }
+        client(self.kubeconfig.as_deref(), self.settings(user_agent)).await
+    }
+}
+
+/// The client of `kubeconfig` when given, else as kube-rs infers it.
+pub(crate) async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    settings: ClusterSettings,
+) -> Result<KubeCluster, ClusterError> {
+    match kubeconfig {
+        Some(path) => KubeCluster::from_kubeconfig(path, settings).await,
+        None => KubeCluster::try_default(settings).await,
     }
 }
 

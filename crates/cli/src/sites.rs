@@ -74,9 +74,9 @@ pub async fn connect_site(
 ) -> Result<KubeCluster, ClusterError> {
     let settings = site_settings(site, cluster, user_agent);
     match &site.connection {
-        Connection::Kubeconfig(path) => KubeCluster::from_kubeconfig(path, settings).await,
+        Connection::Kubeconfig(path) => crate::cluster::client(Some(path), settings).await,
         Connection::InCluster => KubeCluster::in_cluster(settings),
-        Connection::Inferred => KubeCluster::try_default(settings).await,
+        Connection::Inferred => crate::cluster::client(None, settings).await,
     }
 }
 

@@ -821,26 +821,35 @@ impl Server {
             server.consoles.close(&ns, &vmi_name, id);
             tracing::info!(ns, vmi = vmi_name, "console closed");
         });
-        let mut r = Response::new(Full::new(Bytes::new()));
-        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let hs = r.headers_mut();
-        hs.insert(
-            header::UPGRADE,
-            header::HeaderValue::from_static("websocket"),
-        );
-        hs.insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("Upgrade"),
-        );
-        if let Ok(v) = header::HeaderValue::from_str(&accept) {
-            hs.insert(header::SEC_WEBSOCKET_ACCEPT, v);
-        }
+        switching_protocols(&accept, true)
+    }
+}
+
+/// The `101 Switching Protocols` answer of a WebSocket upgrade: `accept` as its
+/// `Sec-WebSocket-Accept`, and [`PROTOCOL`] as its subprotocol when `with_protocol` (as
+/// gorilla's upgrader answers: the subprotocol only when the client offered it).
+fn switching_protocols(accept: &str, with_protocol: bool) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let hs = r.headers_mut();
+    hs.insert(
+        header::UPGRADE,
+        header::HeaderValue::from_static("websocket"),
+    );
+    hs.insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("Upgrade"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(accept) {
+        hs.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if with_protocol {
         hs.insert(
             header::SEC_WEBSOCKET_PROTOCOL,
             header::HeaderValue::from_static(PROTOCOL),
         );
-        r
     }
+    r
 }
 
 /// KubeVirt's refusal of a console to a VMI in `phase`.

@@ -20,10 +20,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
 use http::{Request, Response, StatusCode, header};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -33,7 +31,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, PROTOCOL, Server, status};
+use super::{Body, PROTOCOL, Server, status, switching_protocols};
 use crate::object::uid;
 
 /// How long the dial of the guest's port may take.
@@ -167,28 +165,7 @@ impl Server {
             pump(ws, guest, &stop).await;
             tracing::debug!(ns, vmi = vmi_name, port, "portforward closed");
         });
-        let mut r = Response::new(Full::new(Bytes::new()));
-        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let hs = r.headers_mut();
-        hs.insert(
-            header::UPGRADE,
-            header::HeaderValue::from_static("websocket"),
-        );
-        hs.insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("Upgrade"),
-        );
-        if let Ok(v) = header::HeaderValue::from_str(&accept) {
-            hs.insert(header::SEC_WEBSOCKET_ACCEPT, v);
-        }
-        // As gorilla's upgrader: the subprotocol when the client offered it, else none.
-        if offered {
-            hs.insert(
-                header::SEC_WEBSOCKET_PROTOCOL,
-                header::HeaderValue::from_static(PROTOCOL),
-            );
-        }
-        r
+        switching_protocols(&accept, offered)
     }
 }
 
