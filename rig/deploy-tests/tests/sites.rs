@@ -506,3 +506,74 @@ async fn on_a_real_api_server_each_identity_of_each_cluster_may_do_what_its_role
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The operator guide's "Sites" section quotes the errors of the sites file as the binaries
+/// print them.
+#[test]
+fn the_guide_quotes_the_sites_files_errors_as_printed() {
+    let guide =
+        std::fs::read_to_string(ttlab_deploy_tests::repo_root().join("docs/operator-guide.md"))
+            .unwrap();
+    let line = |fields: &str| format!("  - {{{fields}}}\n");
+    let a = line("name: campus-a, in_cluster: true, namespace: ttlab-vms, vm_limit: 8");
+    let b = "name: campus-b, namespace: ttlab-vms, vm_limit: 4";
+    let cases = [
+        (
+            format!(
+                "sites:\n{}",
+                line("name: campus-b, in_cluster: true, namespace: ttlab-vms, vm_limit: 0")
+            ),
+            "site `campus-b`, field `vm_limit`: must be at least 1",
+        ),
+        (
+            format!("sites:\n{a}{}", line(b)),
+            "site `campus-b`, field `kubeconfig`: neither `kubeconfig` nor `in_cluster: true` is set: give exactly one",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(
+                    "name: campus-a, in_cluster: true, kubeconfig: /k, namespace: ttlab-vms, vm_limit: 8"
+                )
+            ),
+            "site `campus-a`, field `kubeconfig`: both `kubeconfig` and `in_cluster: true` are set: give exactly one",
+        ),
+        (
+            format!("sites:\n{a}{}{a}", line(&format!("{b}, kubeconfig: /k"))),
+            "site `campus-a`, field `name`: defined twice (sites #1 and #3); names must be unique",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(&format!("{b}, kubeconfig: /k, labels: [KVM_Large]"))
+            ),
+            "site `campus-b`, field `labels`: invalid site label \"KVM_Large\": only lowercase letters, digits and '-' are allowed",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(&format!("{b}, kubeconfig: /k, weight: 0"))
+            ),
+            "site `campus-b`, field `weight`: must be at least 1 (the default is 1)",
+        ),
+        (
+            "sites: []\n".to_owned(),
+            "the sites file lists no site: `sites` needs at least one",
+        ),
+    ];
+    for (text, message) in cases {
+        let err = SitesConfig::parse(&text).unwrap_err().to_string();
+        assert_eq!(err, message, "{text}");
+        assert!(
+            guide.contains(message),
+            "the guide should quote {message:?}"
+        );
+    }
+    let typo = "sites:\n  - name: campus-a\n    in_cluster: true\n    namespace: ttlab-vms\n    vm_limit: 8\n    wieght: 2\n";
+    let err = SitesConfig::parse(typo).unwrap_err().to_string();
+    let quoted = err.split(", expected").next().unwrap();
+    assert!(
+        guide.contains(quoted),
+        "the guide should quote {quoted:?} (of {err:?})"
+    );
+}
