@@ -107,3 +107,36 @@ fn nothing_may_modify_a_secret_or_use_wildcards() {
         }
     }
 }
+
+#[test]
+fn the_server_reaches_consoles_and_agents_through_kubevirt_and_the_reaper_neither() {
+    for env in ENVIRONMENTS {
+        let Some(rendered) = render_overlay(env) else {
+            return;
+        };
+        let subresources = |name: &str| -> Grants {
+            let role: Role = serde_json::from_value(rendered.get("Role", name).clone()).unwrap();
+            grants(&role)
+                .into_iter()
+                .filter(|((group, _), _)| group == "subresources.kubevirt.io")
+                .collect()
+        };
+        let get = BTreeSet::from(["get".to_owned()]);
+        let group = "subresources.kubevirt.io".to_owned();
+        assert_eq!(
+            subresources("ttlab-server"),
+            Grants::from([
+                (
+                    (group.clone(), "virtualmachineinstances/console".to_owned()),
+                    get.clone()
+                ),
+                (
+                    (group, "virtualmachineinstances/portforward".to_owned()),
+                    get
+                ),
+            ]),
+            "{env}: the serial console and the port forward to the agent, read-only verbs"
+        );
+        assert!(subresources("ttlab-reaper").is_empty(), "{env}");
+    }
+}

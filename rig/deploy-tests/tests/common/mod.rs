@@ -61,39 +61,94 @@ pub fn render_with_cronjob(env: &str) -> Option<Rendered> {
 pub fn render_with_components(env: &str, components: &[&str]) -> Option<Rendered> {
     render_cached(&format!("overlays/{env}+{}", components.join("+")), || {
         let kubectl = kubectl_or_skip()?;
-        let overlay = deploy_dir(&format!("overlays/{env}"));
         let dir = tempfile::tempdir().unwrap();
-        let back = relative_to_root(dir.path());
-        let repo_deploy = format!("{back}{}", deploy_dir("").display());
-        let repo_deploy = repo_deploy.trim_end_matches('/');
-        for entry in std::fs::read_dir(&overlay).unwrap() {
-            let entry = entry.unwrap();
-            let text = std::fs::read_to_string(entry.path()).unwrap();
-            let text = if entry.file_name() == "kustomization.yaml" {
-                let mut enabled = text
-                    .replace("  - ../../base", &format!("  - {repo_deploy}/base"))
-                    .replace("\n# components:\n", "\ncomponents:\n");
-                for component in components {
-                    let line = format!("#   - ../../components/{component}");
-                    assert!(
-                        enabled.contains(&line),
-                        "the overlay's commented line for {component} moved"
-                    );
-                    enabled = enabled
-                        .replace(&line, &format!("  - {repo_deploy}/components/{component}"));
-                }
-                assert!(
-                    enabled.contains("\ncomponents:\n"),
-                    "the overlay's commented components line moved"
-                );
-                enabled
-            } else {
-                text
-            };
-            std::fs::write(dir.path().join(entry.file_name()), text).unwrap();
-        }
+        copy_overlay(env, components, dir.path());
         Some(kustomize(&kubectl, dir.path()).unwrap_or_else(|e| panic!("{e}")))
     })
+}
+
+/// `kubectl kustomize deploy/<relative>` for a kustomization other than an overlay (an
+/// example under `deploy/examples/`); `None` (test skipped) without kubectl.
+pub fn render_deploy_dir(relative: &str) -> Option<Rendered> {
+    render_cached(relative, || {
+        let kubectl = kubectl_or_skip()?;
+        Some(kustomize(&kubectl, &deploy_dir(relative)).unwrap_or_else(|e| panic!("{e}")))
+    })
+}
+
+/// The example `deploy/examples/<example>`, built on `deploy/overlays/<env>` with the
+/// components named in `components` enabled in that overlay, as an operator would: copies of
+/// the overlay and of the example side by side in a temporary directory, the example's
+/// `../../overlays/<env>` pointing at the copy.
+pub fn render_example_with_components(
+    example: &str,
+    env: &str,
+    components: &[&str],
+) -> Option<Rendered> {
+    let key = format!("examples/{example}@overlays/{env}+{}", components.join("+"));
+    render_cached(&key, || {
+        let kubectl = kubectl_or_skip()?;
+        let dir = tempfile::tempdir().unwrap();
+        let overlays = dir.path().join("overlays");
+        let overlay = overlays.join(env);
+        let copy = dir.path().join("examples").join(example);
+        std::fs::create_dir_all(&overlay).unwrap();
+        std::fs::create_dir_all(&copy).unwrap();
+        copy_overlay(env, components, &overlay);
+        let source = deploy_dir(&format!("examples/{example}"));
+        let reference = format!("  - ../../overlays/{env}\n");
+        for entry in std::fs::read_dir(&source).unwrap() {
+            let entry = entry.unwrap();
+            if !entry.file_type().unwrap().is_file() {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            if entry.file_name() == "kustomization.yaml" {
+                assert!(
+                    text.contains(&reference),
+                    "the example's reference to the overlay moved"
+                );
+            }
+            std::fs::write(copy.join(entry.file_name()), text).unwrap();
+        }
+        Some(kustomize(&kubectl, &copy).unwrap_or_else(|e| panic!("{e}")))
+    })
+}
+
+/// Writes into `dir` a copy of `deploy/overlays/<env>` with the components named in
+/// `components` enabled (its `components:` line and theirs uncommented), its paths pointing
+/// back into the repository.
+fn copy_overlay(env: &str, components: &[&str], dir: &Path) {
+    let overlay = deploy_dir(&format!("overlays/{env}"));
+    let back = relative_to_root(dir);
+    let repo_deploy = format!("{back}{}", deploy_dir("").display());
+    let repo_deploy = repo_deploy.trim_end_matches('/');
+    for entry in std::fs::read_dir(&overlay).unwrap() {
+        let entry = entry.unwrap();
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        let text = if entry.file_name() == "kustomization.yaml" {
+            let mut enabled = text
+                .replace("  - ../../base", &format!("  - {repo_deploy}/base"))
+                .replace("\n# components:\n", "\ncomponents:\n");
+            for component in components {
+                let line = format!("#   - ../../components/{component}");
+                assert!(
+                    enabled.contains(&line),
+                    "the overlay's commented line for {component} moved"
+                );
+                enabled =
+                    enabled.replace(&line, &format!("  - {repo_deploy}/components/{component}"));
+            }
+            assert!(
+                enabled.contains("\ncomponents:\n"),
+                "the overlay's commented components line moved"
+            );
+            enabled
+        } else {
+            text
+        };
+        std::fs::write(dir.join(entry.file_name()), text).unwrap();
+    }
 }
 
 /// `../..` from `dir` up to `/` (kustomize refuses absolute paths), so that appending an

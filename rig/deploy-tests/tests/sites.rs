@@ -1,0 +1,579 @@
+//! The two-site example, `deploy/examples/two-sites`: it renders; its sites file is one the
+//! binaries accept, with the sites and agent paths the example describes; every pod that
+//! reads it mounts it at `TTLAB_SITES` and its own identity's kubeconfig at the path the file
+//! names; it is `deploy/overlays/prod` plus the sites and nothing else; and what campus-b's
+//! cluster gets (`remote/`) grants each identity exactly the rules of its Role in the backend's
+//! own cluster — compared as rendered, so the two cannot drift. On a real API server, each
+//! identity of both clusters may do what its Role says and no more: the server may
+//! port-forward to a guest's agent and open its console, the reaper neither.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use ttlab_deploy_tests::{Rendered, deploy_dir, pod_spec};
+use ttlab_site::{AgentPath, Connection, SitesConfig};
+
+use common::{render_deploy_dir, render_example_with_components, render_overlay};
+
+/// The example, and what its README applies in campus-b's cluster.
+const EXAMPLE: &str = "examples/two-sites";
+const REMOTE: &str = "examples/two-sites/remote";
+
+fn sites_text() -> String {
+    std::fs::read_to_string(deploy_dir(EXAMPLE).join("sites.yaml")).unwrap()
+}
+
+fn sites() -> SitesConfig {
+    SitesConfig::parse(&sites_text()).unwrap_or_else(|e| panic!("sites.yaml: {e}"))
+}
+
+/// The kubeconfig path of every site that has one.
+fn kubeconfigs(config: &SitesConfig) -> Vec<PathBuf> {
+    config
+        .sites()
+        .iter()
+        .filter_map(|s| match &s.connection {
+            Connection::Kubeconfig(path) => Some(path.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_shipped_sites_file_parses_into_two_sites_with_their_agent_paths() {
+    let config = sites();
+    let [a, b] = config.sites() else {
+        panic!("two sites expected: {config:?}")
+    };
+    assert_eq!(a.name.as_str(), "campus-a");
+    assert_eq!(a.connection, Connection::InCluster);
+    assert_eq!(a.agent_path, AgentPath::PodIp);
+    assert!(a.labels.is_empty());
+
+    assert_eq!(b.name.as_str(), "campus-b");
+    assert_eq!(
+        b.connection,
+        Connection::Kubeconfig("/etc/ttlab/kubeconfigs/campus-b.kubeconfig".into())
+    );
+    assert_eq!(b.agent_path, AgentPath::Portforward);
+    let labels: Vec<&str> = b.labels.iter().map(|l| l.as_str()).collect();
+    assert_eq!(labels, ["kvm-large"]);
+}
+
+/// What provides the file at `path` in the first container of `workload`: the volume's kind
+/// (`configMap`, `secret`), the object's name, its key, and whether it is optional.
+fn mounted_file(workload: &Value, path: &Path) -> (String, String, String, bool) {
+    let spec = pod_spec(workload);
+    let (dir, file) = (path.parent().unwrap(), path.file_name().unwrap());
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == dir)
+        .unwrap_or_else(|| panic!("nothing is mounted at {}", dir.display()));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    let volume = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume {}", mount["name"]));
+    for (kind, name_field) in [("configMap", "name"), ("secret", "secretName")] {
+        let source = &volume[kind];
+        if source.is_null() {
+            continue;
+        }
+        let key = match source["items"].as_array() {
+            Some(items) => items
+                .iter()
+                .find(|i| Path::new(i["path"].as_str().unwrap()) == Path::new(file))
+                .map(|i| i["key"].as_str().unwrap().to_owned())
+                .unwrap_or_else(|| panic!("{volume} does not hold {}", path.display())),
+            None => file.to_str().unwrap().to_owned(),
+        };
+        return (
+            kind.to_owned(),
+            source[name_field].as_str().unwrap().to_owned(),
+            key,
+            source["optional"] == true,
+        );
+    }
+    panic!("{volume} is neither a ConfigMap nor a Secret")
+}
+
+/// The Secrets `workload`'s pod mounts as volumes.
+fn secret_volumes(workload: &Value) -> BTreeSet<String> {
+    pod_spec(workload)["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["secret"]["secretName"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `workload` reads the example's sites file at `TTLAB_SITES`, and finds at each kubeconfig
+/// path it names the key `kubeconfig` of the Secret `secret` (optional), and no other Secret.
+fn assert_reads_the_sites(rendered: &Rendered, workload: &Value, secret: &str) {
+    let what = format!(
+        "{} {}",
+        workload["kind"].as_str().unwrap(),
+        workload["metadata"]["name"].as_str().unwrap()
+    );
+    let (env, _) = rendered.container_env(workload);
+    let sites_path = env
+        .get("TTLAB_SITES")
+        .unwrap_or_else(|| panic!("{what}: no TTLAB_SITES"));
+    let (kind, name, key, optional) = mounted_file(workload, Path::new(sites_path));
+    assert_eq!((kind.as_str(), optional), ("configMap", false), "{what}");
+    let config_map = rendered.get("ConfigMap", &name);
+    assert_eq!(
+        config_map["data"][&key].as_str(),
+        Some(sites_text().as_str()),
+        "{what}: {name} holds the shipped sites.yaml"
+    );
+    assert_eq!(
+        config_map["metadata"]["namespace"], workload["metadata"]["namespace"],
+        "{what}"
+    );
+
+    let kubeconfigs = kubeconfigs(&sites());
+    assert!(!kubeconfigs.is_empty());
+    for path in &kubeconfigs {
+        assert_eq!(
+            mounted_file(workload, path),
+            ("secret".into(), secret.into(), "kubeconfig".into(), true),
+            "{what}: {}",
+            path.display()
+        );
+    }
+    assert_eq!(
+        secret_volumes(workload),
+        BTreeSet::from([secret.to_owned()]),
+        "{what}: only its own identity's kubeconfig"
+    );
+}
+
+#[test]
+fn every_pod_reads_the_sites_file_and_its_own_identitys_kubeconfig() {
+    let Some(rendered) = render_deploy_dir(EXAMPLE) else {
+        return;
+    };
+    assert_reads_the_sites(
+        &rendered,
+        rendered.get("Deployment", "ttlab-server"),
+        "ttlab-site-campus-b-server",
+    );
+    assert_reads_the_sites(
+        &rendered,
+        rendered.get("Deployment", "ttlab-reaper"),
+        "ttlab-site-campus-b-reaper",
+    );
+    assert!(rendered.names_of("CronJob").is_empty());
+}
+
+#[test]
+fn with_the_reaper_as_a_cronjob_the_job_reads_them_too() {
+    let Some(rendered) = render_example_with_components("two-sites", "prod", &["reaper-cronjob"])
+    else {
+        return;
+    };
+    assert_eq!(rendered.names_of("Deployment"), ["ttlab-server"]);
+    assert_reads_the_sites(
+        &rendered,
+        rendered.get("Deployment", "ttlab-server"),
+        "ttlab-site-campus-b-server",
+    );
+    assert_reads_the_sites(
+        &rendered,
+        rendered.get("CronJob", "ttlab-reaper"),
+        "ttlab-site-campus-b-reaper",
+    );
+}
+
+/// An object's kind, namespace and name, a generated name without its hash.
+fn key(object: &Value) -> (String, String, String) {
+    let mut name = object["metadata"]["name"].as_str().unwrap().to_owned();
+    if object["kind"] == "ConfigMap"
+        && let Some((base, _hash)) = name.rsplit_once('-')
+        && (base == "ttlab-config" || base == "ttlab-sites")
+    {
+        name = base.to_owned();
+    }
+    (
+        object["kind"].as_str().unwrap().to_owned(),
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        name,
+    )
+}
+
+#[test]
+fn the_example_is_the_prod_overlay_plus_the_sites_and_nothing_else() {
+    let (Some(example), Some(prod)) = (render_deploy_dir(EXAMPLE), render_overlay("prod")) else {
+        return;
+    };
+    let of = |r: &Rendered| -> BTreeMap<_, Value> {
+        r.objects.iter().map(|o| (key(o), o.clone())).collect()
+    };
+    let (example, prod) = (of(&example), of(&prod));
+    let added: Vec<_> = example.keys().filter(|k| !prod.contains_key(*k)).collect();
+    let removed: Vec<_> = prod.keys().filter(|k| !example.contains_key(*k)).collect();
+    assert_eq!(
+        added,
+        [&(
+            "ConfigMap".to_owned(),
+            "ttlab-prod".to_owned(),
+            "ttlab-sites".to_owned()
+        )]
+    );
+    assert!(removed.is_empty(), "{removed:?}");
+    for (k, object) in &prod {
+        let changed = ["Deployment", "ConfigMap"].contains(&k.0.as_str());
+        if !changed {
+            assert_eq!(&example[k], object, "{k:?} differs from the overlay's");
+        }
+    }
+    // The only new setting is the sites file.
+    let settings = |m: &BTreeMap<_, Value>| -> BTreeMap<String, Value> {
+        let cm = &m[&(
+            "ConfigMap".to_owned(),
+            "ttlab-prod".to_owned(),
+            "ttlab-config".to_owned(),
+        )];
+        cm["data"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut expected = settings(&prod);
+    expected.insert(
+        "TTLAB_SITES".into(),
+        Value::from("/etc/ttlab/sites/sites.yaml"),
+    );
+    assert_eq!(settings(&example), expected);
+}
+
+/// The `count/virtualmachines.kubevirt.io` of the ResourceQuota `ttlab-vms`, and its namespace.
+fn vm_quota(rendered: &Rendered) -> (u32, String) {
+    let quota = rendered.get("ResourceQuota", "ttlab-vms");
+    (
+        quota["spec"]["hard"]["count/virtualmachines.kubevirt.io"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap(),
+        quota["metadata"]["namespace"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn each_sites_namespace_and_vm_limit_match_its_clusters_objects() {
+    let (Some(home), Some(remote)) = (render_overlay("prod"), render_deploy_dir(REMOTE)) else {
+        return;
+    };
+    let config = sites();
+    let [a, b] = config.sites() else {
+        panic!("{config:?}")
+    };
+    for (site, rendered) in [(a, &home), (b, &remote)] {
+        let (count, namespace) = vm_quota(rendered);
+        assert_eq!(site.namespace.as_str(), namespace, "{}", site.name);
+        assert_eq!(
+            site.vm_limit.get(),
+            count,
+            "{}: the quota's VM count",
+            site.name
+        );
+        for role in ["ttlab-server", "ttlab-reaper"] {
+            assert_eq!(
+                rendered.get("Role", role)["metadata"]["namespace"],
+                namespace,
+                "{}: {role}",
+                site.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_remote_site_grants_each_identity_the_rules_of_its_base_role() {
+    let (Some(home), Some(remote)) = (render_overlay("prod"), render_deploy_dir(REMOTE)) else {
+        return;
+    };
+    assert_eq!(remote.names_of("Role"), home.names_of("Role"));
+    for role in ["ttlab-server", "ttlab-reaper"] {
+        assert_eq!(
+            remote.get("Role", role)["rules"],
+            home.get("Role", role)["rules"],
+            "{role}"
+        );
+    }
+    // Nothing cluster-wide, nothing that runs: campus-b only hosts VMs.
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "CronJob",
+        "ConfigMap",
+        "Ingress",
+    ] {
+        assert!(remote.names_of(kind).is_empty(), "{kind} in remote/");
+    }
+    // One binding per identity, to its own Role, of a ServiceAccount outside the VM namespace.
+    let (_, vm_namespace) = vm_quota(&remote);
+    let bindings: Vec<&Value> = remote.of_kind("RoleBinding").collect();
+    assert_eq!(bindings.len(), 2);
+    let mut bound = BTreeSet::new();
+    for binding in bindings {
+        assert_eq!(binding["metadata"]["namespace"], vm_namespace.as_str());
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        let role = binding["roleRef"]["name"].as_str().unwrap();
+        let [subject] = binding["subjects"].as_array().unwrap().as_slice() else {
+            panic!("{binding}")
+        };
+        assert_eq!(subject["kind"], "ServiceAccount");
+        assert_eq!(
+            subject["name"], role,
+            "each identity is bound to its own Role"
+        );
+        let namespace = subject["namespace"].as_str().unwrap();
+        assert_ne!(namespace, vm_namespace);
+        let account = remote.get("ServiceAccount", role);
+        assert_eq!(account["metadata"]["namespace"], namespace);
+        assert!(remote.names_of("Namespace").contains(&namespace.to_owned()));
+        bound.insert(role.to_owned());
+    }
+    assert_eq!(
+        bound,
+        BTreeSet::from(["ttlab-reaper".to_owned(), "ttlab-server".to_owned()])
+    );
+    // Token Secrets the API server fills: nothing secret in the repository.
+    for secret in remote.of_kind("Secret") {
+        assert_eq!(
+            secret["type"], "kubernetes.io/service-account-token",
+            "{secret}"
+        );
+        assert!(
+            secret["data"].is_null() && secret["stringData"].is_null(),
+            "{secret}"
+        );
+        let account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+            .as_str()
+            .unwrap();
+        assert_eq!(
+            remote.get("ServiceAccount", account)["metadata"]["namespace"],
+            secret["metadata"]["namespace"]
+        );
+    }
+}
+
+/// One right in the VM namespace: verb, API group, resource, subresource.
+type Right = (&'static str, &'static str, &'static str, &'static str);
+
+/// Whether the identity of `kubeconfig` may exercise `right` in `namespace`, as the API server
+/// answers a SelfSubjectAccessReview (what `kubectl auth can-i` asks; asked directly here,
+/// since kubectl maps a resource through discovery first, and this control plane serves no
+/// `subresources.kubevirt.io`).
+async fn can_i(kubeconfig: &Path, namespace: &str, right: Right) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let (verb, group, resource, subresource) = right;
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some(verb.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource: (!subresource.is_empty()).then(|| subresource.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = kube::Api::<SelfSubjectAccessReview>::all(client)
+        .create(&Default::default(), &review)
+        .await
+        .unwrap();
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+/// Rights in the VM namespace, and whether the server and the reaper have each.
+const RIGHTS: &[(Right, bool, bool)] = &[
+    (
+        (
+            "get",
+            "subresources.kubevirt.io",
+            "virtualmachineinstances",
+            "portforward",
+        ),
+        true,
+        false,
+    ),
+    (
+        (
+            "get",
+            "subresources.kubevirt.io",
+            "virtualmachineinstances",
+            "console",
+        ),
+        true,
+        false,
+    ),
+    (
+        ("create", "kubevirt.io", "virtualmachines", ""),
+        true,
+        false,
+    ),
+    (("delete", "kubevirt.io", "virtualmachines", ""), true, true),
+    (("get", "kubevirt.io", "virtualmachines", ""), false, true),
+    (("update", "", "secrets", ""), false, false),
+    (
+        (
+            "update",
+            "subresources.kubevirt.io",
+            "virtualmachineinstances",
+            "portforward",
+        ),
+        false,
+        false,
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_api_server_each_identity_of_each_cluster_may_do_what_its_role_says() {
+    let (Some(remote), Some(plane)) = (render_deploy_dir(REMOTE), ttlab_envtest::shared_or_skip())
+    else {
+        return;
+    };
+    // The backend's own cluster, as the overlay installs it.
+    let installed = plane.install_shipped(&["dev"]).await.unwrap();
+    let dev = installed.env("dev");
+    // campus-b's objects, in namespaces of this test's own.
+    let suffix = ttlab_envtest::unique_name("s");
+    let (vms, identities) = (format!("vms-{suffix}"), format!("prod-{suffix}"));
+    let names = BTreeMap::from([
+        ("ttlab-vms".to_owned(), vms.clone()),
+        ("ttlab-prod".to_owned(), identities.clone()),
+    ]);
+    plane
+        .create(&ttlab_envtest::rename_namespaces(&remote.objects, &names))
+        .await
+        .unwrap();
+    let remote_server = plane
+        .service_account_kubeconfig(&identities, "ttlab-server", &vms)
+        .await
+        .unwrap();
+    let remote_reaper = plane
+        .service_account_kubeconfig(&identities, "ttlab-reaper", &vms)
+        .await
+        .unwrap();
+
+    let mut wrong = Vec::new();
+    for (cluster, namespace, server, reaper) in [
+        (
+            "home",
+            installed.vm_namespace.as_str(),
+            &dev.server_kubeconfig,
+            &dev.reaper_kubeconfig,
+        ),
+        ("campus-b", vms.as_str(), &remote_server, &remote_reaper),
+    ] {
+        for (right, server_may, reaper_may) in RIGHTS {
+            for (who, kubeconfig, may) in [
+                ("server", server, *server_may),
+                ("reaper", reaper, *reaper_may),
+            ] {
+                if can_i(kubeconfig, namespace, *right).await != may {
+                    wrong.push(format!("{cluster}: {who} {right:?}: expected {may}"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The operator guide's "Sites" section quotes the errors of the sites file as the binaries
+/// print them.
+#[test]
+fn the_guide_quotes_the_sites_files_errors_as_printed() {
+    let guide =
+        std::fs::read_to_string(ttlab_deploy_tests::repo_root().join("docs/operator-guide.md"))
+            .unwrap();
+    let line = |fields: &str| format!("  - {{{fields}}}\n");
+    let a = line("name: campus-a, in_cluster: true, namespace: ttlab-vms, vm_limit: 8");
+    let b = "name: campus-b, namespace: ttlab-vms, vm_limit: 4";
+    let cases = [
+        (
+            format!(
+                "sites:\n{}",
+                line("name: campus-b, in_cluster: true, namespace: ttlab-vms, vm_limit: 0")
+            ),
+            "site `campus-b`, field `vm_limit`: must be at least 1",
+        ),
+        (
+            format!("sites:\n{a}{}", line(b)),
+            "site `campus-b`, field `kubeconfig`: neither `kubeconfig` nor `in_cluster: true` is set: give exactly one",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(
+                    "name: campus-a, in_cluster: true, kubeconfig: /k, namespace: ttlab-vms, vm_limit: 8"
+                )
+            ),
+            "site `campus-a`, field `kubeconfig`: both `kubeconfig` and `in_cluster: true` are set: give exactly one",
+        ),
+        (
+            format!("sites:\n{a}{}{a}", line(&format!("{b}, kubeconfig: /k"))),
+            "site `campus-a`, field `name`: defined twice (sites #1 and #3); names must be unique",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(&format!("{b}, kubeconfig: /k, labels: [KVM_Large]"))
+            ),
+            "site `campus-b`, field `labels`: invalid site label \"KVM_Large\": only lowercase letters, digits and '-' are allowed",
+        ),
+        (
+            format!(
+                "sites:\n{}",
+                line(&format!("{b}, kubeconfig: /k, weight: 0"))
+            ),
+            "site `campus-b`, field `weight`: must be at least 1 (the default is 1)",
+        ),
+        (
+            "sites: []\n".to_owned(),
+            "the sites file lists no site: `sites` needs at least one",
+        ),
+    ];
+    for (text, message) in cases {
+        let err = SitesConfig::parse(&text).unwrap_err().to_string();
+        assert_eq!(err, message, "{text}");
+        assert!(
+            guide.contains(message),
+            "the guide should quote {message:?}"
+        );
+    }
+    let typo = "sites:\n  - name: campus-a\n    in_cluster: true\n    namespace: ttlab-vms\n    vm_limit: 8\n    wieght: 2\n";
+    let err = SitesConfig::parse(typo).unwrap_err().to_string();
+    let quoted = err.split(", expected").next().unwrap();
+    assert!(
+        guide.contains(quoted),
+        "the guide should quote {quoted:?} (of {err:?})"
+    );
+}
