@@ -8,6 +8,7 @@ mod objects;
 pub mod pool;
 pub mod real;
 pub mod reaper;
+pub mod sites;
 
 use clap::{Args, Subcommand};
 
@@ -35,6 +36,10 @@ enum BenchCommand {
     /// Warm pools: "Start lab" → running for clicks served by a lesson's pool, against the
     /// cold path's in the same run, with the hit rate.
     Pool(pool::PoolBenchArgs),
+    /// Several sites, each a kube-sim: the start's added placement latency, the reaper's
+    /// no-op cycle over every site and its memory, expiry on the healthy sites while one site
+    /// answers every call late.
+    Sites(sites::SitesBenchArgs),
 }
 
 /// Runs the chosen benchmark. Ctrl-C or SIGTERM (`timeout`'s) stops it: the benchmark is
@@ -49,6 +54,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             BenchCommand::Console(args) => console::run(args).await,
             BenchCommand::Real(args) => real::run(args).await,
             BenchCommand::Pool(args) => pool::run(args).await,
+            BenchCommand::Sites(args) => sites::run(args).await,
         }
     };
     tokio::select! {

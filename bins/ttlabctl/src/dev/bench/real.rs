@@ -1252,7 +1252,7 @@ async fn client_of(path: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
-fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()?
         .parent()
         .context("the directory of ttlabctl")?
