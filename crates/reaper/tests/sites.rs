@@ -147,18 +147,26 @@ async fn running_on(
     millis: i64,
 ) -> (SessionId, Instant) {
     let before = Instant::now();
+    // Starting until its objects exist, then running: a running row without its VM would be
+    // a ghost to a sweep in between.
     let s = h
         .open_on(
             site_name,
             "dev",
             Runtime::Vm,
-            SessionStatus::Running,
+            SessionStatus::Starting,
             TimeDelta::milliseconds(millis),
             &["vm"],
         )
         .await;
     h.create_vms_via(client, "dev", s.id, &["vm"], true, None)
         .await;
+    h.store
+        .sessions()
+        .mark_running(s.id, None)
+        .await
+        .expect("mark running")
+        .expect("was starting");
     let expiry = before + Duration::from_millis(u64::try_from(millis.max(0)).unwrap_or(0));
     (s.id, expiry)
 }
