@@ -1,5 +1,6 @@
-//! The database-driven directions: finishing rows retried, starting rows past their readiness
-//! deadline, and running rows whose lifespan says expired. Each session goes to `finishing`
+//! The database-driven directions, over the context's site's sessions only: finishing rows
+//! retried, starting rows past their readiness deadline, and running rows whose lifespan says
+//! expired. Each session goes to `finishing`
 //! (recording where it lands) before its objects are deleted, and to its final status only
 //! once every object is confirmed gone (looked for again after its deletion was accepted), with
 //! `objects_gone_at`. Objects still terminating are recorded on the row and in the report, and
