@@ -1,5 +1,7 @@
 //! ttlab-reaper: reclaims expired sessions, orphaned cluster objects and ghost rows of one
-//! environment (`ttlab-reaper` crate), on a timer, at each deadline and on "collect now".
+//! environment (`ttlab-reaper` crate), on a timer, at each deadline and on "collect now", on
+//! every site of the sites file (`--sites`), each on its own schedule with its own client; or,
+//! without that file, on the one cluster and namespace (the site `default`) as before.
 //!
 //! This file only parses the configuration and wires the parts together. As a service it
 //! never exits for want of its database or cluster: it starts without them, is not ready
@@ -7,7 +9,8 @@
 //! certificate, credentials or database name — is a wrong setting: exit status 1). Exit status: 0 after a clean
 //! shutdown or a `--once` cycle that ran (per-item failures are in its report); 1 when the
 //! configuration is wrong, or the `--once` cycle could not run (its database unreachable
-//! included: a one-shot does not wait); 3 when `--once` found another reaper of the
+//! included: a one-shot does not wait; with a sites file, any site's cycle, after every
+//! other site's ran); 3 when `--once` found another reaper of the
 //! environment acting (it keeps the leader lease renewed).
 
 use std::net::SocketAddr;
@@ -18,9 +21,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use ttlab_cli::{ClusterArgs, DatabaseArgs};
+use ttlab_cli::{ClusterArgs, DatabaseArgs, SitesArgs};
 use ttlab_model::EnvName;
-use ttlab_reaper::{Metrics, OnceError, ReaperContext, ReaperSettings};
+use ttlab_reaper::{Metrics, OnceError, Reaper, ReaperContext, ReaperSettings, SiteWork};
 use ttlab_store::StoreOptions;
 
 /// Reclaims every VM, Secret and pod ttlab no longer needs, in one environment.
@@ -31,6 +34,8 @@ struct Args {
     db: DatabaseArgs,
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    sites: SitesArgs,
     /// This reaper's environment: it only ever touches sessions and objects labelled with it.
     #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
     env: EnvName,
@@ -163,16 +168,21 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // server allows.
     let mut cluster_args = args.cluster.clone();
     cluster_args.kube_concurrency = cluster_args.kube_concurrency.max(args.concurrency);
+    let stall_after = args
+        .stall_after
+        .unwrap_or_else(|| (args.interval * 3).max(Duration::from_secs(30)));
+    let metrics = Arc::new(Metrics::new().with_stall_after(stall_after));
+    if args.sites.sites.is_some() {
+        // The reaper places no VM: the limit passed is not used.
+        let config = args.sites.load(&args.cluster, 1)?;
+        return with_sites(args, store, settings, cluster_args, config, metrics).await;
+    }
     let cluster = cluster_args
         .connect(USER_AGENT)
         .await
         .context("building the Kubernetes client")?;
     let ctx =
         ReaperContext::new(store, Arc::new(cluster), args.env.clone()).with_settings(settings);
-    let stall_after = args
-        .stall_after
-        .unwrap_or_else(|| (args.interval * 3).max(Duration::from_secs(30)));
-    let metrics = Arc::new(Metrics::new().with_stall_after(stall_after));
 
     if args.once {
         return Ok(match ttlab_reaper::run_once(&ctx, &metrics).await {
@@ -204,6 +214,102 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     tracing::info!(env = %args.env, namespace = %args.cluster.namespace, metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     ttlab_reaper::run(ctx, args.interval, metrics).await;
+    shutdown.cancel();
+    let _ = server.await;
+    tracing::info!("ttlab-reaper stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The reaper over the sites of a sites file: each site's client is built when the reaper
+/// first acts (a site whose client cannot be built is reported, and tried again, while the
+/// others work), and each site runs on its own schedule under the one leader lease.
+async fn with_sites(
+    args: Args,
+    store: ttlab_store::Store,
+    settings: ReaperSettings,
+    cluster_args: ClusterArgs,
+    config: ttlab_site::SitesConfig,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<ExitCode> {
+    let shutdown = CancellationToken::new();
+    let known: Arc<[ttlab_model::SiteName]> =
+        config.sites().iter().map(|s| s.name.clone()).collect();
+    let relist = (!args.once && !args.relist_every.is_zero()).then_some(args.relist_every);
+    let sites = config
+        .sites()
+        .iter()
+        .map(|site| {
+            let name = site.name.clone();
+            let site = Arc::new(site.clone());
+            let (store, env, settings) = (store.clone(), args.env.clone(), settings.clone());
+            let (cluster_args, shutdown, known) =
+                (cluster_args.clone(), shutdown.clone(), known.clone());
+            let connect: ttlab_reaper::Connector = Arc::new(move || {
+                let site = site.clone();
+                let (store, env, settings) = (store.clone(), env.clone(), settings.clone());
+                let (cluster_args, shutdown, known) =
+                    (cluster_args.clone(), shutdown.clone(), known.clone());
+                Box::pin(async move {
+                    let cluster = ttlab_cli::connect_site(&site, &cluster_args, USER_AGENT).await?;
+                    let mut ctx = ReaperContext::new(store, Arc::new(cluster), env)
+                        .with_settings(settings)
+                        .with_site(site.name.clone(), &known);
+                    ctx.shutdown = shutdown;
+                    Ok(match relist {
+                        Some(every) => ctx.with_cached_listings(every),
+                        None => ctx,
+                    })
+                })
+            });
+            SiteWork::connect_with(name, connect)
+        })
+        .collect();
+    let reaper = Reaper {
+        store,
+        env: args.env.clone(),
+        shutdown: shutdown.clone(),
+        sites,
+    };
+
+    if args.once {
+        return Ok(
+            match ttlab_reaper::run_once_sites(&reaper, &metrics).await {
+                Ok(outcomes) => {
+                    let mut code = ExitCode::SUCCESS;
+                    for (site, outcome) in outcomes {
+                        match outcome {
+                            Ok(done) => {
+                                println!("site {site}: {}", done.report.summary());
+                                print!("{}", done.report.details());
+                            }
+                            Err(e) => {
+                                eprintln!(
+                                    "ttlab-reaper: site {site}: the cycle could not run: {e}"
+                                );
+                                code = ExitCode::FAILURE;
+                            }
+                        }
+                    }
+                    code
+                }
+                Err(OnceError::NotLeader) => {
+                    eprintln!("ttlab-reaper: {}", OnceError::NotLeader);
+                    ExitCode::from(EXIT_NOT_LEADER)
+                }
+                Err(e) => {
+                    eprintln!("ttlab-reaper: the cycle could not run: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+        );
+    }
+
+    let (bound, server) =
+        ttlab_reaper::serve_metrics(args.metrics_listen, metrics.clone(), shutdown.clone()).await?;
+    let names: Vec<&str> = known.iter().map(|s| s.as_str()).collect();
+    tracing::info!(env = %args.env, sites = %names.join(","), metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    ttlab_reaper::run_sites(reaper, args.interval, metrics).await;
     shutdown.cancel();
     let _ = server.await;
     tracing::info!("ttlab-reaper stopped");

@@ -1,4 +1,5 @@
-//! What a cycle works with: the store, the cluster, the environment and the settings.
+//! What a cycle works with: the store, one site's cluster, the environment, the site and the
+//! settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -6,8 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use ttlab_cluster::{GoneWitness, Kind, LabelSweep, ObjectCache, ReaperCluster};
-use ttlab_model::EnvName;
 use ttlab_model::labels::env_selector;
+use ttlab_model::{EnvName, SiteName};
 use ttlab_store::Store;
 
 use crate::ReaperError;
@@ -93,6 +94,14 @@ pub struct ReaperContext {
     pub cluster: Arc<dyn ReaperCluster>,
     /// This reaper's environment: it touches only sessions and objects of this environment.
     pub env: EnvName,
+    /// The site `cluster` is: the cycle reads only this site's sessions (expired, stuck,
+    /// finishing, the live ones that judge ghosts and orphans) and only this site's cluster.
+    /// `default` unless [`ReaperContext::with_site`] says otherwise.
+    pub site: SiteName,
+    /// Every site the reaper is configured with: a full cycle reports the live sessions of any
+    /// other site (a site no longer configured), which no cycle touches. `[default]` unless
+    /// [`ReaperContext::with_site`] says otherwise.
+    pub known_sites: Arc<[SiteName]>,
     /// How a cycle behaves.
     pub settings: ReaperSettings,
     /// Cancelled on shutdown: a cycle then starts no new item, finishes those in flight
@@ -110,6 +119,7 @@ impl std::fmt::Debug for ReaperContext {
             .field("store", &self.store)
             .field("namespace", &self.cluster.namespace())
             .field("env", &self.env)
+            .field("site", &self.site)
             .field("settings", &self.settings)
             .field("cached_listings", &self.listings.is_some())
             .finish()
@@ -117,12 +127,16 @@ impl std::fmt::Debug for ReaperContext {
 }
 
 impl ReaperContext {
-    /// A context with default settings and a fresh shutdown token.
+    /// A context with default settings and a fresh shutdown token, on the one site `default`
+    /// (a deployment without a sites file).
     pub fn new(store: Store, cluster: Arc<dyn ReaperCluster>, env: EnvName) -> Self {
+        let site = ttlab_site::default_site_name();
         Self {
             store,
             cluster,
             env,
+            known_sites: Arc::from(vec![site.clone()]),
+            site,
             settings: ReaperSettings::default(),
             shutdown: CancellationToken::new(),
             listings: None,
@@ -171,6 +185,18 @@ impl ReaperContext {
     /// The witness of deletions its watch-fed listings offer, if it has them.
     pub(crate) fn witness(&self) -> Option<&dyn GoneWitness> {
         self.listings.is_some().then_some(self as &dyn GoneWitness)
+    }
+
+    /// The same context on `site` (its cluster must be that site's), of a reaper configured
+    /// with the sites `known` (`site` is counted among them even if missing).
+    pub fn with_site(mut self, site: SiteName, known: &[SiteName]) -> Self {
+        let mut all: Vec<SiteName> = known.to_vec();
+        if !all.contains(&site) {
+            all.push(site.clone());
+        }
+        self.known_sites = Arc::from(all);
+        self.site = site;
+        self
     }
 
     /// The same context with other settings.

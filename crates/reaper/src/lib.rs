@@ -1,5 +1,10 @@
 //! The reaper: [`reap_once`] reclaims, in one idempotent cycle, everything ttlab no longer
-//! needs in one environment, and [`run`] decides when cycles happen.
+//! needs in one environment on one site (a cluster's API server and a namespace: the
+//! context's [`ReaperContext::site`]; `default` without a sites file), and [`run`] (one site)
+//! or [`run_sites`] (every site, each on its own schedule, one leader for all) decides when
+//! cycles happen. Every database read of a cycle is of its site's sessions only; live
+//! sessions on a site the reaper is not configured with are left alone and reported by every
+//! full cycle ([`CycleReport::unknown_sites`]).
 //!
 //! A cycle looks in three directions:
 //! - **Expired** (and **stuck**): running sessions whose lifespan is over by the database
@@ -69,10 +74,13 @@ pub use context::{
     DEFAULT_PAGE_SIZE, DEFAULT_RELIST_EVERY, ReaperContext, ReaperSettings,
 };
 pub use error::{ReaperError, cluster_error_kind, store_error_kind};
-pub use metrics::{Metrics, serve_metrics};
+pub use metrics::{Metrics, SiteHealth, SiteState, serve_metrics};
 pub use report::{Action, CycleReport, TerminatingObject};
 pub use scan::{ORPHAN_KINDS, OrphanCandidate};
-pub use schedule::{LEADER_RETRY, MIN_PAUSE, OnceError, RecordedCycle, run, run_cycle, run_once};
+pub use schedule::{
+    CONNECT_RETRY, Connector, LEADER_RETRY, MIN_PAUSE, OnceError, Reaper, RecordedCycle, SiteWork,
+    run, run_cycle, run_once, run_once_sites, run_sites,
+};
 
 use ttlab_store::Direction;
 
@@ -97,14 +105,18 @@ async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
     let now = match ctx.store.db_now().await {
         Ok(now) => now,
         Err(e) => {
-            let mut report =
-                CycleReport::new(ctx.env.clone(), chrono::Utc::now(), ctx.settings.dry_run);
+            let mut report = CycleReport::new(
+                ctx.env.clone(),
+                ctx.site.clone(),
+                chrono::Utc::now(),
+                ctx.settings.dry_run,
+            );
             report.fatal = Some(format!("cannot read the database clock: {e}"));
             report.duration = clock.elapsed();
             return report;
         }
     };
-    let mut report = CycleReport::new(ctx.env.clone(), now, ctx.settings.dry_run);
+    let mut report = CycleReport::new(ctx.env.clone(), ctx.site.clone(), now, ctx.settings.dry_run);
 
     // The database alone says what these need, even when the cluster cannot be listed. A
     // deadline cycle does what just came due, expiries first, and leaves the rows already
@@ -120,6 +132,9 @@ async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
     }
 
     report.sessions_only = !scan_cluster;
+    if scan_cluster {
+        unknown_sites(ctx, &mut report).await;
+    }
     if scan_cluster
         && !ctx.shutdown.is_cancelled()
         && let Ok(candidates) = find_orphans_at(ctx, &mut report, now).await
@@ -131,6 +146,38 @@ async fn reap(ctx: &ReaperContext, scan_cluster: bool) -> CycleReport {
     }
     report.duration = clock.elapsed();
     report
+}
+
+/// Notes the live sessions of the environment on sites the reaper is not configured with: no
+/// cycle touches them (they are never marked final), and each cycle says so, until their site
+/// is configured again and its own cycles reclaim them as usual.
+async fn unknown_sites(ctx: &ReaperContext, report: &mut CycleReport) {
+    match ctx
+        .store
+        .sessions()
+        .live_on_other_sites(&ctx.env, &ctx.known_sites)
+        .await
+    {
+        Ok(found) => {
+            for (site, n) in &found {
+                tracing::warn!(site = %site, sessions = n, "live sessions on a site that is not configured; left alone until it is");
+                report.note(
+                    Direction::Stuck,
+                    format!("site {site}"),
+                    format!(
+                        "{n} live sessions on site {site}, which is not configured: left alone \
+                         (never marked final) until it is configured again"
+                    ),
+                );
+            }
+            report.unknown_sites = found;
+        }
+        Err(e) => report.note(
+            Direction::Stuck,
+            "sites".into(),
+            format!("cannot count the live sessions on sites not configured: {e}"),
+        ),
+    }
 }
 
 /// Reads the live sessions, lists the cluster, marks ghosts, and returns the orphan
@@ -193,7 +240,7 @@ pub async fn delete_orphans(
 ) -> Result<CycleReport, ReaperError> {
     let clock = Instant::now();
     let now = ctx.store.db_now().await?;
-    let mut report = CycleReport::new(ctx.env.clone(), now, ctx.settings.dry_run);
+    let mut report = CycleReport::new(ctx.env.clone(), ctx.site.clone(), now, ctx.settings.dry_run);
     report.cluster_listed = true;
     scan::delete_orphans(ctx, &mut report, candidates).await;
     report.duration = clock.elapsed();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ttlab_model::EnvName;
+use ttlab_model::{EnvName, SiteName};
 use ttlab_store::{
     CollectRequestId, CycleError, CycleTrigger, Direction, DirectionCount, NewCycle,
 };
@@ -39,6 +39,13 @@ pub struct TerminatingObject {
 pub struct CycleReport {
     /// The reaper's environment.
     pub env: EnvName,
+    /// The site the cycle ran on.
+    pub site: SiteName,
+    /// Live sessions of the environment on sites the reaper is not configured with, by site
+    /// (a full cycle reads them; a deadline cycle does not). They are left alone, never
+    /// marked final, until their site is configured again; each is also in `errors` as a
+    /// note (not counted as a failure).
+    pub unknown_sites: Vec<(SiteName, u64)>,
     /// When the cycle started (database clock; the reaper's own clock if the database could
     /// not be read at all).
     pub started_at: DateTime<Utc>,
@@ -71,9 +78,16 @@ pub struct CycleReport {
 }
 
 impl CycleReport {
-    pub(crate) fn new(env: EnvName, started_at: DateTime<Utc>, dry_run: bool) -> Self {
+    pub(crate) fn new(
+        env: EnvName,
+        site: SiteName,
+        started_at: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Self {
         Self {
             env,
+            site,
+            unknown_sites: Vec::new(),
             started_at,
             duration: Duration::ZERO,
             dry_run,
@@ -250,6 +264,11 @@ impl CycleReport {
                 out.push_str(&format!("  {}/{}  session {}\n", t.kind, t.name, t.session));
             }
         }
+        for (site, n) in &self.unknown_sites {
+            out.push_str(&format!(
+                "live sessions on site {site}, which is not configured: {n} (left alone)\n"
+            ));
+        }
         if self.errors.is_empty() {
             out.push_str("failures: none\n");
         } else {
@@ -270,7 +289,7 @@ impl CycleReport {
     /// One line for logs.
     pub fn summary(&self) -> String {
         format!(
-            "{}cycle in {} ms: expired {}/{} failed, stuck {}/{} failed, orphans {}/{} failed, ghosts {}/{} failed{}{}",
+            "{}cycle in {} ms: expired {}/{} failed, stuck {}/{} failed, orphans {}/{} failed, ghosts {}/{} failed{}{}{}",
             if self.dry_run { "dry-run " } else { "" },
             self.duration.as_millis(),
             self.expired.done,
@@ -284,6 +303,10 @@ impl CycleReport {
             match self.terminating.len() {
                 0 => String::new(),
                 n => format!(", {n} objects still terminating"),
+            },
+            match self.unknown_sites.iter().map(|(_, n)| n).sum::<u64>() {
+                0 => String::new(),
+                n => format!(", {n} live sessions on sites not configured"),
             },
             if self.sessions_only {
                 " (sessions only)"
@@ -303,7 +326,12 @@ mod tests {
     #[test]
     fn details_name_every_item_of_every_direction() {
         let env: EnvName = "dev".parse().unwrap();
-        let mut report = CycleReport::new(env, chrono::Utc::now(), true);
+        let mut report = CycleReport::new(
+            env,
+            ttlab_site::default_site_name(),
+            chrono::Utc::now(),
+            true,
+        );
         report.done(
             Direction::Expired,
             "0d3c0000-0000-4000-8000-000000000001".into(),

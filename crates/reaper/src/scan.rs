@@ -1,6 +1,8 @@
 //! The cluster-driven directions: ghosts (running rows whose VM or pod is gone) and orphans
 //! (objects of this environment whose session is not live). Both start from one listing of
-//! the environment's objects, taken after the database's live sessions were read.
+//! the environment's objects on this site's cluster, taken after the database's live sessions
+//! of this site were read. A session live on another site is never an orphan here either: each
+//! candidate's row is read again before deletion, and a live row (of any site) is left alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,7 +29,7 @@ pub const ORPHAN_KINDS: [Kind; 5] = [
 /// are KubeVirt's to delete).
 const KUBEVIRT_LABEL: &str = "kubevirt.io";
 
-/// The live sessions of the environment, as read from the database.
+/// The live sessions of the environment on this site, as read from the database.
 #[derive(Debug, Default)]
 pub(crate) struct LiveSet {
     /// Every live session id.
@@ -53,7 +55,7 @@ pub(crate) async fn read_live(ctx: &ReaperContext) -> Result<LiveSet, ttlab_stor
         let page = ctx
             .store
             .sessions()
-            .list_live(&ctx.env, after, ctx.settings.page_size)
+            .list_live_on(&ctx.env, &ctx.site, after, ctx.settings.page_size)
             .await?;
         let full = page.len() == ctx.settings.page_size as usize;
         after = page.last().map(|s| s.id);

@@ -1,4 +1,5 @@
-//! When cycles run: a full sweep at start, every interval as the backstop and on "collect
+//! When cycles run, per site (each site of the environment has its own schedule, side by
+//! side under one leader lease: [`run_sites`]): a full sweep at start, every interval as the backstop and on "collect
 //! now" requests (answered with the cycle's report row); and, side by side with the sweeps, a
 //! database-only cycle at the next deadline (re-read whenever the server notifies a session
 //! change), so an expiry never waits for a sweep of a large cluster. Deadline cycles run side
@@ -73,13 +74,14 @@ pub async fn run_cycle(
         metrics.database_failed(&format!("the cycle could not run: {fatal}"));
         return RecordedCycle { report, row: None };
     }
-    tracing::info!(trigger = trigger.as_str(), "{}", report.summary());
+    tracing::info!(site = %ctx.site, trigger = trigger.as_str(), "{}", report.summary());
     log_dry_run(&report);
     let row = match ctx
         .store
         .reaper_cycles()
-        .record(
+        .record_on_site(
             &report.to_new_cycle(trigger, answers.first().copied()),
+            Some(&ctx.site),
             answers,
         )
         .await
@@ -102,22 +104,75 @@ pub async fn run_cycle(
 /// held by a reaper that vanished runs out within its duration, so a held lease is tried
 /// again for that long: only one a live reaper keeps renewing means "another is acting".
 pub async fn run_once(ctx: &ReaperContext, metrics: &Metrics) -> Result<RecordedCycle, OnceError> {
-    let patience = ctx.store.lease_ttls().leader + LEADER_RETRY;
+    let lock = lock_once(&ctx.store, &ctx.env).await?;
+    let done = once_on(ctx, metrics).await;
+    let _ = lock.release().await;
+    match &done.report.fatal {
+        Some(reason) => Err(OnceError::Failed(ReaperError::Setting(reason.clone()))),
+        None => Ok(done),
+    }
+}
+
+/// `--once` over every site of `reaper`: takes the leader lease once, then runs one cycle per
+/// site, side by side, each recorded. Each site's outcome is its own: its recorded cycle, or
+/// why it could not run (its context could not be built, or its cycle could not run).
+pub async fn run_once_sites(
+    reaper: &Reaper,
+    metrics: &Metrics,
+) -> Result<Vec<(ttlab_model::SiteName, Result<RecordedCycle, ReaperError>)>, OnceError> {
+    let lock = lock_once(&reaper.store, &reaper.env).await?;
+    let runs = reaper.sites.iter().map(|work| async move {
+        let ctx = match work.built() {
+            Some(ctx) => Ok(ctx),
+            None => match work.connect.as_ref() {
+                Some(connect) => connect().await,
+                None => Err(ReaperError::Setting("the site has no context".into())),
+            },
+        };
+        let outcome = match ctx {
+            Ok(ctx) => {
+                let done = once_on(&ctx, metrics).await;
+                match &done.report.fatal {
+                    Some(reason) => Err(ReaperError::Setting(reason.clone())),
+                    None => Ok(done),
+                }
+            }
+            Err(e) => {
+                metrics.site_connect_failed(work.site.as_str(), &e.to_string());
+                Err(e)
+            }
+        };
+        (work.site.clone(), outcome)
+    });
+    let outcomes = futures::future::join_all(runs).await;
+    let _ = lock.release().await;
+    Ok(outcomes)
+}
+
+/// Takes the leader lease for a one-shot; see [`run_once`].
+async fn lock_once(
+    store: &ttlab_store::Store,
+    env: &ttlab_model::EnvName,
+) -> Result<LeaderLock, OnceError> {
+    let patience = store.lease_ttls().leader + LEADER_RETRY;
     let asked = Instant::now();
-    let lock = loop {
-        match ctx
-            .store
-            .try_leader_lock(&ctx.env)
+    loop {
+        match store
+            .try_leader_lock(env)
             .await
             .map_err(|e| OnceError::Failed(e.into()))?
         {
-            Some(lock) => break lock,
+            Some(lock) => return Ok(lock),
             None if asked.elapsed() < patience => {
                 tokio::time::sleep(LEADER_RETRY.min(patience / 4)).await;
             }
             None => return Err(OnceError::NotLeader),
         }
-    };
+    }
+}
+
+/// One cycle of a one-shot on `ctx`'s site, answering the pending collect requests.
+async fn once_on(ctx: &ReaperContext, metrics: &Metrics) -> RecordedCycle {
     let pending: Vec<CollectRequestId> = ctx
         .store
         .collect_requests()
@@ -130,12 +185,7 @@ pub async fn run_once(ctx: &ReaperContext, metrics: &Metrics) -> Result<Recorded
     } else {
         CycleTrigger::Collect
     };
-    let done = run_cycle(ctx, metrics, trigger, &pending).await;
-    let _ = lock.release().await;
-    match &done.report.fatal {
-        Some(reason) => Err(OnceError::Failed(ReaperError::Setting(reason.clone()))),
-        None => Ok(done),
-    }
+    run_cycle(ctx, metrics, trigger, &pending).await
 }
 
 /// Why `--once` did not run a cycle.
@@ -152,30 +202,116 @@ pub enum OnceError {
 /// Runs the reaper until `ctx.shutdown` is cancelled: waits for the leader lock, then acts
 /// (cycles on the timer, at deadlines and on collect requests) until the lock is lost or
 /// shutdown; then waits for the lock again. Returns after the cycle in flight (if any)
-/// finished.
+/// finished. One site, `ctx`'s: [`run_sites`] with that site alone.
 pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) {
+    let reaper = Reaper {
+        store: ctx.store.clone(),
+        env: ctx.env.clone(),
+        shutdown: ctx.shutdown.clone(),
+        sites: vec![SiteWork::ready(ctx)],
+    };
+    run_sites(reaper, interval, metrics).await;
+}
+
+/// Builds a site's context (its cluster client, and its watch-fed listings if wanted), again
+/// after each failure. The context's shutdown token must be the reaper's.
+pub type Connector = Arc<
+    dyn Fn() -> futures::future::BoxFuture<'static, Result<ReaperContext, ReaperError>>
+        + Send
+        + Sync,
+>;
+
+/// One site the reaper works on: its context, or how to build it.
+pub struct SiteWork {
+    site: ttlab_model::SiteName,
+    ctx: std::sync::Mutex<Option<ReaperContext>>,
+    connect: Option<Connector>,
+}
+
+impl std::fmt::Debug for SiteWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiteWork")
+            .field("site", &self.site)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SiteWork {
+    /// A site whose context is built already.
+    pub fn ready(ctx: ReaperContext) -> Self {
+        Self {
+            site: ctx.site.clone(),
+            ctx: std::sync::Mutex::new(Some(ctx)),
+            connect: None,
+        }
+    }
+
+    /// A site whose context `connect` builds when the reaper first acts, and again every
+    /// [`CONNECT_RETRY`] while it fails (the site is `down` meanwhile; the others work).
+    pub fn connect_with(site: ttlab_model::SiteName, connect: Connector) -> Self {
+        Self {
+            site,
+            ctx: std::sync::Mutex::new(None),
+            connect: Some(connect),
+        }
+    }
+
+    /// The site.
+    pub fn site(&self) -> &ttlab_model::SiteName {
+        &self.site
+    }
+
+    fn built(&self) -> Option<ReaperContext> {
+        self.ctx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// How often a site whose context could not be built is tried again.
+pub const CONNECT_RETRY: Duration = Duration::from_secs(2);
+
+/// The reaper of an environment over its sites: one leader lease for all of them, and under
+/// it a schedule per site (sweeps and deadline cycles, its own cluster client and watch-fed
+/// listings), each independent of the others: a site that is down, hangs or whose client
+/// cannot be built holds back no other site's reclamation.
+#[derive(Debug)]
+pub struct Reaper {
+    /// The database.
+    pub store: ttlab_store::Store,
+    /// The environment.
+    pub env: ttlab_model::EnvName,
+    /// Cancelled on shutdown (the sites' contexts share it).
+    pub shutdown: CancellationToken,
+    /// The sites.
+    pub sites: Vec<SiteWork>,
+}
+
+/// Runs the reaper of every site in `reaper` until shutdown, as [`run`] does for one.
+pub async fn run_sites(reaper: Reaper, interval: Duration, metrics: Arc<Metrics>) {
     let interval = interval.max(Duration::from_millis(10));
     // The holder of a lease this process lost and could not release (its database was away):
     // released first when the database answers again, so that the lease is taken again at
     // once rather than after it expires.
     let mut unreleased: Option<LeaseHolder> = None;
     loop {
-        let Some(lock) = wait_for_lock(&ctx, &metrics, &mut unreleased).await else {
+        let Some(lock) = wait_for_lock(&reaper, &metrics, &mut unreleased).await else {
             return;
         };
-        tracing::info!(env = %ctx.env, "acting as the reaper of this environment");
+        tracing::info!(env = %reaper.env, "acting as the reaper of this environment");
         metrics.leader.set(1);
-        act(&ctx, &lock, interval, metrics.clone()).await;
+        act(&reaper, &lock, interval, metrics.clone()).await;
         metrics.leader.set(0);
         let holder = lock.holder().clone();
         if let Err(e) = lock.release().await {
             tracing::debug!(error = %e, "cannot release the leader lease now; later");
             unreleased = Some(holder);
         }
-        if ctx.shutdown.is_cancelled() {
+        if reaper.shutdown.is_cancelled() {
             return;
         }
-        tracing::warn!(env = %ctx.env, "lost the leader lock; waiting to take it again");
+        tracing::warn!(env = %reaper.env, "lost the leader lock; waiting to take it again");
     }
 }
 
@@ -185,7 +321,7 @@ pub async fn run(ctx: ReaperContext, interval: Duration, metrics: Arc<Metrics>) 
 /// is progress of the loop (`/healthz`); whether it was answered is its readiness
 /// (`/readyz`).
 async fn wait_for_lock(
-    ctx: &ReaperContext,
+    ctx: &Reaper,
     metrics: &Metrics,
     unreleased: &mut Option<LeaseHolder>,
 ) -> Option<LeaderLock> {
@@ -304,7 +440,10 @@ async fn next_wakeup(
     last_run: LastRun,
 ) -> Option<(Instant, chrono::DateTime<chrono::Utc>)> {
     let sessions = ctx.store.sessions();
-    let deadline = sessions.next_deadline(&ctx.env).await.ok()??;
+    let deadline = sessions
+        .next_deadline_on(&ctx.env, &ctx.site)
+        .await
+        .ok()??;
     let now = ctx.store.db_now().await.ok()?;
     let at = match deadline.signed_duration_since(now).to_std() {
         Ok(ahead) => Instant::now() + ahead + DEADLINE_SLACK,
@@ -321,23 +460,75 @@ async fn next_wakeup(
 /// expired and stuck directions only, at the next expiry or readiness deadline). A deadline
 /// that comes due during a long sweep is therefore handled at once, not after it. Both are
 /// idempotent and every transition is conditional, so overlapping is safe.
-async fn act(ctx: &ReaperContext, lock: &LeaderLock, interval: Duration, metrics: Arc<Metrics>) {
-    let stop = ctx.shutdown.child_token();
+async fn act(reaper: &Reaper, lock: &LeaderLock, interval: Duration, metrics: Arc<Metrics>) {
+    let stop = reaper.shutdown.child_token();
     // The lease is lost (a renewal refused, or none got through in time): stop at once, not
     // at the next cycle's check, so a standby that takes over never acts beside us.
     let watch_lease = async {
         tokio::select! {
             () = stop.cancelled() => {}
             () = lock.lost() => {
-                tracing::warn!(env = %ctx.env, "the leader lease could not be renewed; stopping");
+                tracing::warn!(env = %reaper.env, "the leader lease could not be renewed; stopping");
                 stop.cancel();
             }
         }
     };
+    let sites = futures::future::join_all(
+        reaper
+            .sites
+            .iter()
+            .map(|site| act_on_site(site, lock, interval, metrics.clone(), &stop)),
+    );
+    tokio::join!(sites, watch_lease);
+}
+
+/// Acts on one site until `stop`: builds its context if need be (again every
+/// [`CONNECT_RETRY`] while that fails), then runs its sweeps and deadline cycles.
+async fn act_on_site(
+    work: &SiteWork,
+    lock: &LeaderLock,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+    stop: &CancellationToken,
+) {
+    let site = work.site.as_str();
+    let ctx = loop {
+        if let Some(ctx) = work.built() {
+            break ctx;
+        }
+        let Some(connect) = work.connect.as_ref() else {
+            return;
+        };
+        metrics.site_connecting(site);
+        let built = tokio::select! {
+            () = stop.cancelled() => return,
+            built = connect() => built,
+        };
+        // An attempt that ended is progress of the loop, as a lock attempt is.
+        metrics.beat();
+        match built {
+            Ok(ctx) => {
+                *work
+                    .ctx
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ctx.clone());
+                break ctx;
+            }
+            Err(e) => {
+                tracing::warn!(site, error = %e, "cannot build the site's cluster client; the other sites go on, this one is tried again");
+                metrics.site_connect_failed(site, &format!("cannot build its client: {e}"));
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(CONNECT_RETRY) => {}
+                }
+            }
+        }
+    };
+    metrics.site_connecting(site);
+    tracing::info!(site, namespace = %ctx.cluster.namespace(), "acting on the site");
     tokio::join!(
-        sweeps(ctx, lock, interval, &metrics, &stop),
-        deadlines(ctx, lock, metrics.clone(), &stop),
-        watch_lease,
+        sweeps(&ctx, lock, interval, &metrics, stop),
+        deadlines(&ctx, lock, metrics.clone(), stop),
     );
 }
 

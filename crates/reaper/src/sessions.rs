@@ -1,5 +1,6 @@
-//! The database-driven directions: finishing rows retried, starting rows past their readiness
-//! deadline, and running rows whose lifespan says expired. Each session goes to `finishing`
+//! The database-driven directions, over the context's site's sessions only: finishing rows
+//! retried, starting rows past their readiness deadline, and running rows whose lifespan says
+//! expired. Each session goes to `finishing`
 //! (recording where it lands) before its objects are deleted, and to its final status only
 //! once every object is confirmed gone (looked for again after its deletion was accepted), with
 //! `objects_gone_at`. Objects still terminating are recorded on the row and in the report, and
@@ -290,7 +291,7 @@ async fn handle_rows(
     }
 }
 
-/// Retries every `finishing` row of the environment (paged by id).
+/// Retries every `finishing` row of the environment on this site (paged by id).
 pub(crate) async fn finishing(ctx: &ReaperContext, report: &mut CycleReport) {
     let mut after = None;
     loop {
@@ -300,8 +301,9 @@ pub(crate) async fn finishing(ctx: &ReaperContext, report: &mut CycleReport) {
         let page = match ctx
             .store
             .sessions()
-            .list_in_status(
+            .list_in_status_on(
                 &ctx.env,
+                &ctx.site,
                 SessionStatus::Finishing,
                 after,
                 ctx.settings.page_size,
@@ -328,7 +330,7 @@ pub(crate) async fn finishing(ctx: &ReaperContext, report: &mut CycleReport) {
     }
 }
 
-/// Starting rows past their readiness deadline at `now`.
+/// Starting rows of this site past their readiness deadline at `now`.
 pub(crate) async fn stuck_starting(
     ctx: &ReaperContext,
     report: &mut CycleReport,
@@ -342,7 +344,7 @@ pub(crate) async fn stuck_starting(
         let page = match ctx
             .store
             .sessions()
-            .list_stuck_starting(&ctx.env, now, ctx.settings.page_size)
+            .list_stuck_starting_on(&ctx.env, &ctx.site, now, ctx.settings.page_size)
             .await
         {
             Ok(p) => p,
@@ -373,7 +375,7 @@ pub(crate) async fn stuck_starting(
     }
 }
 
-/// Running rows whose lifespan is over at `now` (the database clock).
+/// Running rows of this site whose lifespan is over at `now` (the database clock).
 pub(crate) async fn expired(ctx: &ReaperContext, report: &mut CycleReport, now: DateTime<Utc>) {
     let mut seen = std::collections::BTreeSet::new();
     loop {
@@ -383,7 +385,7 @@ pub(crate) async fn expired(ctx: &ReaperContext, report: &mut CycleReport, now: 
         let page = match ctx
             .store
             .sessions()
-            .list_expired(&ctx.env, now, ctx.settings.page_size)
+            .list_expired_on(&ctx.env, &ctx.site, now, ctx.settings.page_size)
             .await
         {
             Ok(p) => p,

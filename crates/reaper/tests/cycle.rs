@@ -662,7 +662,9 @@ async fn a_vm_stuck_terminating_keeps_its_session_finishing_until_it_is_gone(h: 
     metrics.observe(&report, ttlab_store::CycleTrigger::Timer);
     let text = metrics.render();
     assert!(
-        text.contains("ttlab_reaper_objects_terminating{kind=\"VirtualMachine\"} 1"),
+        text.contains(
+            "ttlab_reaper_objects_terminating{kind=\"VirtualMachine\",site=\"default\"} 1"
+        ),
         "{text}"
     );
     // Recorded on the row, for the admin page.

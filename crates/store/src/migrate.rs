@@ -10,7 +10,7 @@ mod embedded {
 }
 
 /// The newest schema version this build knows (the highest `V<n>` migration).
-pub const SCHEMA_VERSION: i64 = 17;
+pub const SCHEMA_VERSION: i64 = 18;
 
 /// What a migration run did.
 #[derive(Debug, Clone, PartialEq, Eq)]

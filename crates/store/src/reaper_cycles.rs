@@ -1,6 +1,7 @@
 //! The `reaper_cycles` table: one report per reaper cycle (what it reclaimed and what failed,
-//! by direction), which the server reads for the admin screen. Recording a cycle also answers
-//! the "collect now" requests it served, in the same transaction.
+//! by direction, and since schema version 18 the site it ran on), which the server reads for
+//! the admin screen. Recording a cycle also answers the "collect now" requests it served, in
+//! the same transaction.
 
 use std::fmt;
 use std::time::Duration;
@@ -9,11 +10,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 use tokio_postgres::types::Json;
-use ttlab_model::EnvName;
+use ttlab_model::{EnvName, SiteName};
 
 use crate::collect_requests::CollectRequestId;
 use crate::notify::channel_collect_answered;
-use crate::rows::{get, non_negative, parse};
+use crate::rows::{get, non_negative, parse, parse_opt};
 use crate::{Store, StoreError};
 
 /// At most this many errors are kept per cycle report (the rest are only counted).
@@ -142,6 +143,8 @@ pub struct NewCycle {
 pub struct ReaperCycle {
     /// Its id.
     pub id: CycleId,
+    /// The site it ran on (`None`: recorded without one, or before schema version 18).
+    pub site: Option<SiteName>,
     /// The report.
     pub cycle: NewCycle,
 }
@@ -154,6 +157,7 @@ impl ReaperCycle {
         let collect: Option<i64> = get(row, "collect_request_id")?;
         Ok(Self {
             id: CycleId(get(row, "id")?),
+            site: parse_opt(row, "site")?,
             cycle: NewCycle {
                 env: parse(row, "env")?,
                 started_at: get(row, "started_at")?,
@@ -190,7 +194,7 @@ macro_rules! cycle_columns {
     () => {
         "id, env, started_at, duration_ms, trigger, dry_run, expired_reclaimed, \
          expired_failed, orphans_deleted, orphans_failed, ghosts_marked, ghosts_failed, \
-         stuck_reclaimed, stuck_failed, errors, collect_request_id"
+         stuck_reclaimed, stuck_failed, errors, collect_request_id, site"
     };
 }
 pub(crate) use cycle_columns;
@@ -216,17 +220,28 @@ impl<'a> ReaperCycles<'a> {
 
     /// Records a cycle report and, in the same transaction, answers the given "collect now"
     /// requests with it (those already answered are left alone) and notifies
-    /// [`Channel::CollectAnswered`](crate::Channel) for each.
+    /// [`Channel::CollectAnswered`](crate::Channel) for each. The report names no site; see
+    /// [`ReaperCycles::record_on_site`].
     pub async fn record(
         &self,
         cycle: &NewCycle,
         answers: &[CollectRequestId],
     ) -> Result<ReaperCycle, StoreError> {
+        self.record_on_site(cycle, None, answers).await
+    }
+
+    /// [`ReaperCycles::record`], the report naming the site the cycle ran on.
+    pub async fn record_on_site(
+        &self,
+        cycle: &NewCycle,
+        site: Option<&SiteName>,
+        answers: &[CollectRequestId],
+    ) -> Result<ReaperCycle, StoreError> {
         const INSERT: &str = concat!(
             "INSERT INTO reaper_cycles (env, started_at, duration_ms, trigger, dry_run, \
              expired_reclaimed, expired_failed, orphans_deleted, orphans_failed, ghosts_marked, \
-             ghosts_failed, stuck_reclaimed, stuck_failed, errors, collect_request_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+             ghosts_failed, stuck_reclaimed, stuck_failed, errors, collect_request_id, site) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              RETURNING ",
             cycle_columns!()
         );
@@ -264,6 +279,7 @@ impl<'a> ReaperCycles<'a> {
                     &count_param(cycle.stuck.failed)?,
                     &Json(&kept),
                     &cycle.collect_request.map(CollectRequestId::get),
+                    &site.map(SiteName::as_str),
                 ],
             )
             .await

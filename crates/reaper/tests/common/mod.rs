@@ -302,6 +302,20 @@ impl Harness {
         expires_in: TimeDelta,
         nodes: &[&str],
     ) -> Session {
+        self.open_on("default", env_name, runtime, status, expires_in, nodes)
+            .await
+    }
+
+    /// [`Harness::open_with`], the session recorded on `site`.
+    pub async fn open_on(
+        &self,
+        site: &str,
+        env_name: &str,
+        runtime: Runtime,
+        status: SessionStatus,
+        expires_in: TimeDelta,
+        nodes: &[&str],
+    ) -> Session {
         let now = self.now().await;
         let id = SessionId::new_random();
         let expires_at = now + expires_in;
@@ -312,7 +326,7 @@ impl Harness {
             lesson: LESSON.parse().expect("lesson"),
             runtime,
             env: env(env_name),
-            site: "default".parse().unwrap(),
+            site: site.parse().expect("site name"),
             times: SessionTimes {
                 started_at,
                 expires_at,
@@ -371,6 +385,27 @@ impl Harness {
         owner_link: bool,
         finalizer: Option<&str>,
     ) {
+        self.create_vms_via(
+            &self.fixtures,
+            env_name,
+            session,
+            nodes,
+            owner_link,
+            finalizer,
+        )
+        .await;
+    }
+
+    /// [`Harness::create_vms_held`] through `client` (another cluster: another site's).
+    pub async fn create_vms_via(
+        &self,
+        client: &KubeCluster,
+        env_name: &str,
+        session: SessionId,
+        nodes: &[&str],
+        owner_link: bool,
+        finalizer: Option<&str>,
+    ) {
         let input = SessionVms {
             session,
             env: env(env_name),
@@ -391,17 +426,18 @@ impl Harness {
             if let Some(f) = finalizer {
                 vm["metadata"]["finalizers"] = serde_json::json!([f]);
             }
-            let created = retry_quota(|| self.fixtures.create_vm(vm.clone()))
+            let created = retry_quota(|| client.create_vm(vm.clone()))
                 .await
                 .expect("create vm");
             let owner = owner_link.then(|| created.owner_reference());
-            self.create_secret(env_name, session, n, owner).await;
+            self.create_secret_via(client, env_name, session, n, owner)
+                .await;
         }
         if let Some(svc) = manifests.service {
-            self.fixtures.create_service(svc).await.expect("service");
+            client.create_service(svc).await.expect("service");
         }
         if let Some(np) = manifests.network_policy {
-            self.fixtures
+            client
                 .create_network_policy(np)
                 .await
                 .expect("network policy");
@@ -411,6 +447,19 @@ impl Harness {
     /// A cloud-init Secret of `node` labelled like the server labels it.
     pub async fn create_secret(
         &self,
+        env_name: &str,
+        session: SessionId,
+        n: &str,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) {
+        self.create_secret_via(&self.fixtures, env_name, session, n, owner)
+            .await;
+    }
+
+    /// [`Harness::create_secret`] through `client` (another cluster: another site's).
+    pub async fn create_secret_via(
+        &self,
+        client: &KubeCluster,
         env_name: &str,
         session: SessionId,
         n: &str,
@@ -437,10 +486,7 @@ impl Harness {
             )])),
             ..Secret::default()
         };
-        self.fixtures
-            .create_secret(secret)
-            .await
-            .expect("create secret");
+        client.create_secret(secret).await.expect("create secret");
     }
 
     /// A cloud-init Secret of `node` labelled like the server labels it, without an owner,

@@ -422,7 +422,19 @@ impl<'a> Sessions<'a> {
         after: Option<SessionId>,
         limit: u32,
     ) -> Result<Vec<Session>, StoreError> {
-        self.list_with_statuses(env, &SessionStatus::LIVE, after, limit)
+        self.list_with_statuses(env, None, &SessionStatus::LIVE, after, limit)
+            .await
+    }
+
+    /// [`Sessions::list_live`], of one site's sessions only.
+    pub async fn list_live_on(
+        &self,
+        env: &EnvName,
+        site: &SiteName,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.list_with_statuses(env, Some(site), &SessionStatus::LIVE, after, limit)
             .await
     }
 
@@ -434,12 +446,27 @@ impl<'a> Sessions<'a> {
         after: Option<SessionId>,
         limit: u32,
     ) -> Result<Vec<Session>, StoreError> {
-        self.list_with_statuses(env, &[status], after, limit).await
+        self.list_with_statuses(env, None, &[status], after, limit)
+            .await
+    }
+
+    /// [`Sessions::list_in_status`], of one site's sessions only.
+    pub async fn list_in_status_on(
+        &self,
+        env: &EnvName,
+        site: &SiteName,
+        status: SessionStatus,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.list_with_statuses(env, Some(site), &[status], after, limit)
+            .await
     }
 
     async fn list_with_statuses(
         &self,
         env: &EnvName,
+        site: Option<&SiteName>,
         statuses: &[SessionStatus],
         after: Option<SessionId>,
         n: u32,
@@ -448,7 +475,8 @@ impl<'a> Sessions<'a> {
             "SELECT ",
             columns!(),
             " FROM sessions WHERE env = $1 AND status = ANY($2) \
-             AND ($3::uuid IS NULL OR id > $3) ORDER BY id LIMIT $4"
+             AND ($3::uuid IS NULL OR id > $3) AND ($5::text IS NULL OR site = $5) \
+             ORDER BY id LIMIT $4"
         );
         self.query_all(
             "listing sessions",
@@ -458,9 +486,37 @@ impl<'a> Sessions<'a> {
                 &names(statuses),
                 &after.map(|a| a.as_uuid()),
                 &limit(n),
+                &site.map(SiteName::as_str),
             ],
         )
         .await
+    }
+
+    /// How many live sessions of `env` each site holds that is not in `known`, by site name
+    /// (sessions on a site no longer configured). Empty when every live session's site is
+    /// known.
+    pub async fn live_on_other_sites(
+        &self,
+        env: &EnvName,
+        known: &[SiteName],
+    ) -> Result<Vec<(SiteName, u64)>, StoreError> {
+        const WHAT: &str = "counting live sessions on other sites";
+        const SQL: &str = "SELECT site, count(*) FROM sessions \
+             WHERE env = $1 AND status = ANY($2) AND NOT (site = ANY($3)) \
+             GROUP BY site ORDER BY site";
+        let known: Vec<&str> = known.iter().map(SiteName::as_str).collect();
+        let client = self.store.client().await?;
+        let rows = client
+            .query(SQL, &[&env.as_str(), &names(&SessionStatus::LIVE), &known])
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter()
+            .map(|row| {
+                let site: SiteName = crate::rows::parse(row, "site")?;
+                let n: i64 = row.try_get(1).map_err(StoreError::query(WHAT))?;
+                Ok((site, u64::try_from(n).unwrap_or(0)))
+            })
+            .collect()
     }
 
     /// How many live sessions `env` has.

@@ -1,10 +1,11 @@
-//! The reaper's side: what is due in an environment (expired running sessions, starting
-//! sessions past their readiness deadline, the next deadline to sleep until), and the
+//! The reaper's side: what is due in an environment, or in one of its sites (expired running
+//! sessions, starting sessions past their readiness deadline, the next deadline to sleep
+//! until), and the
 //! transitions only it makes (running → finishing on expiry, stuck starting → finishing,
 //! running → ghost).
 
 use chrono::{DateTime, Utc};
-use ttlab_model::{EnvName, FinalStatus, SessionId, SessionStatus};
+use ttlab_model::{EnvName, FinalStatus, SessionId, SessionStatus, SiteName};
 
 use super::{EXPIRING, STUCK_FAILING, Session, Sessions, TO_GHOST, ensure, limit, names};
 use crate::StoreError;
@@ -19,11 +20,32 @@ impl Sessions<'_> {
         until: DateTime<Utc>,
         n: u32,
     ) -> Result<Vec<Session>, StoreError> {
+        self.expired_on(env, None, until, n).await
+    }
+
+    /// [`Sessions::list_expired`], of one site's sessions only.
+    pub async fn list_expired_on(
+        &self,
+        env: &EnvName,
+        site: &SiteName,
+        until: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.expired_on(env, Some(site), until, n).await
+    }
+
+    async fn expired_on(
+        &self,
+        env: &EnvName,
+        site: Option<&SiteName>,
+        until: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
         const SQL: &str = concat!(
             "SELECT ",
             columns!(),
             " FROM sessions WHERE env = $1 AND status = $2 AND expires_at <= $3 \
-             ORDER BY expires_at, id LIMIT $4"
+             AND ($5::text IS NULL OR site = $5) ORDER BY expires_at, id LIMIT $4"
         );
         self.query_all(
             "listing expired sessions",
@@ -33,6 +55,7 @@ impl Sessions<'_> {
                 &SessionStatus::Running.as_str(),
                 &until,
                 &limit(n),
+                &site.map(SiteName::as_str),
             ],
         )
         .await
@@ -45,11 +68,32 @@ impl Sessions<'_> {
         now: DateTime<Utc>,
         n: u32,
     ) -> Result<Vec<Session>, StoreError> {
+        self.stuck_starting_on(env, None, now, n).await
+    }
+
+    /// [`Sessions::list_stuck_starting`], of one site's sessions only.
+    pub async fn list_stuck_starting_on(
+        &self,
+        env: &EnvName,
+        site: &SiteName,
+        now: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
+        self.stuck_starting_on(env, Some(site), now, n).await
+    }
+
+    async fn stuck_starting_on(
+        &self,
+        env: &EnvName,
+        site: Option<&SiteName>,
+        now: DateTime<Utc>,
+        n: u32,
+    ) -> Result<Vec<Session>, StoreError> {
         const SQL: &str = concat!(
             "SELECT ",
             columns!(),
             " FROM sessions WHERE env = $1 AND status = $2 AND readiness_deadline <= $3 \
-             ORDER BY readiness_deadline, id LIMIT $4"
+             AND ($5::text IS NULL OR site = $5) ORDER BY readiness_deadline, id LIMIT $4"
         );
         self.query_all(
             "listing stuck sessions",
@@ -59,6 +103,7 @@ impl Sessions<'_> {
                 &SessionStatus::Starting.as_str(),
                 &now,
                 &limit(n),
+                &site.map(SiteName::as_str),
             ],
         )
         .await
@@ -68,9 +113,28 @@ impl Sessions<'_> {
     /// starting session's readiness deadline. `None` when nothing is pending. The reaper sleeps
     /// until then (or until a [`Channel::SessionsChanged`](crate::Channel) notification).
     pub async fn next_deadline(&self, env: &EnvName) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.next_deadline_of(env, None).await
+    }
+
+    /// [`Sessions::next_deadline`], of one site's sessions only.
+    pub async fn next_deadline_on(
+        &self,
+        env: &EnvName,
+        site: &SiteName,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.next_deadline_of(env, Some(site)).await
+    }
+
+    async fn next_deadline_of(
+        &self,
+        env: &EnvName,
+        site: Option<&SiteName>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
         const SQL: &str = "SELECT LEAST(\
-             (SELECT min(expires_at) FROM sessions WHERE env = $1 AND status = $2), \
-             (SELECT min(readiness_deadline) FROM sessions WHERE env = $1 AND status = $3))";
+             (SELECT min(expires_at) FROM sessions WHERE env = $1 AND status = $2 \
+              AND ($4::text IS NULL OR site = $4)), \
+             (SELECT min(readiness_deadline) FROM sessions WHERE env = $1 AND status = $3 \
+              AND ($4::text IS NULL OR site = $4)))";
         let client = self.store.client().await?;
         let row = client
             .query_one(
@@ -79,6 +143,7 @@ impl Sessions<'_> {
                     &env.as_str(),
                     &SessionStatus::Running.as_str(),
                     &SessionStatus::Starting.as_str(),
+                    &site.map(SiteName::as_str),
                 ],
             )
             .await

@@ -177,3 +177,31 @@ async fn an_unanswered_request_times_out() {
         "timed out after 0.3s waiting for the reaper to answer a collect request"
     );
 }
+
+#[tokio::test]
+async fn a_cycle_records_the_site_it_ran_on() {
+    let db = TestDb::new().await.unwrap();
+    let store = db.store().await.unwrap();
+    let dev: EnvName = "dev".parse().unwrap();
+    let now = store.db_now().await.unwrap();
+    let site: ttlab_model::SiteName = "campus-b".parse().unwrap();
+    let on_site = store
+        .reaper_cycles()
+        .record_on_site(&cycle(&dev, now), Some(&site), &[])
+        .await
+        .unwrap();
+    assert_eq!(on_site.site.as_ref(), Some(&site));
+    let without = store
+        .reaper_cycles()
+        .record(&cycle(&dev, now), &[])
+        .await
+        .unwrap();
+    assert_eq!(without.site, None);
+    let read = store
+        .reaper_cycles()
+        .get(on_site.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.site, Some(site));
+}

@@ -27,7 +27,8 @@ async fn migrating_twice_applies_once() {
             "V14__console_replica_gone",
             "V15__handover_failures",
             "V16__waitlist_front",
-            "V17__session_site"
+            "V17__session_site",
+            "V18__reaper_cycle_site"
         ]
     );
     assert_eq!(first.version, SCHEMA_VERSION);

@@ -719,3 +719,85 @@ async fn a_row_written_without_a_site_is_on_the_default_site() {
     let read = store.sessions().get(id).await.unwrap().unwrap();
     assert_eq!(read.site.as_str(), "default");
 }
+
+#[tokio::test]
+async fn reaper_listings_of_a_site_see_only_that_sites_sessions() {
+    let (_db, store, now) = setup().await;
+    let s = store.sessions();
+    let site = |n: &str| -> ttlab_model::SiteName { n.parse().unwrap() };
+    let open = |user: &str, on: &str, expired: bool| {
+        let mut new = new_session(user, "systemd", "dev", now - Duration::minutes(90));
+        new.site = site(on);
+        new.times.expires_at = if expired {
+            now - Duration::minutes(30)
+        } else {
+            now + Duration::minutes(30)
+        };
+        new
+    };
+    let a_due = s.insert(&open("u1", "a", true)).await.unwrap();
+    s.mark_running(a_due.id, None).await.unwrap().unwrap();
+    let b_due = s.insert(&open("u2", "b", true)).await.unwrap();
+    s.mark_running(b_due.id, None).await.unwrap().unwrap();
+    let mut stuck = open("u3", "b", false);
+    stuck.readiness_deadline = now - Duration::minutes(5);
+    let b_stuck = s.insert(&stuck).await.unwrap();
+    let gone = s.insert(&open("u4", "gone", false)).await.unwrap();
+    s.mark_running(gone.id, None).await.unwrap().unwrap();
+
+    let dev = env("dev");
+    let ids = |rows: Vec<ttlab_store::Session>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.list_expired_on(&dev, &site("a"), now, 100).await.unwrap()),
+        [a_due.id]
+    );
+    assert_eq!(
+        ids(s.list_expired_on(&dev, &site("b"), now, 100).await.unwrap()),
+        [b_due.id]
+    );
+    assert_eq!(ids(s.list_expired(&dev, now, 100).await.unwrap()).len(), 2);
+    assert!(
+        s.list_stuck_starting_on(&dev, &site("a"), now, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ids(s
+            .list_stuck_starting_on(&dev, &site("b"), now, 100)
+            .await
+            .unwrap()),
+        [b_stuck.id]
+    );
+    assert_eq!(
+        s.next_deadline_on(&dev, &site("a")).await.unwrap(),
+        Some(a_due.expires_at)
+    );
+    assert_eq!(s.next_deadline_on(&dev, &site("c")).await.unwrap(), None);
+    assert_eq!(
+        ids(s.list_live_on(&dev, &site("b"), None, 100).await.unwrap())
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([b_due.id, b_stuck.id])
+    );
+    assert_eq!(
+        ids(s
+            .list_in_status_on(&dev, &site("a"), SessionStatus::Running, None, 100)
+            .await
+            .unwrap()),
+        [a_due.id]
+    );
+    // The live sessions of sites not configured, counted by site.
+    assert_eq!(
+        s.live_on_other_sites(&dev, &[site("a"), site("b")])
+            .await
+            .unwrap(),
+        [(site("gone"), 1)]
+    );
+    assert!(
+        s.live_on_other_sites(&env("prod"), &[site("a")])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
