@@ -134,6 +134,11 @@ impl SiteRuntime {
         self.site.agent_path
     }
 
+    /// Whether a client could be built for it.
+    pub fn has_client(&self) -> bool {
+        self.client_error.is_none()
+    }
+
     /// Whether the server is configured with this site.
     pub fn is_configured(&self) -> bool {
         self.configured

@@ -393,3 +393,17 @@ impl Drop for CapacityGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::site_lock_key;
+
+    #[test]
+    fn the_default_site_shares_todays_capacity_lock_and_other_sites_have_their_own() {
+        let key = |name: &str| site_lock_key(&name.parse().unwrap());
+        assert_eq!(key("default"), 0);
+        assert_ne!(key("campus-a"), 0);
+        assert_ne!(key("campus-a"), key("campus-b"));
+        assert_eq!(key("campus-a"), key("campus-a"));
+    }
+}

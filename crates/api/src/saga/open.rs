@@ -44,7 +44,15 @@ pub async fn open_session(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        site: state.config().site.clone(),
+        // A pod lab (no VM limit) runs on the first site that answers; a VM lab's site is
+        // chosen under the capacity check.
+        site: state
+            .sites()
+            .iter()
+            .find(|s| s.reachability() == ttlab_site::Reachability::Reachable)
+            .unwrap_or_else(|| state.first_site())
+            .name()
+            .clone(),
         times: SessionTimes {
             started_at: lifespan.started_at,
             expires_at: lifespan.expires_at,
