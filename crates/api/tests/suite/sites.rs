@@ -471,3 +471,89 @@ async fn a_session_on_a_port_forward_site_is_graded_through_its_api_server_besid
     assert!(sim_b.get("virtualmachines", NS, &vm_of(&bob_sid)).is_none());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_left_starting_on_the_second_site_by_a_crashed_server_is_adopted_and_finished_there()
+ {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let first = w
+        .serve_sites(
+            w.config(policy(3600, 7200, 3), 8).await,
+            adoption_sites(w.kubeconfig.path(), kube_b.path()).await,
+        )
+        .await;
+    let (alice_sid, alice, site) = start_on(&first, "alice").await;
+    assert_eq!(site, "campus-a");
+    // campus-b's KubeVirt holds the next VM back: the session stays starting there.
+    sim_b.pause_kubevirt(true);
+    let bob = token("bob", Role::Student);
+    let (status, v) = first
+        .post("/api/sessions", &bob, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let bob_sid = v["id"].as_str().unwrap().to_owned();
+    first
+        .wait_session(&bob_sid, &bob, |v| v["stages"]["vm_created"].is_string())
+        .await;
+    assert_eq!(row_site(&w, &bob_sid).await, "campus-b");
+    first.kill().await;
+
+    // Another server, with the same sites, adopts it and finishes it on campus-b.
+    let second = w
+        .serve_sites(
+            w.config(policy(3600, 7200, 3), 8).await,
+            adoption_sites(w.kubeconfig.path(), kube_b.path()).await,
+        )
+        .await;
+    sim_b.pause_kubevirt(false);
+    let v = second
+        .wait_session(&bob_sid, &bob, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(
+        (v["status"].as_str(), v["site"].as_str()),
+        (Some("running"), Some("campus-b")),
+        "{v}"
+    );
+    assert!(
+        sim_b
+            .get("virtualmachineinstances", NS, &vm_of(&bob_sid))
+            .is_some()
+    );
+    assert!(w.sim.get("virtualmachines", NS, &vm_of(&bob_sid)).is_none());
+    assert_eq!(sim_b.stats().peak_vms, 1, "{:?}", sim_b.stats());
+    // Both sessions are served by the new server, each on its own site.
+    for (sid, t) in [(&alice_sid, &alice), (&bob_sid, &bob)] {
+        let (status, g) = grade(&second, sid, t).await;
+        assert_eq!(status, 200, "{g}");
+        let (status, f) = second.delete(&format!("/api/sessions/{sid}"), t).await;
+        assert_eq!(
+            (status, f["status"].as_str()),
+            (200, Some("finished")),
+            "{f}"
+        );
+    }
+    assert_eq!(sim_b.stats().vms, 0);
+    second.stop().await;
+}
+
+/// The sites of the adoption test: campus-a (1 place, preferred) and campus-b.
+async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
+    sites(&[
+        Spec {
+            name: "campus-a",
+            kubeconfig: a,
+            vm_limit: 1,
+            weight: 5,
+            agent_path: "pod-ip",
+        },
+        Spec {
+            name: "campus-b",
+            kubeconfig: b,
+            vm_limit: 4,
+            weight: 1,
+            agent_path: "pod-ip",
+        },
+    ])
+    .await
+}
