@@ -1,5 +1,8 @@
 //! ttlab-server: the student-facing HTTP service. Parses the settings (flags or `TTLAB_*`
-//! variables), opens the database and the cluster clients, and runs `ttlab_api::Server`.
+//! variables), opens the database and the cluster clients (one per site of the sites file,
+//! `TTLAB_SITES`; without it the one cluster), and runs `ttlab_api::Server`. A site whose
+//! client cannot be built is kept, unreachable, with the reason; an invalid sites file is a
+//! start-up error naming the file, the site and the field.
 //! Neither has to answer at start: the server serves at once, is not ready (`/readyz` says
 //! why) and keeps trying; it migrates the schema once the database answers. It exits only
 //! for a wrong setting (a database that refuses its certificate, credentials or database name
@@ -13,7 +16,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use ttlab_api::auth::{AuthConfig, AuthSecret};
 use ttlab_api::{ApiConfig, Server};
-use ttlab_cli::{ClusterArgs, DatabaseArgs};
+use ttlab_cli::{ClusterArgs, DatabaseArgs, SitesArgs};
 use ttlab_lesson::LessonSet;
 use ttlab_lifespan::Policy;
 use ttlab_model::EnvName;
@@ -26,6 +29,8 @@ struct Args {
     db: DatabaseArgs,
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    sites: SitesArgs,
     /// Environment label stamped on every object (dev, prod, …).
     #[arg(long, env = "TTLAB_ENV", default_value = "dev")]
     env: EnvName,
@@ -204,9 +209,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Err(e) if e.is_rejection() => return Err(e.into()),
         Err(e) => tracing::warn!(error = %e, "the database does not answer yet; waiting for it"),
     }
-    // Only reads the kubeconfig (or the service account): the API server is first called by
-    // the tasks, which retry.
-    let cluster = args.cluster.connect(USER_AGENT).await?;
+    // Validated before anything is served: a bad file names the file, the site and the field.
+    let sites = args
+        .sites
+        .load(
+            &args.cluster,
+            u32::try_from(args.vm_limit).unwrap_or(u32::MAX),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Only reads the kubeconfigs (or the service account): the API servers are first called
+    // by the tasks, which retry.
+    let cluster = match &args.sites.sites {
+        None => Some(args.cluster.connect(USER_AGENT).await?),
+        Some(_) => None,
+    };
+    let mut runtimes = Vec::new();
+    if cluster.is_none() {
+        for site in sites.sites() {
+            match ttlab_cli::connect_site(site, &args.cluster, USER_AGENT).await {
+                Ok(client) => runtimes.push(ttlab_api::sites::SiteRuntime::connected(
+                    site.clone(),
+                    Arc::new(client),
+                )),
+                Err(e) => {
+                    tracing::warn!(site = %site.name, error = %e, "no client for this site: it is kept unreachable");
+                    runtimes.push(ttlab_api::sites::SiteRuntime::unconnected(
+                        site.clone(),
+                        format!("no client could be built: {e}"),
+                    ));
+                }
+            }
+        }
+    }
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
     config.listen = args.listen;
@@ -226,7 +260,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.web_dir = args.web_dir;
     config.user_agent = USER_AGENT.to_owned();
     config.migrate = true;
-    let server = Server::bind(config, store, Arc::new(cluster)).await?;
+    let server = match cluster {
+        Some(cluster) => Server::bind(config, store, Arc::new(cluster)).await?,
+        None => Server::bind_sites(config, store, runtimes).await?,
+    };
     // The agent of this version: its ConfigMap made sure of now, its sighting recorded while
     // the server runs (the reaper keeps versions a server saw recently).
     ttlab_api::tasks::start_agent_keeper(server.state())?;

@@ -1,9 +1,9 @@
-//! How the server reaches the agent in a session's VM, by the setting [`AgentPath`]
-//! (`TTLAB_AGENT_PATH`): a TCP connection to the VMI's address (`pod-ip`: the server runs in
+//! How the server reaches the agent in a session's VM, by its site's [`AgentPath`] (the sites
+//! file's `agent_path`, or `TTLAB_AGENT_PATH` without one): a TCP connection to the VMI's address (`pod-ip`: the server runs in
 //! the VMs' cluster), or a connection through the cluster's API server for each request
 //! (`portforward`: KubeVirt's `portforward` subresource of the VMI, for a server the pod
 //! network does not reach). Every agent client of the server is built here, by
-//! [`agent_client`], from the cluster the VM runs on.
+//! [`agent_client`], from the site the VM runs on.
 
 use std::future::Future;
 use std::io;
@@ -17,6 +17,7 @@ use ttlab_cluster::{ClusterError, ConsoleCluster};
 
 use crate::AppState;
 use crate::config::AgentPath;
+use crate::sites::SiteRuntime;
 
 /// Why no agent client could be built.
 #[derive(Debug)]
@@ -39,20 +40,21 @@ impl std::fmt::Display for NoAgent {
     }
 }
 
-/// A client of the agent in VMI `vmi` on `cluster`, presenting `token` and the server's
-/// `User-Agent`, reached as [`AgentPath`] says. `known_ip` is the VMI's address when the
+/// A client of the agent in VMI `vmi` on `site`, presenting `token` and the server's
+/// `User-Agent`, reached as the site's [`AgentPath`] says. `known_ip` is the VMI's address when the
 /// caller has just read it (`pod-ip` then asks the cluster for nothing); `portforward` needs
 /// no address and never asks the cluster here: each request opens its own port forward.
 /// The caller sets the timeouts (the connect timeout covers opening a port forward).
 pub(crate) async fn agent_client(
     state: &AppState,
-    cluster: Arc<dyn ConsoleCluster>,
+    site: &SiteRuntime,
     vmi: &str,
     known_ip: Option<IpAddr>,
     token: AgentToken,
 ) -> Result<AgentClient, NoAgent> {
     let port = state.config().agent_port;
-    let route = match state.config().agent_path {
+    let cluster: Arc<dyn ConsoleCluster> = site.cluster().clone();
+    let route = match site.agent_path() {
         AgentPath::PodIp => {
             let ip = match known_ip {
                 Some(ip) => ip,

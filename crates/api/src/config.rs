@@ -62,7 +62,7 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 /// | `trusted_proxies` | `TTLAB_TRUSTED_PROXIES` | none |
 /// | `cluster_retry_budget` | `TTLAB_CLUSTER_RETRY_BUDGET` (more than zero) | 60 s |
 /// | `agent_path` | `TTLAB_AGENT_PATH` (`pod-ip` or `portforward`) | `pod-ip` |
-/// | `site` | — (one site until the server reads a sites file) | `default` |
+/// | `site` | — (the one site of a server without a sites file) | `default` |
 /// | `migrate` | — (`ttlab-server` migrates) | false |
 #[derive(Clone)]
 pub struct ApiConfig {
@@ -72,7 +72,8 @@ pub struct ApiConfig {
     pub env: EnvName,
     /// How requests are authenticated.
     pub auth: AuthConfig,
-    /// Most VMs in the namespace at once (counted from the cluster).
+    /// Most VMs in the namespace at once (counted from the cluster), for a server without a
+    /// sites file ([`crate::Server::bind`]); with one, each site has its own.
     pub vm_limit: usize,
     /// Session lifespan rules, the hard deadline's grace among them (what the saga renders
     /// into each guest's power-off and each pod's `activeDeadlineSeconds`).
@@ -140,11 +141,13 @@ pub struct ApiConfig {
     /// they are taken off it (their page says why and offers to join again). Default
     /// [`DEFAULT_WAITLIST_MAX_WAIT`].
     pub waitlist_max_wait: Duration,
-    /// How the server reaches the agents in the guests. Default [`AgentPath::PodIp`].
+    /// How the server reaches the agents in the guests, for a server without a sites file;
+    /// with one, each site names its own. Default [`AgentPath::PodIp`].
     pub agent_path: AgentPath,
-    /// The site this server's cluster and namespace are: every session it opens (and every
-    /// warm-pool member) records it, and the admin's capacity view reports under it. Default
-    /// [`ttlab_site::DEFAULT_SITE`], the one site of a deployment without a sites file.
+    /// The name of the one site of a server without a sites file (its cluster and
+    /// namespace): every session it opens (and every warm-pool member) records it, and the
+    /// admin's capacity view reports under it. Default [`ttlab_site::DEFAULT_SITE`]. With a
+    /// sites file ([`crate::Server::bind_sites`]) the sites' own names are used.
     pub site: SiteName,
 }
 

@@ -94,6 +94,16 @@ pub enum ApiError {
     /// The cluster cannot be reached right now.
     #[error("the cluster is temporarily unavailable: {0}")]
     ClusterUnavailable(String),
+    /// The site (cluster) a session lives on cannot be used now: its API server did not
+    /// answer the last probe, no client could be built for it, or this server is not
+    /// configured with it (503 `site_unavailable`).
+    #[error("the cluster of site {site} is unreachable: {reason}")]
+    SiteUnavailable {
+        /// The session's site.
+        site: ttlab_model::SiteName,
+        /// Why (for operators: the log and the admin page).
+        reason: String,
+    },
     /// The grading agent in the VM did not answer.
     #[error("the lab VM did not answer: {0}")]
     AgentUnavailable(String),
@@ -245,6 +255,7 @@ impl ApiError {
             Self::Capacity { .. }
             | Self::DatabaseUnavailable(_)
             | Self::ClusterUnavailable(_)
+            | Self::SiteUnavailable { .. }
             | Self::Overloaded
             | Self::ShuttingDown
             | Self::RequestTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -282,6 +293,7 @@ impl ApiError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::DatabaseUnavailable(_) => "database_unavailable",
             Self::ClusterUnavailable(_) => "cluster_unavailable",
+            Self::SiteUnavailable { .. } => "site_unavailable",
             Self::AgentUnavailable(_) => "agent_unavailable",
             Self::Timeout(_) => "timeout",
             Self::RateLimited { .. } => "rate_limited",
@@ -308,6 +320,10 @@ impl ApiError {
             Self::ClusterUnavailable(_) => {
                 "the cluster is temporarily unavailable; try again shortly".into()
             }
+            Self::SiteUnavailable { site, .. } => format!(
+                "the cluster your lab runs on (site {site}) cannot be reached right now; your \
+                 lab is not lost, try again in a moment"
+            ),
             Self::AgentUnavailable(_) => "the lab VM did not answer; try again in a moment".into(),
             other => other.to_string(),
         }
@@ -322,6 +338,7 @@ impl ApiError {
             Self::Internal(_)
                 | Self::DatabaseUnavailable(_)
                 | Self::ClusterUnavailable(_)
+                | Self::SiteUnavailable { .. }
                 | Self::AgentUnavailable(_)
                 | Self::Timeout(_)
         )
@@ -335,6 +352,7 @@ impl ApiError {
             Self::ShuttingDown | Self::DatabaseUnavailable(_) => {
                 Some(std::time::Duration::from_secs(2))
             }
+            Self::SiteUnavailable { .. } => Some(std::time::Duration::from_secs(5)),
             _ => None,
         }
     }

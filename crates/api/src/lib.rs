@@ -62,6 +62,7 @@ pub mod metrics;
 mod pool;
 pub mod routes;
 pub mod saga;
+pub mod sites;
 mod state;
 pub mod tasks;
 pub mod view;
@@ -119,13 +120,34 @@ impl Server {
         store: Store,
         cluster: Arc<dyn Cluster>,
     ) -> Result<Self, ApiError> {
+        if config.vm_limit == 0 {
+            return Err(ApiError::Config("TTLAB_VM_LIMIT must be at least 1".into()));
+        }
+        let state = AppState::new(config, store, cluster);
+        Self::bind_state(state).await
+    }
+
+    /// [`Server::bind`] with these sites (the sites file's, each with its client or why none
+    /// could be built) instead of one cluster: sessions are placed among them, and each
+    /// session's later steps go to its own site.
+    pub async fn bind_sites(
+        config: ApiConfig,
+        store: Store,
+        sites: Vec<sites::SiteRuntime>,
+    ) -> Result<Self, ApiError> {
+        if sites.is_empty() {
+            return Err(ApiError::Config("no site is configured".into()));
+        }
+        let state = AppState::with_sites(config, store, sites);
+        Self::bind_state(state).await
+    }
+
+    async fn bind_state(state: AppState) -> Result<Self, ApiError> {
+        let config = state.config();
         config
             .policy
             .validate()
             .map_err(|e| ApiError::Config(e.to_string()))?;
-        if config.vm_limit == 0 {
-            return Err(ApiError::Config("TTLAB_VM_LIMIT must be at least 1".into()));
-        }
         if config.lessons.is_empty() {
             return Err(ApiError::Config(
                 "no lessons are configured (TTLAB_LESSONS)".into(),
@@ -146,7 +168,6 @@ impl Server {
             Some(at) => Some(bind(at).await?),
             None => None,
         };
-        let state = AppState::new(config, store, cluster);
         tasks::start(&state)?;
         state.database_checked(STARTUP_CHECK_WAIT).await;
         if let Some(why) = state.database_health().not_ready() {

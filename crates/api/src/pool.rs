@@ -25,13 +25,14 @@
 //! opens at most one member per turn of the lock (so replicas take turns and never
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
 //! reserve a cold start of the largest lesson needs, are never taken.
+//!
+//! **Sites.** Members (and class members) are prepared on the first site of the sites file
+//! (the only one without it), and counted against its VM limit.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use ttlab_cluster::ConsoleCluster;
 use ttlab_lesson::Lesson;
 use ttlab_model::{ClassId, FinalStatus, Runtime, SessionId, SessionStatus, UserId};
 use ttlab_pool::{Capacity, Demand, Forecast, Member, Plan, PlanInput, PoolSettings, RetireReason};
@@ -41,6 +42,7 @@ use crate::agent_route::{NoAgent, agent_client};
 use crate::classes::CurrentClasses;
 use crate::metrics::LessonLabels;
 use crate::saga::{self, with_db};
+use crate::sites::SiteRuntime;
 use crate::{ApiError, AppState};
 
 /// How long the hand-over of a claimed member may take, per VM.
@@ -201,10 +203,11 @@ pub(crate) async fn hand_over(state: &AppState, session: &Session) -> Result<(),
         .max_expires_at
         .checked_add_signed(grace)
         .ok_or_else(|| "the hard deadline is out of range".to_owned())?;
+    let site = &state.site_of(&session.site);
     let each = session.vms.iter().map(|vm| async move {
         tokio::time::timeout(
             HAND_OVER_WITHIN,
-            hand_over_vm(state, session.id, vm, power_off_at),
+            hand_over_vm(state, site, session.id, vm, power_off_at),
         )
         .await
         .unwrap_or_else(|_| {
@@ -219,6 +222,7 @@ pub(crate) async fn hand_over(state: &AppState, session: &Session) -> Result<(),
 
 async fn hand_over_vm(
     state: &AppState,
+    site: &SiteRuntime,
     session: SessionId,
     vm: &ttlab_store::SessionVm,
     power_off_at: DateTime<Utc>,
@@ -228,8 +232,7 @@ async fn hand_over_vm(
         .await
         .map_err(|e| format!("{node}: {e}"))?;
     let new = crate::saga::fresh_token().map_err(|e| format!("{node}: {e}"))?;
-    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
-    let client = agent_client(state, cluster, &vm.name, None, old)
+    let client = agent_client(state, site, &vm.name, None, old)
         .await
         .map_err(|e| match e {
             NoAgent::NoAddress => format!("{node}: the VM has no address"),
@@ -300,15 +303,17 @@ pub(crate) async fn refill(
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
-    let limit = u32::try_from(state.config().vm_limit).unwrap_or(u32::MAX);
+    // Members are prepared on the first site.
+    let site = state.first_site();
+    let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
     let mut retired = false;
     // Each turn opens one member: the pool's own (at most `max`) and its classes' (at most
     // the VM limit) bound the turns.
     for _ in 0..=settings.max().saturating_add(limit) {
-        let _turn = state.capacity_turn().await;
-        let listing = saga::listed_vms(state).await?;
-        let guard = state.store().lock_capacity().await?;
-        let usage = saga::count_vms(state, &listing).await?;
+        let _turn = site.capacity_turn().await;
+        let listing = saga::listed_vms(site).await?;
+        let guard = state.store().lock_capacity_of_site(site.name()).await?;
+        let usage = saga::count_vms(state, site, &listing).await?;
         let members = state.store().pools().members(env, &lesson.id).await?;
         let now = state.store().db_now().await?;
         let demand = if settings.demand_driven() {
@@ -425,7 +430,7 @@ fn new_member(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        site: state.config().site.clone(),
+        site: state.first_site().name().clone(),
         times: SessionTimes {
             started_at: now,
             expires_at: expires,

@@ -1,5 +1,6 @@
-//! The state every route shares: configuration, database, cluster, metrics, the in-process
-//! broadcast of change hints (fed by the `hub` task) and the tasks of this process.
+//! The state every route shares: configuration, database, the sites (each with its cluster
+//! client), metrics, the in-process broadcast of change hints (fed by the `hub` task) and the
+//! tasks of this process.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,12 +10,13 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use ttlab_background::Driver;
 use ttlab_cluster::Cluster;
-use ttlab_model::UserId;
+use ttlab_model::{SiteName, UserId};
 use ttlab_store::Store;
 
 use crate::auth::AuthConfig;
 use crate::limits::{Action, UserLimiter};
 use crate::metrics::{ActionLabels, Metrics};
+use crate::sites::SiteRuntime;
 use crate::{ApiConfig, ApiError};
 
 /// A listing of the namespace's VMs (or why it could not be taken) and when it was taken.
@@ -116,12 +118,10 @@ pub struct AppState {
 struct Inner {
     config: ApiConfig,
     store: Store,
-    cluster: Arc<dyn Cluster>,
+    /// The sites, in the sites file's order (one, `default`, without it).
+    sites: Vec<Arc<SiteRuntime>>,
     metrics: Metrics,
     hub: broadcast::Sender<HubEvent>,
-    capacity: tokio::sync::Mutex<()>,
-    listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
-    cluster_health: Mutex<ClusterHealth>,
     database: tokio::sync::watch::Sender<DatabaseHealth>,
     limiter: UserLimiter,
     tasks: Mutex<JoinSet<()>>,
@@ -224,8 +224,19 @@ pub enum HubEvent {
 }
 
 impl AppState {
-    /// Builds the state, with no background task running yet ([`crate::tasks`] starts them).
+    /// Builds the state of a server with one site, `config.site`, on `cluster` (its namespace
+    /// the client's, `config.vm_limit` places, `config.agent_path`), with no background task
+    /// running yet ([`crate::tasks`] starts them).
     pub fn new(config: ApiConfig, store: Store, cluster: Arc<dyn Cluster>) -> Self {
+        let site = single_site(&config, cluster.namespace());
+        let sites = vec![SiteRuntime::connected(site, cluster)];
+        Self::with_sites(config, store, sites)
+    }
+
+    /// Builds the state of a server with these sites (at least one; `config.vm_limit`,
+    /// `config.agent_path` and `config.site` are then not used), with no background task
+    /// running yet.
+    pub fn with_sites(config: ApiConfig, store: Store, sites: Vec<SiteRuntime>) -> Self {
         let (hub, _) = broadcast::channel(256);
         let limiter = UserLimiter::new(config.user_rate_limit);
         let metrics = Metrics::new();
@@ -234,12 +245,9 @@ impl AppState {
             inner: Arc::new(Inner {
                 config,
                 store,
-                cluster,
+                sites: sites.into_iter().map(Arc::new).collect(),
                 metrics,
                 hub,
-                capacity: tokio::sync::Mutex::new(()),
-                listed_vms: tokio::sync::Mutex::new(None),
-                cluster_health: Mutex::new(ClusterHealth::default()),
                 database: tokio::sync::watch::channel(DatabaseHealth::default()).0,
                 limiter,
                 tasks: Mutex::new(JoinSet::new()),
@@ -260,9 +268,53 @@ impl AppState {
         &self.inner.store
     }
 
-    /// The cluster.
-    pub fn cluster(&self) -> &Arc<dyn Cluster> {
-        &self.inner.cluster
+    /// The sites, in configuration order.
+    pub fn sites(&self) -> &[Arc<SiteRuntime>] {
+        &self.inner.sites
+    }
+
+    /// The first site: where warm pools and classes are prepared.
+    pub fn first_site(&self) -> &Arc<SiteRuntime> {
+        self.inner
+            .sites
+            .first()
+            .unwrap_or_else(|| unreachable!("a server has at least one site"))
+    }
+
+    /// The site `name` (a session row's): the configured one, or, for a site this server is
+    /// not configured with, one whose every cluster call fails saying so (the session's
+    /// objects are then left to whoever is configured with it).
+    pub fn site_of(&self, name: &SiteName) -> Arc<SiteRuntime> {
+        self.inner
+            .sites
+            .iter()
+            .find(|s| s.name() == name)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(SiteRuntime::missing(name)))
+    }
+
+    /// The site of a session for a request that needs its cluster now (console, grading):
+    /// 503 `site_unavailable` when this server is not configured with it, or, with several
+    /// sites, its last probe did not reach it (the one site of a server without a sites file
+    /// is always tried, as it always was).
+    pub(crate) fn usable_site(&self, name: &SiteName) -> Result<Arc<SiteRuntime>, ApiError> {
+        let site = self.site_of(name);
+        if !site.is_configured() {
+            return Err(ApiError::SiteUnavailable {
+                site: name.clone(),
+                reason: "this server is not configured with it".to_owned(),
+            });
+        }
+        if self.inner.sites.len() == 1 && site.has_client() {
+            return Ok(site);
+        }
+        match site.reachability() {
+            ttlab_site::Reachability::Reachable => Ok(site),
+            ttlab_site::Reachability::Unreachable(reason) => Err(ApiError::SiteUnavailable {
+                site: name.clone(),
+                reason,
+            }),
+        }
     }
 
     /// The metrics.
@@ -273,13 +325,6 @@ impl AppState {
     /// Subscribes to change hints (for event streams).
     pub fn subscribe(&self) -> broadcast::Receiver<HubEvent> {
         self.inner.hub.subscribe()
-    }
-
-    /// Serialises the capacity check of this process, so at most one of its requests waits
-    /// on the database's capacity lock at a time (the others wait here, not on a pooled
-    /// connection).
-    pub(crate) async fn capacity_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.inner.capacity.lock().await
     }
 
     /// Keeps a pool's last plan for the admin page.
@@ -306,12 +351,6 @@ impl AppState {
             .cloned()
     }
 
-    /// The last listing of the namespace's VMs the capacity check took (see
-    /// `saga::open::count_vms`), shared by the requests of this process.
-    pub(crate) fn listed_vms(&self) -> &tokio::sync::Mutex<Option<ListedVms>> {
-        &self.inner.listed_vms
-    }
-
     /// Admits one `action` of `user` under the per-user rate limit, or refuses it with 429.
     pub(crate) fn admit(&self, user: &UserId, action: Action) -> Result<(), ApiError> {
         self.inner
@@ -332,13 +371,10 @@ impl AppState {
             })
     }
 
-    /// What the last cluster probe found.
+    /// What the last cluster probe found, of the first site (the only one without a sites
+    /// file).
     pub fn cluster_health(&self) -> ClusterHealth {
-        self.inner
-            .cluster_health
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.first_site().health()
     }
 
     /// What the server knows of its database (`tasks::database`).
@@ -402,16 +438,21 @@ impl AppState {
     pub fn background(&self) -> &Driver {
         &self.inner.background
     }
+}
 
-    /// Records what a cluster probe found (see `tasks::cluster_probe`).
-    pub(crate) fn update_cluster_health(&self, update: impl FnOnce(&mut ClusterHealth)) {
-        update(
-            &mut self
-                .inner
-                .cluster_health
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+/// The one site of a server without a sites file, from its configuration.
+fn single_site(config: &ApiConfig, namespace: &str) -> ttlab_site::Site {
+    ttlab_site::Site {
+        name: config.site.clone(),
+        connection: ttlab_site::Connection::Inferred,
+        namespace: namespace
+            .parse()
+            .unwrap_or_else(|_| "default".parse().unwrap_or_else(|_| unreachable!())),
+        vm_limit: std::num::NonZeroU32::new(u32::try_from(config.vm_limit).unwrap_or(u32::MAX))
+            .unwrap_or(std::num::NonZeroU32::MIN),
+        labels: Default::default(),
+        weight: std::num::NonZeroU32::MIN,
+        agent_path: config.agent_path,
     }
 }
 

@@ -61,6 +61,10 @@ pub struct SessionView {
     /// While starting: how long sessions of this lesson took to become ready recently.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected_ready: Option<ExpectedView>,
+    /// While live: why the cluster of its site cannot be reached now, in a sentence for the
+    /// student (absent while it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site_unreachable: Option<String>,
 }
 
 /// The measured time to ready of a lesson's recent sessions (request to ready, seconds).
@@ -310,12 +314,26 @@ impl SessionView {
                 .as_ref()
                 .map(|_| reference_of(&s.id.to_string())),
             expected_ready: None,
+            site_unreachable: None,
         }
     }
 
     /// The view with the lesson's measured time to ready.
     pub fn with_expected(mut self, expected: Option<ExpectedView>) -> Self {
         self.expected_ready = expected;
+        self
+    }
+
+    /// The view with what is known of its site's cluster: a live session on a site that does
+    /// not answer (`reachable` false) says so.
+    pub fn with_site(mut self, reachable: bool) -> Self {
+        self.site_unreachable = (!reachable && self.status.is_live()).then(|| {
+            format!(
+                "the cluster your lab runs on (site {}) cannot be reached right now: the \
+                 console and grading are unavailable until it answers again",
+                self.site
+            )
+        });
         self
     }
 }

@@ -29,6 +29,24 @@ pub(crate) const fn lock_key(kind: LockKind, key: i32) -> (i32, i32) {
     (0x7474_0000 | kind as i32, key)
 }
 
+/// The capacity lock key of a site: 0 for `default` (the key of [`Store::lock_capacity`]),
+/// else a hash of the name (FNV-1a, never 0; two sites sharing a key only wait for each
+/// other).
+fn site_lock_key(site: &ttlab_model::SiteName) -> i32 {
+    if site.as_str() == "default" {
+        return 0;
+    }
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in site.as_str().bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    match i32::from_ne_bytes(hash.to_ne_bytes()) {
+        0 => 1,
+        key => key,
+    }
+}
+
 /// Being the acting reaper of one environment: a [lease](crate::leases) of kind
 /// `reaper-leader` keyed by the environment, renewed on a heartbeat. Dropping it stops the
 /// heartbeat and releases it.
@@ -72,7 +90,21 @@ impl Store {
     /// live VMs while holding it, then either [`CapacityGuard::insert_session`] (which commits
     /// and releases) or drop the guard (which rolls back and releases).
     pub async fn lock_capacity(&self) -> Result<CapacityGuard, StoreError> {
-        let (class, key) = lock_key(LockKind::Capacity, 0);
+        self.lock_capacity_key(0).await
+    }
+
+    /// [`Store::lock_capacity`] of one site: starts on different sites do not wait for each
+    /// other, two on one site do. The site `default` (a deployment without a sites file)
+    /// takes the very lock [`Store::lock_capacity`] takes.
+    pub async fn lock_capacity_of_site(
+        &self,
+        site: &ttlab_model::SiteName,
+    ) -> Result<CapacityGuard, StoreError> {
+        self.lock_capacity_key(site_lock_key(site)).await
+    }
+
+    async fn lock_capacity_key(&self, key: i32) -> Result<CapacityGuard, StoreError> {
+        let (class, key) = lock_key(LockKind::Capacity, key);
         // The guard exists before the transaction begins: if this future is dropped half-way,
         // its Drop discards the connection rather than pooling one inside a transaction.
         let mut guard = CapacityGuard {
@@ -359,5 +391,19 @@ impl Drop for CapacityGuard {
         if let Some(client) = self.client.take() {
             drop(deadpool_postgres::Object::take(client));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::site_lock_key;
+
+    #[test]
+    fn the_default_site_shares_todays_capacity_lock_and_other_sites_have_their_own() {
+        let key = |name: &str| site_lock_key(&name.parse().unwrap());
+        assert_eq!(key("default"), 0);
+        assert_ne!(key("campus-a"), 0);
+        assert_ne!(key("campus-a"), key("campus-b"));
+        assert_eq!(key("campus-a"), key("campus-a"));
     }
 }

@@ -400,6 +400,8 @@ struct Target {
     /// Who opens it (the ticket's user).
     user: UserId,
     runtime: Runtime,
+    /// The session's site, whose cluster serves the console.
+    site: std::sync::Arc<crate::sites::SiteRuntime>,
     node: String,
     object: String,
     deadline: Instant,
@@ -468,6 +470,10 @@ async fn prepare(
     if session.status != SessionStatus::Running {
         return Err(not_running(&session).into_response());
     }
+    // The session's cluster must answer: else 503 `site_unavailable`, saying so.
+    let site = state
+        .usable_site(&session.site)
+        .map_err(IntoResponse::into_response)?;
     let now = state
         .store()
         .db_now()
@@ -495,6 +501,7 @@ async fn prepare(
         session: id,
         user: ticket.user,
         runtime: session.runtime,
+        site,
         node: vm.node.to_string(),
         object: vm.name.clone(),
         deadline: instant_of(session.expires_at, now),
@@ -547,7 +554,7 @@ fn start(
         warnings_given: target.warned.clone(),
         ..RelayConfig::default()
     };
-    let cluster = Arc::clone(state.cluster());
+    let cluster: Arc<dyn ttlab_cluster::ConsoleCluster> = target.site.cluster().clone();
     upgrade
         .read_buffer_size(8 * 1024)
         .write_buffer_size(0)
@@ -580,6 +587,7 @@ fn start(
                     let vm = VmConsole {
                         state,
                         session: target.session,
+                        site: Arc::clone(&target.site),
                         cluster,
                         vm: target.object.clone(),
                         node: target.node.clone(),

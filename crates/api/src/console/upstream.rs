@@ -18,6 +18,7 @@ use ttlab_console::{CloseReason, Connected, ConsoleError, TermSize, Upstream};
 use ttlab_model::{NodeName, SessionId};
 
 use crate::agent_route::{NoAgent, agent_client};
+use crate::sites::SiteRuntime;
 use crate::{AppState, saga};
 
 /// Asks the pod whether it has bash (exit status 0 if so).
@@ -37,6 +38,8 @@ const RESIZE_RETRY_FOR: Duration = Duration::from_secs(600);
 pub(super) struct VmConsole {
     pub(super) state: AppState,
     pub(super) session: SessionId,
+    /// The session's site (its agents are reached as the site says).
+    pub(super) site: Arc<SiteRuntime>,
     pub(super) cluster: Arc<dyn ConsoleCluster>,
     pub(super) vm: String,
     /// The lab node the VM is (its agent's token is the node's).
@@ -55,11 +58,11 @@ impl Drop for VmConsole {
     }
 }
 
-/// A client of the agent of `vm` (node `node` of `session`), reached as the server's agent
+/// A client of the agent of `vm` (node `node` of `session`), reached as its site's agent
 /// path says, with the node's stored token.
 async fn agent_of(
     state: &AppState,
-    cluster: Arc<dyn ConsoleCluster>,
+    site: &SiteRuntime,
     session: SessionId,
     vm: &str,
     node: &str,
@@ -68,7 +71,7 @@ async fn agent_of(
     let token = saga::agent_token(state, session, &node)
         .await
         .map_err(|e| e.to_string())?;
-    let client = agent_client(state, cluster, vm, None, token)
+    let client = agent_client(state, site, vm, None, token)
         .await
         .map_err(|e| match e {
             NoAgent::NoAddress => format!("{vm} has no address yet"),
@@ -80,14 +83,8 @@ async fn agent_of(
 impl VmConsole {
     async fn agent(&mut self) -> Result<&AgentClient, String> {
         if self.agent.is_none() {
-            let client = agent_of(
-                &self.state,
-                Arc::clone(&self.cluster),
-                self.session,
-                &self.vm,
-                &self.node,
-            )
-            .await?;
+            let client =
+                agent_of(&self.state, &self.site, self.session, &self.vm, &self.node).await?;
             self.agent = Some(client);
         }
         self.agent
@@ -99,14 +96,13 @@ impl VmConsole {
     /// booting, or restarted with another address), for [`RESIZE_RETRY_FOR`] at most; a newer
     /// size replaces it.
     fn retry_resize(&mut self, wanted: ConsoleSize) {
-        let (state, cluster, session) = (self.state.clone(), self.cluster.clone(), self.session);
+        let (state, site, session) = (self.state.clone(), self.site.clone(), self.session);
         let (vm, node) = (self.vm.clone(), self.node.clone());
         self.resizing = Some(tokio::spawn(async move {
             let until = tokio::time::Instant::now() + RESIZE_RETRY_FOR;
             while tokio::time::Instant::now() < until {
                 tokio::time::sleep(RESIZE_RETRY_EVERY).await;
-                let Ok(agent) = agent_of(&state, Arc::clone(&cluster), session, &vm, &node).await
-                else {
+                let Ok(agent) = agent_of(&state, &site, session, &vm, &node).await else {
                     continue;
                 };
                 if agent.set_console_size(wanted).await.is_ok() {

@@ -18,6 +18,7 @@ use ttlab_vm_manifest::launcher::LauncherSpec;
 
 use crate::auth::AdminUser;
 use crate::extract::{ApiJson, SessionPath};
+use crate::sites::SiteRuntime;
 use crate::view::SessionView;
 use crate::{ApiError, AppState};
 
@@ -118,22 +119,6 @@ async fn capacity(
     State(state): State<AppState>,
     _admin: AdminUser,
 ) -> Result<Json<Value>, ApiError> {
-    // Every VM ttlab manages counts, those being deleted too (their guests hold memory until
-    // they are gone); the ones being deleted are named.
-    let listed = state
-        .cluster()
-        .list_all(
-            ttlab_cluster::Kind::VirtualMachine,
-            &ttlab_model::labels::managed_selector(),
-        )
-        .await;
-    let live = listed.as_ref().map(Vec::len).map_err(Clone::clone);
-    let terminating_vms: Option<Vec<&str>> = listed.as_ref().ok().map(|vms| {
-        vms.iter()
-            .filter(|v| v.deleting)
-            .map(|v| v.name.as_str())
-            .collect()
-    });
     // Sessions left finishing because some object of theirs is still terminating after its
     // deletion was accepted, as the reaper last saw them (every environment: they all share
     // the namespace and its capacity).
@@ -157,12 +142,100 @@ async fn capacity(
         .list_in_status(&state.config().env, SessionStatus::Starting, None, 5000)
         .await?;
     let starting = starting_rows.len();
-    let (live_vms, error) = match live {
-        Ok(n) => (Some(n), None),
+    // Per site, with the cluster probe's finding; the top-level fields are the first site's
+    // (the only one without a sites file), as they always were.
+    let several = state.sites().len() > 1;
+    let mut sites = Vec::new();
+    let mut first = None;
+    for site in state.sites() {
+        let seen = site_capacity(&state, site, several).await;
+        let (reachable, why) = site_reachable(&site.health(), seen.error.as_deref());
+        let vm_limit = site.vm_limit();
+        sites.push(json!({
+            "name": site.name(),
+            "namespace": site.cluster().namespace(),
+            "vm_limit": vm_limit,
+            "weight": site.site().weight.get(),
+            "labels": site.site().labels,
+            "agent_path": site.agent_path().as_str(),
+            "in_use": seen.live_vms,
+            "available": seen.live_vms.map(|n| vm_limit.saturating_sub(n)),
+            "starting_sessions": starting_rows.iter().filter(|s| &s.site == site.name()).count(),
+            "quota": seen.quota,
+            "quota_error": seen.quota_error,
+            "memory": seen.memory,
+            "error": seen.error,
+            "reachable": reachable,
+            "why": why,
+            "checked_at": site.health().checked_at,
+        }));
+        if first.is_none() {
+            first = Some(seen);
+        }
+    }
+    let site = state.first_site();
+    let seen = first.unwrap_or_else(|| unreachable!("a server has at least one site"));
+    Ok(Json(json!({
+        "live_vms": seen.live_vms,
+        "starting_sessions": starting,
+        "limit": site.vm_limit(),
+        "available": seen.live_vms.map(|n| site.vm_limit().saturating_sub(n)),
+        "namespace": site.cluster().namespace(),
+        "quota": seen.quota,
+        "memory": seen.memory,
+        "terminating_vms": seen.terminating_vms,
+        "terminating": terminating,
+        "error": seen.error,
+        "quota_error": seen.quota_error,
+        "sites": sites,
+    })))
+}
+
+/// What the capacity view shows of one site's cluster.
+struct SiteSeen {
+    live_vms: Option<usize>,
+    terminating_vms: Option<Vec<String>>,
+    error: Option<String>,
+    quota: Option<Vec<Value>>,
+    quota_error: Option<String>,
+    memory: Value,
+}
+
+/// How long the capacity view waits for one of several sites' API servers.
+const SITE_VIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Lists one site's VMs (every VM ttlab manages counts, those being deleted too: their
+/// guests hold memory until they are gone; the ones being deleted are named) and reads its
+/// ResourceQuotas (the second layer, as the API server accounts them). With `several` sites
+/// each call is bounded by [`SITE_VIEW_TIMEOUT`], so one silent site does not hold the view.
+async fn site_capacity(state: &AppState, site: &SiteRuntime, several: bool) -> SiteSeen {
+    let selector = ttlab_model::labels::managed_selector();
+    let list = site
+        .cluster()
+        .list_all(ttlab_cluster::Kind::VirtualMachine, &selector);
+    let listed = if several {
+        tokio::time::timeout(SITE_VIEW_TIMEOUT, list)
+            .await
+            .unwrap_or_else(|_| Err(site_timed_out()))
+    } else {
+        list.await
+    };
+    let terminating_vms = listed.as_ref().ok().map(|vms| {
+        vms.iter()
+            .filter(|v| v.deleting)
+            .map(|v| v.name.clone())
+            .collect()
+    });
+    let (live_vms, error) = match &listed {
+        Ok(vms) => (Some(vms.len()), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    // The second layer: the namespace's ResourceQuotas, as the API server accounts them.
-    let quotas = state.cluster().resource_quotas().await;
+    let quotas = if several && error.is_some() {
+        // Its API server did not answer the listing: not asked again.
+        Err(site_timed_out())
+    } else {
+        site.cluster().resource_quotas().await
+    };
     let (quota, quota_error) = match &quotas {
         Ok(quotas) => (
             Some(
@@ -176,39 +249,23 @@ async fn capacity(
         Err(e) => (None, Some(e.to_string())),
     };
     let memory = memory_view(&state.config().lessons, quotas.as_deref().ok());
-    // Per site (today one: the server's cluster and namespace), with the cluster probe's
-    // finding; the top-level fields above stay as they were.
-    let site = &state.config().site;
-    let (reachable, why) = site_reachable(&state.cluster_health(), error.as_deref());
-    let sites = vec![json!({
-        "name": site,
-        "namespace": state.cluster().namespace(),
-        "vm_limit": state.config().vm_limit,
-        "in_use": live_vms,
-        "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
-        "starting_sessions": starting_rows.iter().filter(|s| &s.site == site).count(),
-        "quota": quota,
-        "quota_error": quota_error,
-        "memory": memory,
-        "error": error,
-        "reachable": reachable,
-        "why": why,
-        "checked_at": state.cluster_health().checked_at,
-    })];
-    Ok(Json(json!({
-        "live_vms": live_vms,
-        "starting_sessions": starting,
-        "limit": state.config().vm_limit,
-        "available": live_vms.map(|n| state.config().vm_limit.saturating_sub(n)),
-        "namespace": state.cluster().namespace(),
-        "quota": quota,
-        "memory": memory,
-        "terminating_vms": terminating_vms,
-        "terminating": terminating,
-        "error": error,
-        "quota_error": quota_error,
-        "sites": sites,
-    })))
+    SiteSeen {
+        live_vms,
+        terminating_vms,
+        error,
+        quota,
+        quota_error,
+        memory,
+    }
+}
+
+fn site_timed_out() -> ttlab_cluster::ClusterError {
+    ttlab_cluster::ClusterError::Transient {
+        message: format!(
+            "the API server did not answer within {} s",
+            SITE_VIEW_TIMEOUT.as_secs()
+        ),
+    }
 }
 
 /// Whether a site's cluster is reachable, and if not why: the last probe's finding
@@ -518,13 +575,13 @@ async fn session_detail(
     let selector = ttlab_model::labels::session_selector(&s.env, s.id);
     let mut objects = Vec::new();
     let mut objects_error = None;
+    let site = state.site_of(&s.site);
     for kind in ttlab_cluster::Kind::ALL {
-        match state.cluster().list_all(kind, &selector).await {
+        match site.cluster().list_all(kind, &selector).await {
             Ok(found) => {
                 for o in found {
                     let status = if kind == ttlab_cluster::Kind::VirtualMachine {
-                        state
-                            .cluster()
+                        site.cluster()
                             .vm_status(&o.name)
                             .await
                             .ok()

@@ -110,7 +110,8 @@ fn poolable_lesson(state: &AppState, raw: &str) -> Result<Lesson, ApiError> {
             ),
         ));
     }
-    let limit = state.config().vm_limit;
+    // Classes are prepared on the first site, within its limit.
+    let limit = state.first_site().vm_limit();
     let reserve = usize::try_from(crate::pool::cold_reserve(state)).unwrap_or(usize::MAX);
     let nodes = lesson.nodes.len();
     if nodes + reserve > limit {
@@ -306,10 +307,11 @@ fn class_json(
     })
 }
 
-/// The VM limit and the places kept for a cold start, as classes are planned with.
+/// The VM limit (of the first site, where classes are prepared) and the places kept for a
+/// cold start, as classes are planned with.
 fn limits(state: &AppState) -> (u32, u32) {
     (
-        u32::try_from(state.config().vm_limit).unwrap_or(u32::MAX),
+        u32::try_from(state.first_site().vm_limit()).unwrap_or(u32::MAX),
         crate::pool::cold_reserve(state),
     )
 }

@@ -159,6 +159,7 @@ async fn events(
             let expected = super::sessions::expected(&w.state, &row).await;
             let view = SessionView::new(&row, &w.state.config().policy, now)
                 .with_expected(expected)
+                .with_site(w.state.usable_site(&row.site).is_ok())
                 .for_viewer(&w.viewer);
             let event = Event::default()
                 .event("session")

@@ -172,20 +172,23 @@ async fn from_database(state: &AppState) {
     }
 }
 
-/// The VM places taken (as the capacity check counts them) and the namespace's quotas.
+/// The VM places taken (as the capacity check counts them) and the namespace's quotas, of
+/// the first site (the only one without a sites file; the admin's capacity view has every
+/// site).
 async fn from_cluster(state: &AppState) {
     let metrics = state.metrics();
-    let limit = state.config().vm_limit;
+    let site = state.first_site();
+    let limit = site.vm_limit();
     metrics
         .capacity_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let usage = async {
-        let listing = crate::saga::listed_vms(state).await?;
-        crate::saga::count_vms(state, &listing).await
+        let listing = crate::saga::listed_vms(site).await?;
+        crate::saga::count_vms(state, site, &listing).await
     };
     let (usage, quotas) = tokio::join!(
         tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, usage),
-        tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, state.cluster().resource_quotas()),
+        tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, site.cluster().resource_quotas()),
     );
     if let Ok(Ok(usage)) = usage {
         metrics.set_capacity(&usage, limit);

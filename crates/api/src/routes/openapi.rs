@@ -103,7 +103,7 @@ pub fn document() -> Value {
             },
             "/api/sessions/{id}/grade": {
                 "parameters": id_param(),
-                "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", limited(auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("agent_unavailable: the VM's agent (or the lab pod) did not answer (the message is a plain sentence; the detail is in the server's log)")}))))
+                "post": op("Run the lesson's grading steps: through the agent in each VM, or in the lab pod's container (pod exec)", limited(auth_errors(json!({"200": ok("each step's result", json!({"type": "object", "properties": {"passed": {"type": "integer"}, "total": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "object"}}}})), "404": err("no such session, or not yours"), "409": err("not_running"), "502": err("agent_unavailable: the VM's agent (or the lab pod) did not answer (the message is a plain sentence; the detail is in the server's log)"), "503": err("site_unavailable: the cluster of the session's site cannot be reached now (with Retry-After)")}))))
             },
             "/api/sessions/{id}/console-ticket": {
                 "parameters": id_param(),
@@ -130,7 +130,7 @@ pub fn document() -> Value {
                             "403": err("invalid_ticket (unknown, used, expired, or for another session or node), not_your_session"),
                             "404": err("no such session"),
                             "409": err("not_running, expired"),
-                            "503": err("database unavailable")
+                            "503": err("database_unavailable, or site_unavailable: the cluster of the session's site cannot be reached now")
                         }}
             },
             "/api/admin/sessions": {"get": {
@@ -142,7 +142,7 @@ pub fn document() -> Value {
                 ],
                 "responses": admin_errors(json!({"200": ok("sessions", json!({"type": "array", "items": session()})), "400": err("invalid_query")}))
             }},
-            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows; `sites`: the same per site (today one, `default`), with whether the last cluster probe reached it", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
+            "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows; `sites`: the same per site (one, `default`, without a sites file), with its weight, labels and agent path and whether the last cluster probe reached it (the top-level fields are the first site's)", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
                 "summary": "Recent reaper cycle reports",
                 "security": [{"bearer": []}],
@@ -251,7 +251,7 @@ pub fn document() -> Value {
         json!({"type": "string", "description": "with a 422: the field of the request at fault"});
     doc["components"]["schemas"]["Capacity"]["properties"]["memory"] = capacity_memory_schema();
     doc["components"]["schemas"]["SiteCapacity"] = site_capacity_schema();
-    doc["components"]["schemas"]["Capacity"]["properties"]["sites"] = json!({"type": "array", "description": "one entry per site, a place VMs run (today one: `default`, the server's cluster and namespace)", "items": {"$ref": "#/components/schemas/SiteCapacity"}});
+    doc["components"]["schemas"]["Capacity"]["properties"]["sites"] = json!({"type": "array", "description": "one entry per site, a place VMs run, in the sites file's order (without a sites file one: `default`, the server's cluster and namespace); the top-level fields are the first site's", "items": {"$ref": "#/components/schemas/SiteCapacity"}});
     doc["components"]["schemas"]["Waitlist"] = json!({"type": "object", "required": ["waiting"], "properties": {
         "waiting": {"type": "boolean"},
         "lesson": {"type": "string"},
@@ -270,6 +270,7 @@ pub fn document() -> Value {
         "window_seconds": {"type": "integer"},
         "refusal": {"type": ["object", "null"], "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}});
     session["site"] = json!({"type": "string", "description": "the site its VMs run on: a cluster's API server and a namespace in it (`default` without a sites file)"});
+    session["site_unreachable"] = json!({"type": "string", "description": "while live, only when the cluster of its site cannot be reached now: a sentence for the student (the console and grading then answer 503 site_unavailable)"});
     session["reference"] = json!({"type": "string", "description": "with a failure reason: the reference its student quotes to an operator (the first 8 characters of the session id, which the provisioning's log lines carry)"});
     session["expected_ready"] = json!({"type": "object", "description": "while starting, if measured: p50_seconds, p90_seconds and count of the lesson's recent starts (request to ready)", "properties": {
         "count": {"type": "integer"}, "p50_seconds": {"type": "number"}, "p90_seconds": {"type": "number"}}});
@@ -311,6 +312,9 @@ fn site_capacity_schema() -> Value {
         "name": {"type": "string", "description": "the site's name (a DNS label of at most 40 characters)"},
         "namespace": {"type": "string", "description": "the namespace its VMs live in"},
         "vm_limit": {"type": "integer", "description": "most VMs at once on the site"},
+        "weight": {"type": "integer", "description": "its share in placement: free places count this many times"},
+        "labels": {"type": "array", "items": {"type": "string"}, "description": "the capabilities it offers"},
+        "agent_path": {"type": "string", "enum": ["pod-ip", "portforward"], "description": "how the server reaches the agents of its VMs"},
         "in_use": {"type": ["integer", "null"], "description": "VMs ttlab manages there, those being deleted included (as live_vms); null if the cluster could not be read"},
         "available": {"type": ["integer", "null"], "description": "vm_limit minus in_use (0 if above); null if the cluster could not be read"},
         "starting_sessions": {"type": "integer", "description": "this environment's sessions on the site still starting"},
@@ -319,7 +323,7 @@ fn site_capacity_schema() -> Value {
         "memory": {"type": "object", "description": "memory against the site's quota (as the top-level memory)"},
         "error": {"type": ["string", "null"], "description": "why in_use could not be counted"},
         "reachable": {"type": "boolean", "description": "whether the last probe of the site's Kubernetes API answered (before the first probe ends: whether this view's count of its VMs did)"},
-        "why": {"type": ["string", "null"], "description": "when not reachable: the probe's last error"},
+        "why": {"type": ["string", "null"], "description": "when not reachable: the probe's last error, or why no client could be built for it (it then takes no start)"},
         "checked_at": {"type": ["string", "null"], "format": "date-time", "description": "when the last probe ended; null before the first"}
     }})
 }

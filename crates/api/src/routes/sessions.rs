@@ -1,6 +1,5 @@
 //! Student routes: lessons, sessions, extend, finish, grade.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -10,7 +9,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use ttlab_cluster::ConsoleCluster;
 use ttlab_model::{LessonId, Runtime, SessionStatus};
 use ttlab_store::Session;
 
@@ -20,6 +18,7 @@ use crate::extract::{ApiJson, SessionPath};
 use crate::limits::Action;
 use crate::metrics::GradingOutcome;
 use crate::saga;
+use crate::sites::SiteRuntime;
 use crate::view::{ExpectedView, SessionView};
 use crate::{ApiError, AppState};
 
@@ -125,7 +124,9 @@ const EXPECTED_OVER: u32 = 20;
 /// it starts).
 pub(super) async fn view(state: &AppState, s: &Session) -> Result<SessionView, ApiError> {
     let now = state.store().db_now().await?;
-    Ok(SessionView::new(s, &state.config().policy, now).with_expected(expected(state, s).await))
+    Ok(SessionView::new(s, &state.config().policy, now)
+        .with_expected(expected(state, s).await)
+        .with_site(state.usable_site(&s.site).is_ok()))
 }
 
 /// While `s` starts: how long the last ready sessions of its lesson took. A failed read
@@ -193,6 +194,7 @@ async fn read(
             Ok(Json(
                 SessionView::new(&s, &state.config().policy, now)
                     .with_expected(expected)
+                    .with_site(state.usable_site(&s.site).is_ok())
                     .for_viewer(&user),
             ))
         }
@@ -315,6 +317,8 @@ async fn grade(
     if s.status != SessionStatus::Running {
         return Err(not_running(s.status));
     }
+    // Its site must answer: else 503 `site_unavailable`, saying so.
+    let site = state.usable_site(&s.site)?;
     let lesson = state
         .config()
         .lessons
@@ -324,8 +328,8 @@ async fn grade(
     let mut steps = Vec::with_capacity(lesson.grading.len());
     for step in &lesson.grading {
         let result = match s.runtime {
-            Runtime::Vm => grade_in_vm(&state, &s, step).await,
-            Runtime::Pod => grade_in_pod(&state, &s, step).await,
+            Runtime::Vm => grade_in_vm(&state, &site, &s, step).await,
+            Runtime::Pod => grade_in_pod(&site, &s, step).await,
         };
         match result {
             Ok(step) => steps.push(step),
@@ -386,6 +390,7 @@ fn not_running(status: SessionStatus) -> ApiError {
 /// Runs one grading step through the agent in the step's VM, with the VM's stored token.
 async fn grade_in_vm(
     state: &AppState,
+    site: &SiteRuntime,
     s: &Session,
     step: &ttlab_lesson::GradingStep,
 ) -> Result<StepResult, ApiError> {
@@ -395,8 +400,7 @@ async fn grade_in_vm(
         .find(|v| v.node == step.node)
         .ok_or_else(|| ApiError::Internal(format!("no VM recorded for node {}", step.node)))?;
     let token = saga::agent_token(state, s.id, &step.node).await?;
-    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
-    let client = match agent_client(state, cluster, &vm.name, None, token).await {
+    let client = match agent_client(state, site, &vm.name, None, token).await {
         Ok(client) => client,
         Err(NoAgent::NoAddress) => {
             return Err(ApiError::AgentUnavailable(format!(
@@ -431,7 +435,7 @@ async fn grade_in_vm(
 /// Runs one grading step in a pod lab's container (`sh -c COMMAND`, no TTY) through the
 /// cluster's pod exec: pods have no agent, the kubelet runs the command.
 async fn grade_in_pod(
-    state: &AppState,
+    site: &SiteRuntime,
     s: &Session,
     step: &ttlab_lesson::GradingStep,
 ) -> Result<StepResult, ApiError> {
@@ -440,7 +444,7 @@ async fn grade_in_pod(
         .first()
         .ok_or_else(|| ApiError::Internal("no pod recorded for the session".into()))?;
     let command = vec!["sh".to_owned(), "-c".to_owned(), step.command.clone()];
-    let out = state
+    let out = site
         .cluster()
         .exec_pod_command(&pod.name, Some(saga::LAB_CONTAINER), command, step.timeout)
         .await

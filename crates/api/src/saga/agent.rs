@@ -15,6 +15,7 @@ use std::time::Duration;
 use ttlab_cluster::{ClusterError, Ensured};
 
 use crate::AppState;
+use crate::sites::SiteRuntime;
 
 /// How often a running server records its agent version as seen.
 pub const AGENT_HEARTBEAT: Duration = Duration::from_secs(5 * 60);
@@ -33,11 +34,40 @@ pub async fn record_agent_seen(state: &AppState) -> Result<(), ttlab_store::Stor
         .await
 }
 
-/// Makes sure the agent's ConfigMap exists: asks the API server, and creates it when it is
-/// absent. Record the version as seen ([`record_agent_seen`]) first.
+/// Makes sure the agent's ConfigMap exists on every site: asks each API server, and creates
+/// it when it is absent. Record the version as seen ([`record_agent_seen`]) first. Every
+/// site is tried; the first failure is the answer (with several sites, naming the site).
 pub async fn ensure_agent_config_map(state: &AppState) -> Result<Ensured, ClusterError> {
+    let mut answer = Ok(Ensured::Present);
+    let several = state.sites().len() > 1;
+    for site in state.sites() {
+        match ensure_agent_config_map_on(state, site).await {
+            Ok(Ensured::Created) if answer.is_ok() => answer = Ok(Ensured::Created),
+            Ok(_) => {}
+            Err(e) if answer.is_ok() => {
+                answer = Err(if several {
+                    ClusterError::Transient {
+                        message: format!("site {}: {e}", site.name()),
+                    }
+                } else {
+                    e
+                });
+            }
+            Err(e) => {
+                tracing::warn!(site = %site.name(), error = %e, "cannot make sure of the agent ConfigMap")
+            }
+        }
+    }
+    answer
+}
+
+/// [`ensure_agent_config_map`] on one site.
+async fn ensure_agent_config_map_on(
+    state: &AppState,
+    site: &SiteRuntime,
+) -> Result<Ensured, ClusterError> {
     let agent = &state.config().agent;
-    let ensured = state
+    let ensured = site
         .cluster()
         .ensure_config_map(agent.config_map(&state.config().env))
         .await?;
@@ -55,11 +85,14 @@ pub async fn ensure_agent_config_map(state: &AppState) -> Result<Ensured, Cluste
 /// Right before a VM mounting the agent's ConfigMap is created: the version recorded as seen
 /// (so the reaper keeps it), then the ConfigMap made sure of. A database that cannot record
 /// the sighting is a transient failure of the create (it is tried again).
-pub(crate) async fn agent_before_vm(state: &AppState) -> Result<(), ClusterError> {
+pub(crate) async fn agent_before_vm(
+    state: &AppState,
+    site: &SiteRuntime,
+) -> Result<(), ClusterError> {
     record_agent_seen(state)
         .await
         .map_err(|e| ClusterError::Transient {
             message: format!("recording the agent version as seen: {e}"),
         })?;
-    ensure_agent_config_map(state).await.map(|_| ())
+    ensure_agent_config_map_on(state, site).await.map(|_| ())
 }

@@ -4,11 +4,11 @@ use ttlab_cluster::{GoldenFacts, GoldenRef, Lookup};
 use ttlab_disk_select as ds;
 use ttlab_lesson::{GoldenSource, Lesson, VmDisk};
 
-use crate::AppState;
+use crate::sites::SiteRuntime;
 
 /// The root disk decision for `lesson`, and the reason to record. A golden disk that cannot
 /// be observed at all (the API did not answer) falls back to the container disk too.
-pub(crate) async fn decide(state: &AppState, lesson: &Lesson) -> (ds::DiskDecision, String) {
+pub(crate) async fn decide(site: &SiteRuntime, lesson: &Lesson) -> (ds::DiskDecision, String) {
     let golden = match &lesson.vm_disk {
         VmDisk::Container => {
             let d = ds::decide(&ds::GoldenObservation::NotRequested);
@@ -21,11 +21,11 @@ pub(crate) async fn decide(state: &AppState, lesson: &Lesson) -> (ds::DiskDecisi
         GoldenSource::Pvc(name) => GoldenRef::Pvc(name.clone()),
         GoldenSource::DataSource(name) => GoldenRef::DataSource(name.clone()),
     };
-    match state.cluster().observe_golden(&reference).await {
+    match site.cluster().observe_golden(&reference).await {
         Ok(facts) => {
             let seen = observation(
                 &facts,
-                state.cluster().namespace(),
+                site.cluster().namespace(),
                 golden.expected_image.as_deref(),
             );
             let d = ds::decide(&seen);

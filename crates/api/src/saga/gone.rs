@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use ttlab_background::Backoff;
 use ttlab_cluster::{Kind, LabelSweep, Outcome, TeardownReport, teardown_session_within};
-use ttlab_model::{SessionId, SessionStatus};
+use ttlab_model::{SessionId, SessionStatus, SiteName};
 use ttlab_store::Session;
 
 use super::{nodes_of, target, with_db};
+use crate::sites::SiteRuntime;
 use crate::{ApiError, AppState};
 
 /// How long ending a session waits for objects whose deletion was accepted to be gone
@@ -60,7 +61,7 @@ pub(crate) async fn complete_within(
     match attempt(state, &row, gone_within).await? {
         Attempt::Done(done) => Ok(*done),
         Attempt::Left(left) => {
-            follow_up(state, row.id, left);
+            follow_up(state, row.id, &row.site, left);
             Ok(
                 with_db(|| async { state.store().sessions().get(row.id).await })
                     .await?
@@ -78,7 +79,7 @@ async fn attempt(
 ) -> Result<Attempt, ApiError> {
     let nodes = nodes_of(state, row);
     let report = teardown_session_within(
-        state.cluster().as_ref(),
+        state.site_of(&row.site).cluster().as_ref(),
         &target(state, row, &nodes),
         LabelSweep::Always,
         gone_within,
@@ -167,8 +168,9 @@ async fn finalise(state: &AppState, row: &Session) -> Result<Session, ApiError> 
 /// down once more (deleting again, catching anything else labelled with it) and marks it
 /// final if everything is gone. Stops when the row leaves `finishing` (the reaper completed
 /// it) or after [`FOLLOW_UP_FOR`], leaving it to the reaper.
-fn follow_up(state: &AppState, id: SessionId, mut left: Left) {
+fn follow_up(state: &AppState, id: SessionId, site: &SiteName, mut left: Left) {
     let st = state.clone();
+    let site = state.site_of(site);
     state.spawn(async move {
         let start = tokio::time::Instant::now();
         let mut pauses = FOLLOW_UP.pauses();
@@ -180,7 +182,7 @@ fn follow_up(state: &AppState, id: SessionId, mut left: Left) {
                 return;
             }
             tokio::time::sleep(pause).await;
-            if !left.failed && !all_absent(&st, &left.objects).await {
+            if !left.failed && !all_absent(&site, &left.objects).await {
                 continue;
             }
             let row = match with_db(|| async { st.store().sessions().get(id).await }).await {
@@ -209,9 +211,9 @@ fn follow_up(state: &AppState, id: SessionId, mut left: Left) {
 }
 
 /// Whether none of `objects` is found any more (a failed look counts as found).
-async fn all_absent(state: &AppState, objects: &[(Kind, String)]) -> bool {
+async fn all_absent(site: &SiteRuntime, objects: &[(Kind, String)]) -> bool {
     for (kind, name) in objects {
-        match state.cluster().find(*kind, name).await {
+        match site.cluster().find(*kind, name).await {
             Ok(None) => {}
             Ok(Some(_)) => return false,
             Err(e) => {

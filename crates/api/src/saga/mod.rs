@@ -169,7 +169,7 @@ async fn provision(state: &AppState, session: &Session) {
                 }
                 _ => {
                     let report = teardown_session(
-                        state.cluster().as_ref(),
+                        state.site_of(&session.site).cluster().as_ref(),
                         &target(state, session, &nodes_of(state, session)),
                         LabelSweep::Always,
                     )

@@ -10,6 +10,7 @@ use ttlab_lifespan::Lifespan;
 use ttlab_model::{ClassId, Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, Session, SessionTimes, StoreError};
 
+use crate::sites::SiteRuntime;
 use crate::{ApiError, AppState, CapacityUse};
 
 /// Opens a `starting` session of `lesson` for `user`: 409 `session_exists` if they have a
@@ -43,7 +44,15 @@ pub async fn open_session(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        site: state.config().site.clone(),
+        // A pod lab (no VM limit) runs on the first site that answers; a VM lab's site is
+        // chosen under the capacity check.
+        site: state
+            .sites()
+            .iter()
+            .find(|s| s.reachability() == ttlab_site::Reachability::Reachable)
+            .unwrap_or_else(|| state.first_site())
+            .name()
+            .clone(),
         times: SessionTimes {
             started_at: lifespan.started_at,
             expires_at: lifespan.expires_at,
@@ -109,15 +118,159 @@ async fn open_vm_session(
     lesson: &Lesson,
     new: &NewSession,
 ) -> Result<Session, ApiError> {
-    let _turn = state.capacity_turn().await;
+    if let [site] = state.sites() {
+        let mut new = new.clone();
+        new.site = site.name().clone();
+        return open_on_site(state, site, lesson, &new, true)
+            .await?
+            .map_err(|(limit, usage)| ApiError::Capacity {
+                limit,
+                needed: lesson.nodes.len(),
+                usage,
+            });
+    }
+    // Several sites: place the start among those that answer and have room, then check and
+    // open on the chosen one under its own lock. A site found full under its lock is
+    // observed again in the next round, so placement passes over it.
+    let needed = lesson.nodes.len();
+    let mut last_full: Option<(usize, CapacityUse)> = None;
+    for _ in 0..state.sites().len() + 2 {
+        let observed = observe_sites(state, &new.user, needed).await?;
+        if observed.queued {
+            return Err(capacity_refused(state, needed, &observed));
+        }
+        let placement = ttlab_site::place(&ttlab_site::Wanted::default(), &observed.states);
+        let Some(chosen) = placement.site() else {
+            tracing::info!(%placement, "no site can take the start");
+            let any_full = observed.states.iter().any(|s| {
+                matches!(
+                    s.pass_reason(&ttlab_site::Wanted::default()),
+                    Some(ttlab_site::PassReason::Full { .. })
+                )
+            });
+            if any_full {
+                return Err(capacity_refused(state, needed, &observed));
+            }
+            return Err(ApiError::ClusterUnavailable(placement.to_string()));
+        };
+        let site = state.site_of(chosen);
+        tracing::info!(site = %chosen, %placement, "placed");
+        let mut new = new.clone();
+        new.site = chosen.clone();
+        match open_on_site(state, &site, lesson, &new, false).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(full)) => last_full = Some(full),
+            // Its VMs could not be listed: the next round sees it unreachable.
+            Err(ApiError::ClusterUnavailable(e)) => {
+                tracing::info!(site = %chosen, error = %e, "the chosen site does not answer; placing again");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let (limit, usage) = last_full.unwrap_or_default();
+    Err(ApiError::Capacity {
+        limit,
+        needed,
+        usage,
+    })
+}
+
+/// What a start saw of every site: placement's view of each, the places they take, and
+/// whether the student must wait behind others in the line.
+struct Observed {
+    states: Vec<ttlab_site::SiteState>,
+    usage: Vec<Option<CapacityUse>>,
+    queued: bool,
+}
+
+/// Observes every site for a start of `needed` VMs by `user`: a site whose probe failed, or
+/// whose VMs cannot be listed now, is unreachable; places held for others on the waitlist
+/// are taken on each site.
+async fn observe_sites(
+    state: &AppState,
+    user: &UserId,
+    needed: usize,
+) -> Result<Observed, ApiError> {
+    let now = state.store().db_now().await?;
+    let wl = state.store().waitlist().reservations(user, now).await?;
+    let queued = wl.own_hold.is_none() && wl.waiting_ahead > 0;
+    let mut states = Vec::new();
+    let mut usages = Vec::new();
+    for site in state.sites() {
+        let mut reach = site.reachability();
+        let mut usage = None;
+        if reach == ttlab_site::Reachability::Reachable {
+            match listed_vms(site).await {
+                Ok(listing) => usage = Some(count_vms(state, site, &listing).await?),
+                Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
+            }
+        }
+        let in_use = usage.map_or(0, |u| u.total()) + wl.held_for_others;
+        states.push(ttlab_site::SiteState::of(
+            site.site(),
+            reach,
+            u32::try_from(in_use).unwrap_or(u32::MAX),
+            u32::try_from(needed).unwrap_or(u32::MAX),
+            false,
+        ));
+        usages.push(usage);
+    }
+    Ok(Observed {
+        states,
+        usage: usages,
+        queued,
+    })
+}
+
+/// The 503 `capacity` of a start no site has room for: the limits and places of the sites
+/// that answer, added up.
+fn capacity_refused(state: &AppState, needed: usize, observed: &Observed) -> ApiError {
+    state.metrics().capacity_rejections.inc();
+    let mut limit = 0;
+    let mut usage = CapacityUse::default();
+    for (site, seen) in observed.states.iter().zip(&observed.usage) {
+        if let Some(seen) = seen {
+            limit += usize::try_from(site.vm_limit).unwrap_or(usize::MAX);
+            usage.labs += seen.labs;
+            usage.shutting_down += seen.shutting_down;
+            usage.without_lab += seen.without_lab;
+        }
+    }
+    tracing::info!(
+        labs = usage.labs,
+        shutting_down = usage.shutting_down,
+        without_lab = usage.without_lab,
+        queued = observed.queued,
+        needed,
+        limit,
+        "no site has room"
+    );
+    ApiError::Capacity {
+        limit,
+        needed,
+        usage,
+    }
+}
+
+/// Checks capacity on `site` under its lock and opens `new` there: the session, or the
+/// site's limit and the places taken when it has no room. `lenient`: a site whose VMs
+/// cannot be counted does not block (the only site: the namespace quota still holds).
+async fn open_on_site(
+    state: &AppState,
+    site: &SiteRuntime,
+    lesson: &Lesson,
+    new: &NewSession,
+    lenient: bool,
+) -> Result<Result<Session, (usize, CapacityUse)>, ApiError> {
+    let _turn = site.capacity_turn().await;
     for _ in 0..3 {
         // Listed before the lock is taken and the rows are read (see `count_vms`).
-        let listing = listed_vms(state).await;
-        let guard = state.store().lock_capacity().await?;
-        let limit = state.config().vm_limit;
+        let listing = listed_vms(site).await;
+        let guard = state.store().lock_capacity_of_site(site.name()).await?;
+        let limit = site.vm_limit();
         let needed = lesson.nodes.len();
         let count = match listing {
-            Ok(listing) => count_vms(state, &listing).await,
+            Ok(listing) => count_vms(state, site, &listing).await,
             Err(e) => Err(e),
         };
         // Places held for students on the waitlist are taken for everybody but their
@@ -138,8 +291,11 @@ async fn open_vm_session(
         match count {
             Ok((usage, held, queued)) if queued || usage.total() + held + needed > limit => {
                 guard.rollback().await?;
-                state.metrics().capacity_rejections.inc();
+                if lenient {
+                    state.metrics().capacity_rejections.inc();
+                }
                 tracing::info!(
+                    site = %site.name(),
                     labs = usage.labs,
                     shutting_down = usage.shutting_down,
                     without_lab = usage.without_lab,
@@ -149,15 +305,16 @@ async fn open_vm_session(
                     limit,
                     "VM limit reached"
                 );
-                return Err(ApiError::Capacity {
-                    limit,
-                    needed,
-                    usage,
-                });
+                return Ok(Err((limit, usage)));
             }
             Ok(_) => {}
             // If the count cannot be read, do not block: the namespace quota still holds.
-            Err(e) => tracing::warn!(error = %e, "cannot count live VMs; not limiting"),
+            Err(e) if lenient => tracing::warn!(error = %e, "cannot count live VMs; not limiting"),
+            // One of several sites: the next round places the start elsewhere.
+            Err(e) => {
+                guard.rollback().await?;
+                return Err(e);
+            }
         }
         match guard.insert_session(new).await {
             Ok(session) => {
@@ -165,7 +322,7 @@ async fn open_vm_session(
                 if let Err(e) = state.store().waitlist().remove(&new.user).await {
                     tracing::warn!(error = %e, "cannot remove the waitlist entry of an opened session");
                 }
-                return Ok(session);
+                return Ok(Ok(session));
             }
             // The user's other session ended while this one was opened: try again.
             Err(StoreError::Conflict { .. }) => continue,
@@ -177,16 +334,31 @@ async fn open_vm_session(
     ))
 }
 
-/// Gives waitlist holds for the places free now: under the capacity lock (so no start and
-/// no other replica's grant counts at the same time), counts the places sessions and VMs
-/// take as the capacity check does, and lets the store grant them first in line first,
-/// removing lapsed holds and stale entries in the same transaction.
+/// Gives waitlist holds for the places free now: under the capacity lock of every site
+/// (taken in configuration order, so no start and no other replica's grant counts at the
+/// same time), counts the places sessions and VMs take as the capacity check does, and lets
+/// the store grant them first in line first, removing lapsed holds and stale entries in the
+/// same transaction. With several sites, the free places of the sites that answer are added
+/// up; a site that cannot be counted offers none.
 pub(crate) async fn grant_waitlist(state: &AppState) -> Result<ttlab_store::GrantReport, ApiError> {
-    let _turn = state.capacity_turn().await;
-    let listing = listed_vms(state).await?;
-    let guard = state.store().lock_capacity().await?;
-    let usage = count_vms(state, &listing).await?;
-    let free = state.config().vm_limit.saturating_sub(usage.total());
+    let single = state.sites().len() == 1;
+    let mut turns = Vec::new();
+    let mut guards = Vec::new();
+    let mut free = 0;
+    for site in state.sites() {
+        turns.push(site.capacity_turn().await);
+        let listing = match listed_vms(site).await {
+            Ok(listing) => listing,
+            Err(e) if single => return Err(e),
+            Err(e) => {
+                tracing::debug!(site = %site.name(), error = %e, "a site that does not answer offers no place");
+                continue;
+            }
+        };
+        guards.push(state.store().lock_capacity_of_site(site.name()).await?);
+        let usage = count_vms(state, site, &listing).await?;
+        free += site.vm_limit().saturating_sub(usage.total());
+    }
     let now = state.store().db_now().await?;
     let report = state
         .store()
@@ -198,7 +370,10 @@ pub(crate) async fn grant_waitlist(state: &AppState) -> Result<ttlab_store::Gran
             state.config().waitlist_max_wait,
         )
         .await?;
-    guard.rollback().await?;
+    for guard in guards {
+        guard.rollback().await?;
+    }
+    drop(turns);
     Ok(report)
 }
 
@@ -213,8 +388,8 @@ const FAILURE_MAX_AGE: Duration = Duration::from_secs(5);
 /// process lists, the others wait for its answer; a failure (the 5 s timeout included) is
 /// the answer for [`FAILURE_MAX_AGE`], so starts behind a slow cluster do not each wait out
 /// the timeout in turn.
-pub(crate) async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, ApiError> {
-    let mut cached = state.listed_vms().lock().await;
+pub(crate) async fn listed_vms(site: &SiteRuntime) -> Result<Arc<Vec<ListedVm>>, ApiError> {
+    let mut cached = site.listed_vms().lock().await;
     match cached.as_ref() {
         Some((at, Ok(names))) if at.elapsed() <= LISTING_MAX_AGE => return Ok(names.clone()),
         Some((at, Err(why))) if at.elapsed() <= FAILURE_MAX_AGE => {
@@ -225,8 +400,7 @@ pub(crate) async fn listed_vms(state: &AppState) -> Result<Arc<Vec<ListedVm>>, A
     let selector = ttlab_model::labels::managed_selector();
     let answer = tokio::time::timeout(
         Duration::from_secs(5),
-        state
-            .cluster()
+        site.cluster()
             .list_all(ttlab_cluster::Kind::VirtualMachine, &selector),
     )
     .await;
@@ -262,8 +436,8 @@ pub(crate) struct ListedVm {
     pub(crate) deleting: bool,
 }
 
-/// Live VMs: the VMs that live sessions of every environment sharing this database hold or
-/// are about to create (recorded names, else the lesson's nodes), plus every VM ttlab manages
+/// Live VMs of `site`: the VMs that live sessions of every environment sharing this database
+/// hold or are about to create on it (recorded names, else the lesson's nodes), plus every VM ttlab manages
 /// in the namespace without such a session (ghosts, leftovers, the other environment's
 /// objects hold memory too). A VM counted twice counts once; a VM being deleted counts as
 /// shutting down, whoever held it.
@@ -274,10 +448,21 @@ pub(crate) struct ListedVm {
 /// old) only adds VMs no live session accounts for, where a second's delay is harmless.
 pub(crate) async fn count_vms(
     state: &AppState,
+    site: &SiteRuntime,
     listing: &[ListedVm],
 ) -> Result<CapacityUse, ApiError> {
     let mut held: BTreeSet<String> = BTreeSet::new();
-    let live = state.store().sessions().live_vm_sessions_all_envs().await?;
+    // One site: every live session of the database is on it (today's count). Several: the
+    // sessions whose row records this site.
+    let live = if state.sites().len() == 1 {
+        state.store().sessions().live_vm_sessions_all_envs().await?
+    } else {
+        state
+            .store()
+            .sessions()
+            .live_vm_sessions_of_site(site.name())
+            .await?
+    };
     for (id, lesson, vms) in live {
         if !vms.is_empty() {
             held.extend(vms);

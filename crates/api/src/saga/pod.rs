@@ -68,8 +68,9 @@ async fn create_pod(
     name: &str,
 ) -> Result<(), Stop> {
     let pod = lab_pod(state, session, lesson, name);
+    let site = state.site_of(&session.site);
     create_object(state, session, "lab pod", || {
-        state.cluster().create_pod(pod.clone())
+        site.cluster().create_pod(pod.clone())
     })
     .await?;
     record_stage(state, session, Stage::VmCreated).await?;
@@ -86,6 +87,7 @@ async fn wait_pod_running(
 ) -> Result<(), Stop> {
     let readiness = lesson.readiness_timeout;
     let waited = state
+        .site_of(&session.site)
         .cluster()
         .wait_pod_running(name, readiness)
         .await

@@ -182,16 +182,17 @@ where
     }
 }
 
-/// The VM places others hold by the server's count (the VM limit against every place taken
+/// The VM places others hold on the session's site by the server's count (its VM limit against every place taken
 /// but this session's), for [`decide_quota`]. A pod lab is held back by no VM limit; places
 /// that cannot be counted now count as free (the quota's own words decide past the grace).
 async fn places_of_others(state: &AppState, session: &Session) -> Places {
-    let limit = state.config().vm_limit;
+    let site = state.site_of(&session.site);
+    let limit = site.vm_limit();
     if session.runtime != Runtime::Vm {
         return Places { taken: 0, limit };
     }
-    let counted = match super::listed_vms(state).await {
-        Ok(listing) => super::count_vms(state, &listing).await,
+    let counted = match super::listed_vms(&site).await {
+        Ok(listing) => super::count_vms(state, &site, &listing).await,
         Err(e) => Err(e),
     };
     match counted {

@@ -4,7 +4,6 @@
 //! the caller (`saga::provision`), which marks the session failed with the reason.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use ttlab_agent::AgentClient;
 use ttlab_agent::protocol::AgentToken;
 use ttlab_background::Backoff;
 use ttlab_cloudinit::{UserDataInput, UserDataSecret, render_user_data};
-use ttlab_cluster::{ClusterError, ConsoleCluster, Created, VmiState};
+use ttlab_cluster::{ClusterError, Created, VmiState};
 use ttlab_disk_select::DiskDecision;
 use ttlab_lesson::Lesson;
 use ttlab_model::labels::ObjectLabels;
@@ -33,6 +32,7 @@ use super::{Failure, Stop, create_object, with_db};
 use crate::AppState;
 use crate::agent_route::agent_client;
 use crate::config::AgentPath;
+use crate::sites::SiteRuntime;
 
 /// Polls of the VMI's address: 50 ms, doubling up to 200 ms.
 const ADDRESS_POLL: Backoff =
@@ -141,7 +141,8 @@ impl VmProvisioning<'_> {
     /// ④ The root disk: what the cluster shows of the golden disk, through the decision
     /// table; recorded on the row (kind and reason) and counted in the metrics.
     async fn choose_disk(&self) -> Result<DiskDecision, Stop> {
-        let (decision, reason) = super::disk::decide(self.state, self.lesson).await;
+        let site = self.state.site_of(&self.session.site);
+        let (decision, reason) = super::disk::decide(&site, self.lesson).await;
         let kind = match decision {
             DiskDecision::Golden { .. } => DiskKind::Golden,
             DiskDecision::ContainerDisk { .. } => DiskKind::Container,
@@ -248,6 +249,7 @@ impl VmProvisioning<'_> {
         tokens: &[AgentToken],
     ) -> Result<OwnerReference, Stop> {
         let (state, session) = (self.state, self.session);
+        let site = state.site_of(&session.site);
         let power_off_at = self.power_off_at();
         let mut representative: Option<Created> = None;
         for ((mut vm, node), token) in vms
@@ -262,8 +264,8 @@ impl VmProvisioning<'_> {
             // The agent's ConfigMap is made sure of right before each attempt: a VM created
             // while it is missing would wait for its agent disk for ever.
             let created = create_object(state, session, "VM", || async {
-                super::agent::agent_before_vm(state).await?;
-                state.cluster().create_vm(json.clone()).await
+                super::agent::agent_before_vm(state, &site).await?;
+                site.cluster().create_vm(json.clone()).await
             })
             .await?;
             if representative.is_none() {
@@ -275,7 +277,7 @@ impl VmProvisioning<'_> {
                 .user_data_secret(node, token, power_off_at)?
                 .to_secret(Some(created.owner_reference()));
             create_object(state, session, "cloud-init Secret", || {
-                state.cluster().create_secret(secret.clone())
+                site.cluster().create_secret(secret.clone())
             })
             .await?;
             if representative.is_none() {
@@ -297,17 +299,18 @@ impl VmProvisioning<'_> {
         owner: OwnerReference,
     ) -> Result<(), Stop> {
         let (state, session) = (self.state, self.session);
+        let site = state.site_of(&session.site);
         if let Some(mut service) = service {
             service.metadata.owner_references = Some(vec![owner.clone()]);
             create_object(state, session, "session Service", || {
-                state.cluster().create_service(service.clone())
+                site.cluster().create_service(service.clone())
             })
             .await?;
         }
         if let Some(mut policy) = policy {
             policy.metadata.owner_references = Some(vec![owner]);
             create_object(state, session, "session NetworkPolicy", || {
-                state.cluster().create_network_policy(policy.clone())
+                site.cluster().create_network_policy(policy.clone())
             })
             .await?;
         }
@@ -319,9 +322,9 @@ impl VmProvisioning<'_> {
     async fn wait_vmis_running(&self, vms: &[SessionVm]) -> Result<Vec<VmiState>, Stop> {
         let (state, session) = (self.state, self.session);
         let readiness = self.lesson.readiness_timeout;
+        let site = &state.site_of(&session.site);
         let running = try_join_all(vms.iter().map(|v| async move {
-            state
-                .cluster()
+            site.cluster()
                 .wait_vmi_running(&v.name, readiness)
                 .await
                 .map_err(|e| vmi_failed(e, readiness))
@@ -341,6 +344,7 @@ impl VmProvisioning<'_> {
         tokens: &[AgentToken],
     ) -> Result<(), Stop> {
         let state = self.state;
+        let site = &state.site_of(&self.session.site);
         let setup = self.lesson.setup_timeout;
         let agent_up = AtomicBool::new(false);
         let agent_up = &agent_up;
@@ -350,12 +354,11 @@ impl VmProvisioning<'_> {
                 .zip(tokens)
                 .map(|((v, vmi), token)| async move {
                     // The VMI's address matters on the `pod-ip` path only.
-                    let known_ip = match (state.config().agent_path, vmi.ip) {
-                        (AgentPath::PodIp, None) => Some(wait_ip(state, &v.name, setup).await?),
+                    let known_ip = match (site.agent_path(), vmi.ip) {
+                        (AgentPath::PodIp, None) => Some(wait_ip(site, &v.name, setup).await?),
                         (_, ip) => ip,
                     };
-                    let cluster: Arc<dyn ConsoleCluster> = state.cluster().clone();
-                    let client = agent_client(state, cluster, &v.name, known_ip, token.clone())
+                    let client = agent_client(state, site, &v.name, known_ip, token.clone())
                         .await
                         .map_err(|e| Failure::AgentRefused(format!("{}: {e}", v.name)))?
                         .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
@@ -476,11 +479,11 @@ fn vmi_failed(e: ClusterError, readiness: Duration) -> Stop {
 }
 
 /// The VMI's address, polled until reported or `within` runs out.
-async fn wait_ip(state: &AppState, vmi: &str, within: Duration) -> Result<IpAddr, Stop> {
+async fn wait_ip(site: &SiteRuntime, vmi: &str, within: Duration) -> Result<IpAddr, Stop> {
     let deadline = tokio::time::Instant::now() + within;
     let mut polls = ADDRESS_POLL.pauses();
     loop {
-        if let Ok(Some(ip)) = state.cluster().vmi_ip(vmi).await {
+        if let Ok(Some(ip)) = site.cluster().vmi_ip(vmi).await {
             return Ok(ip);
         }
         let pause = polls.next_pause();

@@ -1,5 +1,6 @@
-//! `cluster_probe`: every [`CLUSTER_PROBE_INTERVAL`], one page of ttlab's VMs is listed within
-//! [`CLUSTER_PROBE_TIMEOUT`], and what it found is recorded for `/healthz/cluster` and the
+//! `cluster_probe`: every [`CLUSTER_PROBE_INTERVAL`], one page of ttlab's VMs is listed on
+//! every site within [`CLUSTER_PROBE_TIMEOUT`], and what it found is recorded per site (a
+//! site that fails it takes no new start until a probe answers again), for `/healthz/cluster` and the
 //! `ttlab_cluster_reachable` and `ttlab_cluster_probe_seconds` gauges. A probe that fails is
 //! the task's failure, so its error is also the task's last error.
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 use ttlab_background::{Activation, BackgroundTask, Failure, Schedule, TaskName, TaskSpec};
 
 use crate::AppState;
+use crate::sites::SiteRuntime;
 
 /// How often the cluster is probed for `/healthz/cluster` and `ttlab_cluster_reachable`.
 pub const CLUSTER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
@@ -33,43 +35,68 @@ pub(super) struct ClusterProbe {
 impl BackgroundTask for ClusterProbe {
     async fn activate(&mut self, _cx: &Activation) -> Result<(), Failure> {
         let state = &self.state;
-        let selector = ttlab_model::labels::managed_selector();
-        let started = tokio::time::Instant::now();
-        let answer = tokio::time::timeout(
-            CLUSTER_PROBE_TIMEOUT,
-            state
-                .cluster()
-                .list_page(ttlab_cluster::Kind::VirtualMachine, &selector, None),
-        )
-        .await;
-        let took = started.elapsed();
-        let error = match answer {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!(
-                "no answer within {} s",
-                CLUSTER_PROBE_TIMEOUT.as_secs()
-            )),
-        };
-        let metrics = state.metrics();
-        metrics.cluster_probe_seconds.set(took.as_secs_f64());
-        metrics.cluster_reachable.set(i64::from(error.is_none()));
-        state.update_cluster_health(|health| {
-            if error.is_some() {
-                health.consecutive_failures = health.consecutive_failures.saturating_add(1);
-            } else {
-                health.consecutive_failures = 0;
-            }
-            health.reachable = Some(error.is_none());
-            health.checked_at = Some(chrono::Utc::now());
-            health.latency_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
-            health.error.clone_from(&error);
-        });
-        match error {
-            None => Ok(()),
-            Some(e) => Err(Failure::new(format!(
-                "the Kubernetes API does not answer the probe: {e}"
-            ))),
+        let several = state.sites().len() > 1;
+        let probes = state.sites().iter().map(|site| probe(site));
+        let errors = futures::future::join_all(probes).await;
+        // The gauges are the first site's (the only one without a sites file).
+        if let Some((took, error)) = errors.first() {
+            let metrics = state.metrics();
+            metrics.cluster_probe_seconds.set(took.as_secs_f64());
+            metrics.cluster_reachable.set(i64::from(error.is_none()));
+        }
+        let failed: Vec<String> = state
+            .sites()
+            .iter()
+            .zip(&errors)
+            .filter_map(|(site, (_, error))| {
+                let e = error.as_ref()?;
+                Some(if several {
+                    format!("site {}: {e}", site.name())
+                } else {
+                    e.clone()
+                })
+            })
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Failure::new(format!(
+                "the Kubernetes API does not answer the probe: {}",
+                failed.join("; ")
+            )))
         }
     }
+}
+
+/// Probes one site and records what it found; how long it took, and why it failed.
+async fn probe(site: &SiteRuntime) -> (Duration, Option<String>) {
+    let selector = ttlab_model::labels::managed_selector();
+    let started = tokio::time::Instant::now();
+    let answer = tokio::time::timeout(
+        CLUSTER_PROBE_TIMEOUT,
+        site.cluster()
+            .list_page(ttlab_cluster::Kind::VirtualMachine, &selector, None),
+    )
+    .await;
+    let took = started.elapsed();
+    let error = match answer {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!(
+            "no answer within {} s",
+            CLUSTER_PROBE_TIMEOUT.as_secs()
+        )),
+    };
+    site.update_health(|health| {
+        if error.is_some() {
+            health.consecutive_failures = health.consecutive_failures.saturating_add(1);
+        } else {
+            health.consecutive_failures = 0;
+        }
+        health.reachable = Some(error.is_none());
+        health.checked_at = Some(chrono::Utc::now());
+        health.latency_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+        health.error.clone_from(&error);
+    });
+    (took, error)
 }

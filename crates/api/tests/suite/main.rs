@@ -18,6 +18,7 @@ mod pools;
 mod provisioning;
 mod resilience;
 mod security;
+mod sites;
 mod support;
 mod tasks;
 mod tokens;

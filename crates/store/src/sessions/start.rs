@@ -203,6 +203,40 @@ impl Sessions<'_> {
             .collect()
     }
 
+    /// [`Self::live_vm_sessions_all_envs`] of one site: the live VM sessions of every
+    /// environment whose row records `site`.
+    pub async fn live_vm_sessions_of_site(
+        &self,
+        site: &ttlab_model::SiteName,
+    ) -> Result<Vec<(SessionId, LessonId, Vec<String>)>, StoreError> {
+        const WHAT: &str = "listing live VM sessions of a site";
+        const SQL: &str = "SELECT id, lesson, vm_names FROM sessions \
+             WHERE status = ANY($1) AND runtime = $2 AND site = $3";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &names(&SessionStatus::LIVE),
+                    &Runtime::Vm.as_str(),
+                    &site.as_str(),
+                ],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        rows.iter()
+            .map(|row| {
+                let id: Uuid = row.try_get(0).map_err(StoreError::query(WHAT))?;
+                let lesson: &str = row.try_get(1).map_err(StoreError::query(WHAT))?;
+                let vms: Vec<String> = row.try_get(2).map_err(StoreError::query(WHAT))?;
+                let lesson = lesson
+                    .parse()
+                    .map_err(|e| StoreError::corrupt("lesson", e))?;
+                Ok((SessionId::from_uuid(id), lesson, vms))
+            })
+            .collect()
+    }
+
     /// Seconds from request to ready of the `n` most recent sessions of `lesson` in `env`
     /// that became ready, newest first (the measured distribution a starting session's
     /// expected time comes from).

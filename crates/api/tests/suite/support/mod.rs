@@ -117,6 +117,30 @@ fn octet() -> u8 {
     101 + (n % 150) as u8
 }
 
+/// A kube-sim for tests (with the namespace [`NS`], the test lessons' setup outcomes, a guest
+/// address range of its own), configured further by `configure`, and a directory holding its
+/// kubeconfig (`config`).
+pub async fn sim_with(configure: impl FnOnce(&mut SimConfig)) -> (KubeSim, tempfile::TempDir) {
+    let mut config = SimConfig::for_tests();
+    config.namespaces.push(NS.into());
+    config.guest_ip_second_octet = octet();
+    config.lesson_setup.insert(
+        "broken".into(),
+        ttlab_kube_sim::SetupOutcome::Fail {
+            reason: "apt-get failed".into(),
+        },
+    );
+    config
+        .lesson_setup
+        .insert("hangs".into(), ttlab_kube_sim::SetupOutcome::Never);
+    configure(&mut config);
+    let sim = KubeSim::start(config).await.expect("kube-sim");
+    let kubeconfig = tempfile::tempdir().unwrap();
+    sim.write_kubeconfig(&kubeconfig.path().join("config"), NS)
+        .unwrap();
+    (sim, kubeconfig)
+}
+
 impl World {
     pub async fn new() -> Self {
         Self::with(|_| {}).await
@@ -125,23 +149,7 @@ impl World {
     /// A world whose kube-sim is configured further by `configure`.
     pub async fn with(configure: impl FnOnce(&mut SimConfig)) -> Self {
         let db = TestDb::new().await.expect("test database");
-        let mut config = SimConfig::for_tests();
-        config.namespaces.push(NS.into());
-        config.guest_ip_second_octet = octet();
-        config.lesson_setup.insert(
-            "broken".into(),
-            ttlab_kube_sim::SetupOutcome::Fail {
-                reason: "apt-get failed".into(),
-            },
-        );
-        config
-            .lesson_setup
-            .insert("hangs".into(), ttlab_kube_sim::SetupOutcome::Never);
-        configure(&mut config);
-        let sim = KubeSim::start(config).await.expect("kube-sim");
-        let kubeconfig = tempfile::tempdir().unwrap();
-        sim.write_kubeconfig(&kubeconfig.path().join("config"), NS)
-            .unwrap();
+        let (sim, kubeconfig) = sim_with(configure).await;
         Self {
             db,
             sim,
@@ -211,6 +219,17 @@ impl World {
         self.serve_with(config, store, self.cluster().await).await
     }
 
+    /// Starts a server instance with `config` on the sites `sites` (each with its client).
+    pub async fn serve_sites(
+        &self,
+        config: ApiConfig,
+        sites: Vec<ttlab_api::sites::SiteRuntime>,
+    ) -> Running {
+        let store = self.db.store().await.unwrap();
+        let server = Server::bind_sites(config, store, sites).await.unwrap();
+        Running::of(server)
+    }
+
     /// Starts a server instance with `config` on `store` and `cluster` (a client of the
     /// test's own, through a proxy, say).
     pub async fn serve_with(
@@ -220,24 +239,7 @@ impl World {
         cluster: Arc<KubeCluster>,
     ) -> Running {
         let server = Server::bind(config, store, cluster).await.unwrap();
-        let addr = server.local_addr();
-        let state = server.state().clone();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Running {
-            base: format!("http://{addr}"),
-            stop: Some(tx),
-            task: Some(task),
-            state,
-            http: Client::builder(TokioExecutor::new()).build_http(),
-        }
+        Running::of(server)
     }
 
     /// Cluster objects of kinds ttlab creates, labelled as ttlab's.
@@ -267,6 +269,28 @@ pub struct Running {
 }
 
 impl Running {
+    /// Serves `server` in a task of its own.
+    pub fn of(server: Server) -> Self {
+        let addr = server.local_addr();
+        let state = server.state().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Running {
+            base: format!("http://{addr}"),
+            stop: Some(tx),
+            task: Some(task),
+            state,
+            http: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
     pub async fn raw(
         &self,
         method: &str,

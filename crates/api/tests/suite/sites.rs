@@ -1,0 +1,559 @@
+//! Several sites: one server, one database, and a kube-sim per site (each its own API server
+//! and guests). Starts are placed among the sites that answer and have room, each session's
+//! objects live in its own site's cluster, and a site that stops answering is that site's
+//! loss alone.
+
+use crate::support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+use support::{NS, Running, World, policy, sim_with, start_running, token};
+use tokio_tungstenite::tungstenite::Message;
+use ttlab_api::auth::Role;
+use ttlab_api::sites::SiteRuntime;
+use ttlab_cluster::{ClusterSettings, KubeCluster};
+use ttlab_kube_sim::KubeSim;
+use ttlab_site::SitesConfig;
+
+/// One site of a test: its name, its kube-sim's kubeconfig, VM limit, weight and agent path.
+struct Spec<'a> {
+    name: &'a str,
+    kubeconfig: &'a Path,
+    vm_limit: u32,
+    weight: u32,
+    agent_path: &'a str,
+}
+
+/// The sites file of `specs`, parsed as the server parses it, each site with its client.
+async fn sites(specs: &[Spec<'_>]) -> Vec<SiteRuntime> {
+    let mut yaml = String::from("sites:\n");
+    for s in specs {
+        yaml.push_str(&format!(
+            "  - name: {}\n    kubeconfig: {}\n    namespace: {NS}\n    vm_limit: {}\n    \
+             weight: {}\n    agent_path: {}\n",
+            s.name,
+            s.kubeconfig.join("config").display(),
+            s.vm_limit,
+            s.weight,
+            s.agent_path
+        ));
+    }
+    let config = SitesConfig::parse(&yaml).expect("a valid sites file");
+    let mut out = Vec::new();
+    for site in config.sites() {
+        let ttlab_site::Connection::Kubeconfig(path) = &site.connection else {
+            unreachable!("every test site has a kubeconfig")
+        };
+        let client = KubeCluster::from_kubeconfig(path, ClusterSettings::in_namespace(NS))
+            .await
+            .expect("a client");
+        out.push(SiteRuntime::connected(site.clone(), Arc::new(client)));
+    }
+    out
+}
+
+fn vm_of(sid: &str) -> String {
+    ttlab_vm_manifest::vm_name(sid.parse().unwrap(), &"vm".parse().unwrap())
+}
+
+/// Starts `lesson` for `user`: the session id, the student's token and the site it runs on,
+/// once it runs.
+async fn start_on(s: &Running, user: &str) -> (String, String, String) {
+    let (sid, t) = start_running(s, user, "quick").await;
+    let (status, v) = s.get(&format!("/api/sessions/{sid}"), &t).await;
+    assert_eq!(status, 200, "{v}");
+    let site = v["site"].as_str().expect("a site").to_owned();
+    (sid, t, site)
+}
+
+/// The site `sid`'s row records, read from the database.
+async fn row_site(w: &World, sid: &str) -> String {
+    let store = w.db.store().await.unwrap();
+    let row = store
+        .sessions()
+        .get(sid.parse().unwrap())
+        .await
+        .unwrap()
+        .expect("the row");
+    row.site.to_string()
+}
+
+async fn grade(s: &Running, sid: &str, t: &str) -> (u16, Value) {
+    s.post(&format!("/api/sessions/{sid}/grade"), t, json!({}))
+        .await
+}
+
+fn site_named<'a>(capacity: &'a Value, name: &str) -> &'a Value {
+    capacity["sites"]
+        .as_array()
+        .expect("a list of sites")
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no site {name} in {capacity}"))
+}
+
+#[tokio::test]
+async fn starts_fill_the_preferred_sites_limit_then_continue_on_the_next_each_in_its_own_cluster() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 2,
+                    weight: 10,
+                    agent_path: "pod-ip",
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 2,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                },
+            ])
+            .await,
+        )
+        .await;
+
+    let mut started = Vec::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        started.push(start_on(&s, user).await);
+    }
+    let placed: Vec<&str> = started.iter().map(|(_, _, site)| site.as_str()).collect();
+    assert_eq!(placed, ["campus-a", "campus-a", "campus-b", "campus-b"]);
+    for (sid, t, site) in &started {
+        assert_eq!(&row_site(&w, sid).await, site);
+        let vm = vm_of(sid);
+        let (here, there) = match site.as_str() {
+            "campus-a" => (&w.sim, &sim_b),
+            _ => (&sim_b, &w.sim),
+        };
+        assert!(
+            here.get("virtualmachines", NS, &vm).is_some(),
+            "{vm} on {site}"
+        );
+        assert!(here.get("virtualmachineinstances", NS, &vm).is_some());
+        assert!(
+            there.get("virtualmachines", NS, &vm).is_none(),
+            "{vm} elsewhere"
+        );
+        // Graded through its own site's VM.
+        let (status, g) = grade(&s, sid, t).await;
+        assert_eq!(status, 200, "{g}");
+        assert_eq!(
+            (g["passed"].as_u64(), g["total"].as_u64()),
+            (Some(1), Some(2))
+        );
+    }
+
+    // Both sites full: the usual 503 capacity, and the student may wait in line.
+    let u5 = token("u5", Role::Student);
+    let (status, e) = s
+        .post("/api/sessions", &u5, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
+
+    let admin = token("root", Role::Admin);
+    let (status, capacity) = s.get("/api/admin/capacity", &admin).await;
+    assert_eq!(status, 200, "{capacity}");
+    assert_eq!(
+        capacity["sites"].as_array().map(Vec::len),
+        Some(2),
+        "{capacity}"
+    );
+    for name in ["campus-a", "campus-b"] {
+        let site = site_named(&capacity, name);
+        assert_eq!(site["vm_limit"], 2, "{site}");
+        assert_eq!(site["in_use"], 2, "{site}");
+        assert_eq!(site["reachable"], true, "{site}");
+    }
+
+    // Finishing frees a place on that site, and the next start takes it.
+    let (sid, t, _) = &started[2];
+    let (status, f) = s.delete(&format!("/api/sessions/{sid}"), t).await;
+    assert_eq!(
+        (status, f["status"].as_str()),
+        (200, Some("finished")),
+        "{f}"
+    );
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(sid)).is_none());
+    // (The capacity check's listing of a site's VMs may be a second old.)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, _, site) = start_on(&s, "u5").await;
+    assert_eq!(site, "campus-b");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_site_that_stops_answering_takes_no_new_start_and_the_other_sites_sessions_carry_on() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 2,
+                    weight: 5,
+                    agent_path: "pod-ip",
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 4,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                },
+            ])
+            .await,
+        )
+        .await;
+    let (alice_sid, alice, site) = start_on(&s, "alice").await;
+    assert_eq!(site, "campus-a");
+    let (bob_sid, bob, site) = start_on(&s, "bob").await;
+    assert_eq!(site, "campus-a");
+    let (carol_sid, carol, site) = start_on(&s, "carol").await;
+    assert_eq!(site, "campus-b");
+    // A place frees on campus-a, the preferred site.
+    let (status, f) = s
+        .delete(&format!("/api/sessions/{alice_sid}"), &alice)
+        .await;
+    assert_eq!(
+        (status, f["status"].as_str()),
+        (200, Some("finished")),
+        "{f}"
+    );
+
+    // campus-a's API server goes away.
+    w.sim.stop();
+    let lost = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (dave_sid, _dave, site) = start_on(&s, "dave").await;
+    assert_eq!(site, "campus-b", "placed on the site that answers");
+    assert!(
+        sim_b
+            .get("virtualmachines", NS, &vm_of(&dave_sid))
+            .is_some()
+    );
+
+    // Bob, on the lost site, is told so plainly, within seconds.
+    let seen = s
+        .wait_session(&bob_sid, &bob, |v| v["site_unreachable"].is_string())
+        .await;
+    assert!(
+        lost.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        lost.elapsed()
+    );
+    assert_eq!(seen["status"], "running", "{seen}");
+    let notice = seen["site_unreachable"].as_str().unwrap();
+    assert!(
+        notice.contains("campus-a") && notice.contains("cannot be reached"),
+        "{notice}"
+    );
+    let (status, e) = grade(&s, &bob_sid, &bob).await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("site_unavailable")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("campus-a"), "{e}");
+    let (status, ticket) = s
+        .post(
+            &format!("/api/sessions/{bob_sid}/console-ticket"),
+            &bob,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ticket}");
+    let url = format!(
+        "{}{}",
+        s.base.replacen("http://", "ws://", 1),
+        ticket["url"].as_str().unwrap()
+    );
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 503);
+            let body: Value =
+                serde_json::from_slice(&response.into_body().unwrap_or_default()).unwrap();
+            assert_eq!(body["error"], "site_unavailable", "{body}");
+        }
+        other => panic!("the console of a lost site's session: {other:?}"),
+    }
+
+    // Carol, on the site that answers, has everything: view, grading, extension, console,
+    // finish.
+    let (status, v) = s.get(&format!("/api/sessions/{carol_sid}"), &carol).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v.get("site_unreachable").is_none(), "{v}");
+    let (status, g) = grade(&s, &carol_sid, &carol).await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(
+        (g["passed"].as_u64(), g["total"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let (status, e) = s
+        .post(
+            &format!("/api/sessions/{carol_sid}/extend"),
+            &carol,
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, e["extensions_used"].as_u64()),
+        (200, Some(1)),
+        "{e}"
+    );
+    let (status, ticket) = s
+        .post(
+            &format!("/api/sessions/{carol_sid}/console-ticket"),
+            &carol,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ticket}");
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!(
+        "{}{}",
+        s.base.replacen("http://", "ws://", 1),
+        ticket["url"].as_str().unwrap()
+    ))
+    .await
+    .expect("carol's console opens");
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !text.contains(":~# ") {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("carol's console after {text:?}: {other:?}"),
+        }
+    }
+    drop(ws);
+    let (status, f) = s
+        .delete(&format!("/api/sessions/{carol_sid}"), &carol)
+        .await;
+    assert_eq!(
+        (status, f["status"].as_str()),
+        (200, Some("finished")),
+        "{f}"
+    );
+    assert!(
+        sim_b
+            .get("virtualmachines", NS, &vm_of(&carol_sid))
+            .is_none()
+    );
+
+    // The admin sees both sites, the lost one with why.
+    let admin = token("root", Role::Admin);
+    let (status, capacity) = s.get("/api/admin/capacity", &admin).await;
+    assert_eq!(status, 200, "{capacity}");
+    let a = site_named(&capacity, "campus-a");
+    assert_eq!(a["reachable"], false, "{a}");
+    assert!(a["why"].is_string(), "{a}");
+    let b = site_named(&capacity, "campus-b");
+    assert_eq!(
+        (b["reachable"].as_bool(), b["in_use"].as_u64()),
+        (Some(true), Some(1)),
+        "{b}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_on_a_port_forward_site_is_graded_through_its_api_server_beside_a_pod_ip_site() {
+    let w = World::new().await;
+    // The second site publishes guest addresses nothing routes: only its API server's port
+    // forward reaches its agents.
+    let (sim_b, kube_b) = sim_with(|c| c.unroutable_pod_ips = true).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let mut runtimes = sites(&[
+        Spec {
+            name: "campus-a",
+            kubeconfig: w.kubeconfig.path(),
+            vm_limit: 1,
+            weight: 5,
+            agent_path: "pod-ip",
+        },
+        Spec {
+            name: "campus-b",
+            kubeconfig: kube_b.path(),
+            vm_limit: 2,
+            weight: 1,
+            agent_path: "portforward",
+        },
+    ])
+    .await;
+    // A third site, preferred by weight, whose client could not be built: kept, reported,
+    // and passed over.
+    let broken = SitesConfig::parse(&format!(
+        "sites:\n  - {{name: campus-c, kubeconfig: /nonexistent/c.kubeconfig, namespace: {NS}, \
+         vm_limit: 8, weight: 100}}\n"
+    ))
+    .unwrap();
+    runtimes.push(SiteRuntime::unconnected(
+        broken.sites()[0].clone(),
+        "no client could be built: /nonexistent/c.kubeconfig: no such file",
+    ));
+    let s = w.serve_sites(config, runtimes).await;
+
+    let (alice_sid, alice, site) = start_on(&s, "alice").await;
+    assert_eq!(site, "campus-a");
+    let (bob_sid, bob, site) = start_on(&s, "bob").await;
+    assert_eq!(site, "campus-b");
+    let forwards = |sim: &KubeSim| {
+        sim.calls()
+            .iter()
+            .filter(|c| {
+                c.resource.contains("portforward")
+                    || c.subresource.as_deref() == Some("portforward")
+            })
+            .count()
+    };
+    let before = forwards(&sim_b);
+    let (status, g) = grade(&s, &bob_sid, &bob).await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(
+        (g["passed"].as_u64(), g["total"].as_u64()),
+        (Some(1), Some(2)),
+        "{g}"
+    );
+    assert_eq!(g["steps"][1]["exit_code"], 3);
+    assert!(
+        forwards(&sim_b) >= before + 2,
+        "bob's grading went through the API server"
+    );
+    // Alice's site reaches its agents by pod IP: no port forward there.
+    let (status, g) = grade(&s, &alice_sid, &alice).await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(forwards(&w.sim), 0);
+
+    let admin = token("root", Role::Admin);
+    let (status, capacity) = s.get("/api/admin/capacity", &admin).await;
+    assert_eq!(status, 200, "{capacity}");
+    let c = site_named(&capacity, "campus-c");
+    assert_eq!(c["reachable"], false, "{c}");
+    assert!(
+        c["why"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/c.kubeconfig"),
+        "{c}"
+    );
+    assert_eq!(
+        site_named(&capacity, "campus-b")["agent_path"],
+        "portforward"
+    );
+
+    for (sid, t) in [(&alice_sid, &alice), (&bob_sid, &bob)] {
+        let (status, f) = s.delete(&format!("/api/sessions/{sid}"), t).await;
+        assert_eq!(
+            (status, f["status"].as_str()),
+            (200, Some("finished")),
+            "{f}"
+        );
+    }
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&bob_sid)).is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_left_starting_on_the_second_site_by_a_crashed_server_is_adopted_and_finished_there()
+ {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let first = w
+        .serve_sites(
+            w.config(policy(3600, 7200, 3), 8).await,
+            adoption_sites(w.kubeconfig.path(), kube_b.path()).await,
+        )
+        .await;
+    let (alice_sid, alice, site) = start_on(&first, "alice").await;
+    assert_eq!(site, "campus-a");
+    // campus-b's KubeVirt holds the next VM back: the session stays starting there.
+    sim_b.pause_kubevirt(true);
+    let bob = token("bob", Role::Student);
+    let (status, v) = first
+        .post("/api/sessions", &bob, json!({"lesson": "quick"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let bob_sid = v["id"].as_str().unwrap().to_owned();
+    first
+        .wait_session(&bob_sid, &bob, |v| v["stages"]["vm_created"].is_string())
+        .await;
+    assert_eq!(row_site(&w, &bob_sid).await, "campus-b");
+    first.kill().await;
+
+    // Another server, with the same sites, adopts it and finishes it on campus-b.
+    let second = w
+        .serve_sites(
+            w.config(policy(3600, 7200, 3), 8).await,
+            adoption_sites(w.kubeconfig.path(), kube_b.path()).await,
+        )
+        .await;
+    sim_b.pause_kubevirt(false);
+    let v = second
+        .wait_session(&bob_sid, &bob, |v| v["status"] != "starting")
+        .await;
+    assert_eq!(
+        (v["status"].as_str(), v["site"].as_str()),
+        (Some("running"), Some("campus-b")),
+        "{v}"
+    );
+    assert!(
+        sim_b
+            .get("virtualmachineinstances", NS, &vm_of(&bob_sid))
+            .is_some()
+    );
+    assert!(w.sim.get("virtualmachines", NS, &vm_of(&bob_sid)).is_none());
+    assert_eq!(sim_b.stats().peak_vms, 1, "{:?}", sim_b.stats());
+    // Both sessions are served by the new server, each on its own site.
+    for (sid, t) in [(&alice_sid, &alice), (&bob_sid, &bob)] {
+        let (status, g) = grade(&second, sid, t).await;
+        assert_eq!(status, 200, "{g}");
+        let (status, f) = second.delete(&format!("/api/sessions/{sid}"), t).await;
+        assert_eq!(
+            (status, f["status"].as_str()),
+            (200, Some("finished")),
+            "{f}"
+        );
+    }
+    assert_eq!(sim_b.stats().vms, 0);
+    second.stop().await;
+}
+
+/// The sites of the adoption test: campus-a (1 place, preferred) and campus-b.
+async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
+    sites(&[
+        Spec {
+            name: "campus-a",
+            kubeconfig: a,
+            vm_limit: 1,
+            weight: 5,
+            agent_path: "pod-ip",
+        },
+        Spec {
+            name: "campus-b",
+            kubeconfig: b,
+            vm_limit: 4,
+            weight: 1,
+            agent_path: "pod-ip",
+        },
+    ])
+    .await
+}
