@@ -213,7 +213,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ttlab_reaper::serve_metrics(args.metrics_listen, metrics.clone(), shutdown.clone()).await?;
     tracing::info!(env = %args.env, namespace = %args.cluster.namespace, metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    ttlab_reaper::run(ctx, args.interval, metrics).await;
+    within_grace(ttlab_reaper::run(ctx, args.interval, metrics), &shutdown).await;
     shutdown.cancel();
     let _ = server.await;
     tracing::info!("ttlab-reaper stopped");
@@ -309,12 +309,34 @@ async fn with_sites(
     let names: Vec<&str> = known.iter().map(|s| s.as_str()).collect();
     tracing::info!(env = %args.env, sites = %names.join(","), metrics = %bound, dry_run = args.dry_run, "ttlab-reaper started");
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    ttlab_reaper::run_sites(reaper, args.interval, metrics).await;
+    within_grace(
+        ttlab_reaper::run_sites(reaper, args.interval, metrics),
+        &shutdown,
+    )
+    .await;
     shutdown.cancel();
     let _ = server.await;
     tracing::info!("ttlab-reaper stopped");
     Ok(ExitCode::SUCCESS)
 }
+
+/// Runs the reaper until it ends, or until [`SHUTDOWN_GRACE`] after `shutdown` is cancelled:
+/// a cluster that answers late (or never) must not keep the process past its pod's grace
+/// period. What is abandoned is done again by the next cycle (deletes are idempotent).
+async fn within_grace(reaper: impl std::future::Future<Output = ()>, shutdown: &CancellationToken) {
+    tokio::select! {
+        () = reaper => {}
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "calls were still in flight after the shutdown grace; leaving them to the next cycle");
+        }
+    }
+}
+
+/// How long the items in flight get after SIGTERM or SIGINT before the reaper exits anyway.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Cancels `token` on SIGTERM or SIGINT: the cycle in flight finishes its items, then the
 /// reaper releases its lock and exits.
