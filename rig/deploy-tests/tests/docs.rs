@@ -59,9 +59,10 @@ fn env_names(text: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 /// The flag groups of `crates/cli` (`ttlab_cli::DatabaseArgs`, …) and the file declaring each.
-const SHARED_GROUPS: [(&str, &str); 2] = [
+const SHARED_GROUPS: [(&str, &str); 3] = [
     ("DatabaseArgs", "crates/cli/src/database.rs"),
     ("ClusterArgs", "crates/cli/src/cluster.rs"),
+    ("SitesArgs", "crates/cli/src/sites.rs"),
 ];
 
 /// Every `env = "NAME"` a binary reads: those in its own sources under `dir`, and those of
