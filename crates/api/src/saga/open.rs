@@ -167,12 +167,16 @@ async fn open_vm_session(
             Err(e) => return Err(e),
         }
     }
-    let (limit, usage) = last_full.unwrap_or_default();
-    Err(ApiError::Capacity {
-        limit,
-        needed,
-        usage,
-    })
+    match last_full {
+        Some((limit, usage)) => Err(ApiError::Capacity {
+            limit,
+            needed,
+            usage,
+        }),
+        None => Err(ApiError::ClusterUnavailable(
+            "the sites chosen for the start did not answer".to_owned(),
+        )),
+    }
 }
 
 /// What a start saw of every site: placement's view of each, the places they take, and

@@ -557,3 +557,51 @@ async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
     ])
     .await
 }
+
+#[tokio::test]
+async fn a_session_on_a_site_the_server_is_no_longer_configured_with_gets_a_clear_503() {
+    let w = World::new().await;
+    let (_sim_b, kube_b) = sim_with(|_| {}).await;
+    let first = w
+        .serve_sites(
+            w.config(policy(3600, 7200, 3), 8).await,
+            adoption_sites(w.kubeconfig.path(), kube_b.path()).await,
+        )
+        .await;
+    let (_, _, site) = start_on(&first, "alice").await;
+    assert_eq!(site, "campus-a");
+    let (bob_sid, bob, site) = start_on(&first, "bob").await;
+    assert_eq!(site, "campus-b");
+    first.stop().await;
+
+    // The next server's sites file has campus-a only.
+    let mut only_a = adoption_sites(w.kubeconfig.path(), kube_b.path()).await;
+    only_a.truncate(1);
+    let s = w
+        .serve_sites(w.config(policy(3600, 7200, 3), 8).await, only_a)
+        .await;
+    let (status, v) = s.get(&format!("/api/sessions/{bob_sid}"), &bob).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["site_unreachable"]
+            .as_str()
+            .is_some_and(|m| m.contains("campus-b")),
+        "{v}"
+    );
+    let (status, e) = grade(&s, &bob_sid, &bob).await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("site_unavailable")),
+        "{e}"
+    );
+    let (status, e) = s
+        .post(&format!("/api/sessions/{bob_sid}/extend"), &bob, json!({}))
+        .await;
+    assert_eq!(status, 200, "the lifespan is the database's: {e}");
+    // Finishing cannot reach its objects: never a 500, and the row stays live for whoever
+    // is configured with the site.
+    let (status, f) = s.delete(&format!("/api/sessions/{bob_sid}"), &bob).await;
+    assert!(status < 500, "{status} {f}");
+    assert_ne!(f["status"], "finished", "{f}");
+    s.stop().await;
+}
