@@ -6,6 +6,9 @@
 //!
 //! The demo runs the sibling binaries `ttlab-server`, `ttlab-reaper` and `ttlab-agent`; when
 //! they are missing it builds them with the cargo that builds this test.
+//!
+//! With `--sites 2` (one place each), two students' labs land one on each site's kube-sim,
+//! a third is refused for capacity, and the reaper reclaims both after expiry.
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -31,6 +34,8 @@ struct Banner {
     server_pid: Option<u32>,
     reaper_pid: Option<u32>,
     sim_url: String,
+    /// With several sites: each site's name and kube-sim URL.
+    sites: Vec<(String, String)>,
     postgres_dir: PathBuf,
     data_dir: PathBuf,
 }
@@ -66,6 +71,11 @@ async fn read_banner(lines: &mut Lines<BufReader<ChildStdout>>) -> Banner {
             b.reaper_pid = pid_in(rest);
         } else if let Some(rest) = after(&line, "cluster:") {
             b.sim_url = rest.trim_start_matches("kube-sim at ").to_owned();
+        } else if let Some((name, rest)) = line.trim_start().split_once(": kube-sim at ")
+            && name.starts_with("site-")
+        {
+            let url = rest.split_whitespace().next().unwrap_or(rest);
+            b.sites.push((name.to_owned(), url.to_owned()));
         } else if let Some(rest) = after(&line, "postgres:") {
             b.postgres_dir = PathBuf::from(rest);
         } else if let Some(rest) = after(&line, "data:") {
@@ -181,26 +191,8 @@ impl Drop for Interrupt {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_serves_a_session_that_expires_and_stops_cleanly_on_sigint() {
-    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
-        .args(["demo", "--port", &port.to_string()])
-        .env("CARGO", env!("CARGO"))
-        .env("TTLAB_SESSION_TTL", "12s")
-        .env("TTLAB_SIM_BOOT", "300ms")
-        .env("TTLAB_SIM_SETUP", "300ms")
-        .env("RUST_LOG", "warn")
-        .env_remove("TTLAB_AUTH_SECRET")
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting ttlabctl demo");
+    let port = free_port();
+    let mut child = spawn_demo(port, &[], &[("TTLAB_SESSION_TTL", "12s")]);
     let _interrupt = Interrupt(child.id());
     let pid = child.id().expect("the demo's pid");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -256,25 +248,13 @@ async fn demo_serves_a_session_that_expires_and_stops_cleanly_on_sigint() {
         .await
         .expect("the session was reclaimed in time after expiry");
         assert_eq!(done["status"], "expired", "{done}");
-        let (status, vms) = send(
-            &http,
-            http::Method::GET,
-            &format!(
-                "{}/apis/kubevirt.io/v1/namespaces/ttlab-vms/virtualmachines",
-                banner.sim_url
-            ),
-            "",
-            None,
-        )
-        .await;
-        assert_eq!(status, http::StatusCode::OK);
+        let items = vms_at(&http, &banner.sim_url).await;
         // Deleted: gone, or going (the simulated guest is still shutting down).
-        let items = vms["items"].as_array().expect("a VM list");
         assert!(
             items
                 .iter()
                 .all(|vm| vm["metadata"]["deletionTimestamp"].is_string()),
-            "every VM of the expired session is deleted: {vms}"
+            "every VM of the expired session is deleted: {items:?}"
         );
     } else {
         ttlab_testkit::skip_or_fail(
@@ -283,6 +263,54 @@ async fn demo_serves_a_session_that_expires_and_stops_cleanly_on_sigint() {
         );
     }
 
+    interrupt_and_wait(&mut child, pid).await;
+
+    assert!(!process_exists(server_pid), "the server is gone");
+    if let Some(reaper_pid) = banner.reaper_pid {
+        assert!(!process_exists(reaper_pid), "the reaper is gone");
+    }
+    for dir in [&banner.data_dir, &banner.postgres_dir] {
+        assert!(!dir.exists(), "{} was removed", dir.display());
+        let left = processes_mentioning(&dir.display().to_string());
+        assert!(left.is_empty(), "processes left behind: {left:?}");
+    }
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `ttlabctl demo` on `port` with quick simulated guests, `args` and `env` added.
+fn spawn_demo(port: u16, args: &[&str], env: &[(&str, &str)]) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"));
+    command
+        .args(["demo", "--port", &port.to_string()])
+        .args(args)
+        .env("CARGO", env!("CARGO"))
+        .env("TTLAB_SIM_BOOT", "300ms")
+        .env("TTLAB_SIM_SETUP", "300ms")
+        .env("RUST_LOG", "warn")
+        .env_remove("TTLAB_AUTH_SECRET")
+        .env_remove("DATABASE_URL");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting ttlabctl demo")
+}
+
+/// Sends SIGINT to the demo and waits for it to exit cleanly.
+async fn interrupt_and_wait(child: &mut tokio::process::Child, pid: u32) {
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid as i32).unwrap(),
         rustix::process::Signal::INT,
@@ -296,14 +324,127 @@ async fn demo_serves_a_session_that_expires_and_stops_cleanly_on_sigint() {
         status.success(),
         "the demo exits cleanly on SIGINT: {status}"
     );
+}
 
-    assert!(!process_exists(server_pid), "the server is gone");
-    if let Some(reaper_pid) = banner.reaper_pid {
-        assert!(!process_exists(reaper_pid), "the reaper is gone");
+/// The VMs in kube-sim's lab namespace at `sim_url`.
+async fn vms_at(http: &HttpClient, sim_url: &str) -> Vec<Value> {
+    let (status, vms) = send(
+        http,
+        http::Method::GET,
+        &format!("{sim_url}/apis/kubevirt.io/v1/namespaces/ttlab-vms/virtualmachines"),
+        "",
+        None,
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{vms}");
+    vms["items"].as_array().expect("a VM list").clone()
+}
+
+/// A token for `user`, minted by `ttlabctl token` with the demo's secret.
+fn token_for(user: &str, secret: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ttlabctl"))
+        .args(["token", "--user", user])
+        .env("TTLAB_AUTH_SECRET", secret)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("ttlabctl token runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_two_sites_puts_a_lab_on_each_refuses_a_third_and_reclaims_both() {
+    let secret = "demo-sites-test-secret-of-at-least-32-bytes";
+    let port = free_port();
+    let mut child = spawn_demo(
+        port,
+        &["--sites", "2", "--site-vm-limit", "1"],
+        &[("TTLAB_SESSION_TTL", "20s"), ("TTLAB_AUTH_SECRET", secret)],
+    );
+    let _interrupt = Interrupt(child.id());
+    let pid = child.id().expect("the demo's pid");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let banner = tokio::time::timeout(Duration::from_secs(900), read_banner(&mut lines))
+        .await
+        .expect("the demo printed its URL in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let names: Vec<&str> = banner.sites.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["site-a", "site-b"], "{banner:?}");
+
+    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut placed = Vec::new();
+    for user in ["student-1", "student-2"] {
+        let token = token_for(user, secret);
+        let (status, created) = send(
+            &http,
+            http::Method::POST,
+            &format!("{}/api/sessions", banner.url),
+            &token,
+            Some(serde_json::json!({"lesson": "systemd-basics"})),
+        )
+        .await;
+        assert_eq!(status, http::StatusCode::ACCEPTED, "{user}: {created}");
+        let id = created["id"].as_str().expect("the session's id").to_owned();
+        let events = format!("{}/api/sessions/{id}/events", banner.url);
+        let running = tokio::time::timeout(
+            Duration::from_secs(90),
+            follow_until(&http, &events, &token, |v| v["status"] != "starting"),
+        )
+        .await
+        .expect("the session left `starting` in time");
+        assert_eq!(running["status"], "running", "{user}: {running}");
+        let site = running["site"].as_str().unwrap_or("").to_owned();
+        placed.push((token, events, site));
     }
-    for dir in [&banner.data_dir, &banner.postgres_dir] {
-        assert!(!dir.exists(), "{} was removed", dir.display());
-        let left = processes_mentioning(&dir.display().to_string());
-        assert!(left.is_empty(), "processes left behind: {left:?}");
+    let mut sites: Vec<&str> = placed.iter().map(|(_, _, s)| s.as_str()).collect();
+    sites.sort_unstable();
+    assert_eq!(sites, ["site-a", "site-b"], "one lab on each site");
+    for (name, url) in &banner.sites {
+        let vms = vms_at(&http, url).await;
+        assert_eq!(vms.len(), 1, "one VM on {name}: {vms:?}");
     }
+
+    // Both sites full: a third student is told there is no room.
+    let token = token_for("student-3", secret);
+    let (status, refused) = send(
+        &http,
+        http::Method::POST,
+        &format!("{}/api/sessions", banner.url),
+        &token,
+        Some(serde_json::json!({"lesson": "systemd-basics"})),
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(refused["error"], "capacity", "{refused}");
+
+    // Expired on both sites, each reclaimed on its own cluster.
+    for (token, events, site) in &placed {
+        let done = tokio::time::timeout(
+            Duration::from_secs(90),
+            follow_until(&http, events, token, |v| {
+                !matches!(v["status"].as_str(), Some("running" | "finishing"))
+            }),
+        )
+        .await
+        .expect("the session was reclaimed in time after expiry");
+        assert_eq!(done["status"], "expired", "{site}: {done}");
+    }
+    for (name, url) in &banner.sites {
+        let vms = vms_at(&http, url).await;
+        assert!(
+            vms.iter()
+                .all(|vm| vm["metadata"]["deletionTimestamp"].is_string()),
+            "every VM on {name} is deleted: {vms:?}"
+        );
+    }
+    interrupt_and_wait(&mut child, pid).await;
+    assert!(
+        !banner.data_dir.exists(),
+        "{} was removed",
+        banner.data_dir.display()
+    );
 }
