@@ -169,7 +169,12 @@ pub async fn run(args: SitesBenchArgs) -> anyhow::Result<()> {
 impl Bench {
     /// A sites file naming `sites`, each with `vm_limit` places, its agents reached through
     /// its API server.
-    fn sites_file(&self, file: &str, sites: &[&BenchSite], vm_limit: usize) -> anyhow::Result<PathBuf> {
+    fn sites_file(
+        &self,
+        file: &str,
+        sites: &[&BenchSite],
+        vm_limit: usize,
+    ) -> anyhow::Result<PathBuf> {
         let mut text = String::from("sites:\n");
         for s in sites {
             text.push_str(&format!(
@@ -266,7 +271,8 @@ impl Bench {
             let body = serde_json::json!({ "lesson": LESSON });
             let mut took = Vec::new();
             for i in 0..args.starts + 10 {
-                let user = UserId::new(format!("{env}-{i:05}")).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let user =
+                    UserId::new(format!("{env}-{i:05}")).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let token = auth.mint(&user, Role::Student, now, Duration::from_secs(3600))?;
                 let t0 = Instant::now();
                 let (status, answer) =
@@ -294,7 +300,11 @@ impl Bench {
 
     /// Opens a running single-VM session on `site` expiring at `expires_at`, with its VM and
     /// cloud-init Secret in that site's cluster.
-    async fn session(&self, site: &BenchSite, expires_at: DateTime<Utc>) -> anyhow::Result<SessionId> {
+    async fn session(
+        &self,
+        site: &BenchSite,
+        expires_at: DateTime<Utc>,
+    ) -> anyhow::Result<SessionId> {
         let id = SessionId::new_random();
         let node: NodeName = "vm".parse()?;
         let started_at = expires_at - TimeDelta::minutes(60);
@@ -347,7 +357,9 @@ impl Bench {
                     owner_references: Some(vec![created.owner_reference()]),
                     ..ObjectMeta::default()
                 },
-                string_data: Some([("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into()),
+                string_data: Some(
+                    [("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into(),
+                ),
                 ..Secret::default()
             })
             .await?;
@@ -466,7 +478,11 @@ impl Bench {
 
     /// Starts the real reaper over every site with `interval` between full cycles; `None`
     /// (said) when the binary is not there.
-    fn reaper(&self, args: &SitesBenchArgs, interval: &str) -> anyhow::Result<Option<ChildProcess>> {
+    fn reaper(
+        &self,
+        args: &SitesBenchArgs,
+        interval: &str,
+    ) -> anyhow::Result<Option<ChildProcess>> {
         let binary = match &args.reaper_binary {
             Some(p) => p.clone(),
             None => match super::real::beside_me("ttlab-reaper") {
