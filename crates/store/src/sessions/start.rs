@@ -190,17 +190,7 @@ impl Sessions<'_> {
             )
             .await
             .map_err(StoreError::query(WHAT))?;
-        rows.iter()
-            .map(|row| {
-                let id: Uuid = row.try_get(0).map_err(StoreError::query(WHAT))?;
-                let lesson: &str = row.try_get(1).map_err(StoreError::query(WHAT))?;
-                let vms: Vec<String> = row.try_get(2).map_err(StoreError::query(WHAT))?;
-                let lesson = lesson
-                    .parse()
-                    .map_err(|e| StoreError::corrupt("lesson", e))?;
-                Ok((SessionId::from_uuid(id), lesson, vms))
-            })
-            .collect()
+        rows.iter().map(|row| live_vm_session(row, WHAT)).collect()
     }
 
     /// [`Self::live_vm_sessions_all_envs`] of one site: the live VM sessions of every
@@ -224,17 +214,7 @@ impl Sessions<'_> {
             )
             .await
             .map_err(StoreError::query(WHAT))?;
-        rows.iter()
-            .map(|row| {
-                let id: Uuid = row.try_get(0).map_err(StoreError::query(WHAT))?;
-                let lesson: &str = row.try_get(1).map_err(StoreError::query(WHAT))?;
-                let vms: Vec<String> = row.try_get(2).map_err(StoreError::query(WHAT))?;
-                let lesson = lesson
-                    .parse()
-                    .map_err(|e| StoreError::corrupt("lesson", e))?;
-                Ok((SessionId::from_uuid(id), lesson, vms))
-            })
-            .collect()
+        rows.iter().map(|row| live_vm_session(row, WHAT)).collect()
     }
 
     /// Seconds from request to ready of the `n` most recent sessions of `lesson` in `env`
@@ -455,4 +435,18 @@ impl Sessions<'_> {
         )
         .await
     }
+}
+
+/// One row of `SELECT id, lesson, vm_names` of a live VM session (the capacity check's view).
+fn live_vm_session(
+    row: &tokio_postgres::Row,
+    what: &'static str,
+) -> Result<(SessionId, LessonId, Vec<String>), StoreError> {
+    let id: Uuid = row.try_get(0).map_err(StoreError::query(what))?;
+    let lesson: &str = row.try_get(1).map_err(StoreError::query(what))?;
+    let vms: Vec<String> = row.try_get(2).map_err(StoreError::query(what))?;
+    let lesson = lesson
+        .parse()
+        .map_err(|e| StoreError::corrupt("lesson", e))?;
+    Ok((SessionId::from_uuid(id), lesson, vms))
 }
