@@ -29,7 +29,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ttlab_cluster::{ClusterSettings, KubeCluster, ProvisionCluster as _};
 use ttlab_kube_sim::{KubeSim, SimConfig, Verb};
 use ttlab_model::labels::ObjectLabels;
-use ttlab_model::{EnvName, FinalStatus, NodeName, Runtime, SessionId, SessionStatus, UserId};
+use ttlab_model::{
+    EnvName, FinalStatus, NodeName, Runtime, SessionId, SessionStatus, SiteName, UserId,
+};
 use ttlab_reaper::{Metrics, ReaperContext, ReaperSettings, reap_once};
 use ttlab_store::testing::TestDb;
 use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
@@ -152,68 +154,15 @@ impl Bench {
     /// Opens a running single-VM session expiring at `expires_at`, and creates its VM and
     /// cloud-init Secret (unless `objects` is false).
     async fn session(&self, expires_at: DateTime<Utc>, objects: bool) -> anyhow::Result<SessionId> {
-        let id = SessionId::new_random();
-        let node: NodeName = "vm".parse()?;
-        let started_at = expires_at - TimeDelta::minutes(60);
-        let sessions = self.store.sessions();
-        sessions
-            .insert(&NewSession {
-                id,
-                user: UserId::new(format!("u-{}", id.simple()))?,
-                lesson: "bench".parse()?,
-                runtime: Runtime::Vm,
-                env: self.env.clone(),
-                site: "default".parse()?,
-                times: SessionTimes {
-                    started_at,
-                    expires_at,
-                    max_expires_at: started_at + TimeDelta::minutes(180),
-                },
-                readiness_deadline: started_at + TimeDelta::minutes(5),
-            })
-            .await?;
-        let vm = ttlab_vm_manifest::vm_name(id, &node);
-        sessions
-            .record_vms(
-                id,
-                &[SessionVm {
-                    node: node.clone(),
-                    name: vm.clone(),
-                }],
-            )
-            .await?;
-        sessions.mark_running(id, None).await?;
-        if objects {
-            let labels =
-                ObjectLabels::new(id, self.env.clone(), "bench".parse()?, Some(node.clone()));
-            let map = serde_json::to_value(labels.to_map())?;
-            let created = self
-                .cluster
-                .create_vm(serde_json::json!({
-                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-                    "metadata": {"name": vm, "labels": map},
-                    "spec": {"runStrategy": "RerunOnFailure", "template": {"metadata": {"labels": map}, "spec": {
-                        "domain": {"devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]},
-                                   "resources": {"requests": {"memory": "128Mi"}}},
-                        "volumes": [{"name": "rootdisk", "containerDisk": {"image": "quay.io/containerdisks/debian:12"}}]}}}
-                }))
-                .await?;
-            self.cluster
-                .create_secret(Secret {
-                    metadata: ObjectMeta {
-                        name: Some(ttlab_vm_manifest::secret_name(id, &node)),
-                        labels: Some(labels.to_map()),
-                        owner_references: Some(vec![created.owner_reference()]),
-                        ..ObjectMeta::default()
-                    },
-                    string_data: Some(
-                        [("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into(),
-                    ),
-                    ..Secret::default()
-                })
-                .await?;
-        }
-        Ok(id)
+        let cluster = objects.then_some(self.cluster.as_ref());
+        open_session(
+            &self.store,
+            cluster,
+            &self.env,
+            &"default".parse()?,
+            expires_at,
+        )
+        .await
     }
 
     async fn sessions(
@@ -557,4 +506,76 @@ async fn watch_gone(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     gone
+}
+
+/// Opens a running single-VM session of `env` on `site` expiring at `expires_at`, and creates
+/// its VM and cloud-init Secret through `cluster` (none without one): what the reaper's
+/// benchmarks reclaim.
+pub(crate) async fn open_session(
+    store: &Store,
+    cluster: Option<&KubeCluster>,
+    env: &EnvName,
+    site: &SiteName,
+    expires_at: DateTime<Utc>,
+) -> anyhow::Result<SessionId> {
+    let id = SessionId::new_random();
+    let node: NodeName = "vm".parse()?;
+    let started_at = expires_at - TimeDelta::minutes(60);
+    let sessions = store.sessions();
+    sessions
+        .insert(&NewSession {
+            id,
+            user: UserId::new(format!("u-{}", id.simple()))?,
+            lesson: "bench".parse()?,
+            runtime: Runtime::Vm,
+            env: env.clone(),
+            site: site.clone(),
+            times: SessionTimes {
+                started_at,
+                expires_at,
+                max_expires_at: started_at + TimeDelta::minutes(180),
+            },
+            readiness_deadline: started_at + TimeDelta::minutes(5),
+        })
+        .await?;
+    let vm = ttlab_vm_manifest::vm_name(id, &node);
+    sessions
+        .record_vms(
+            id,
+            &[SessionVm {
+                node: node.clone(),
+                name: vm.clone(),
+            }],
+        )
+        .await?;
+    sessions.mark_running(id, None).await?;
+    if let Some(cluster) = cluster {
+        let labels = ObjectLabels::new(id, env.clone(), "bench".parse()?, Some(node.clone()));
+        let map = serde_json::to_value(labels.to_map())?;
+        let created = cluster
+            .create_vm(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": vm, "labels": map},
+                "spec": {"runStrategy": "RerunOnFailure", "template": {"metadata": {"labels": map}, "spec": {
+                    "domain": {"devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]},
+                               "resources": {"requests": {"memory": "128Mi"}}},
+                    "volumes": [{"name": "rootdisk", "containerDisk": {"image": "quay.io/containerdisks/debian:12"}}]}}}
+            }))
+            .await?;
+        cluster
+            .create_secret(Secret {
+                metadata: ObjectMeta {
+                    name: Some(ttlab_vm_manifest::secret_name(id, &node)),
+                    labels: Some(labels.to_map()),
+                    owner_references: Some(vec![created.owner_reference()]),
+                    ..ObjectMeta::default()
+                },
+                string_data: Some(
+                    [("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into(),
+                ),
+                ..Secret::default()
+            })
+            .await?;
+    }
+    Ok(id)
 }

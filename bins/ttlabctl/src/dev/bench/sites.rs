@@ -26,18 +26,15 @@ use anyhow::Context as _;
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ttlab_api::auth::{AuthConfig, AuthSecret, Role};
-use ttlab_cluster::{ClusterSettings, KubeCluster, ProvisionCluster as _};
+use ttlab_cluster::{ClusterSettings, KubeCluster};
 use ttlab_kube_sim::{FaultAction, FaultRule, KubeSim, SimConfig, Verb};
-use ttlab_model::labels::ObjectLabels;
-use ttlab_model::{EnvName, NodeName, Runtime, SessionId, SiteName, UserId};
+use ttlab_model::{EnvName, SessionId, SiteName, UserId};
 use ttlab_reaper::{ReaperContext, reap_once};
 use ttlab_store::testing::TestDb;
-use ttlab_store::{NewSession, SessionTimes, SessionVm, Store};
+use ttlab_store::Store;
 
-use super::reaper::median_and_worst;
+use super::reaper::{median_and_worst, open_session};
 use super::{percentile, verdict};
 use crate::dev::demo::client::{self, Method};
 use crate::dev::demo::{ChildProcess, checkout_dir, random_secret, wait_ready};
@@ -305,65 +302,14 @@ impl Bench {
         site: &BenchSite,
         expires_at: DateTime<Utc>,
     ) -> anyhow::Result<SessionId> {
-        let id = SessionId::new_random();
-        let node: NodeName = "vm".parse()?;
-        let started_at = expires_at - TimeDelta::minutes(60);
-        let sessions = self.store.sessions();
-        sessions
-            .insert(&NewSession {
-                id,
-                user: UserId::new(format!("u-{}", id.simple()))?,
-                lesson: "bench".parse()?,
-                runtime: Runtime::Vm,
-                env: self.env.clone(),
-                site: site.name.clone(),
-                times: SessionTimes {
-                    started_at,
-                    expires_at,
-                    max_expires_at: started_at + TimeDelta::minutes(180),
-                },
-                readiness_deadline: started_at + TimeDelta::minutes(5),
-            })
-            .await?;
-        let vm = ttlab_vm_manifest::vm_name(id, &node);
-        sessions
-            .record_vms(
-                id,
-                &[SessionVm {
-                    node: node.clone(),
-                    name: vm.clone(),
-                }],
-            )
-            .await?;
-        sessions.mark_running(id, None).await?;
-        let labels = ObjectLabels::new(id, self.env.clone(), "bench".parse()?, Some(node.clone()));
-        let map = serde_json::to_value(labels.to_map())?;
-        let created = site
-            .cluster
-            .create_vm(serde_json::json!({
-                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-                "metadata": {"name": vm, "labels": map},
-                "spec": {"runStrategy": "Halted", "template": {"metadata": {"labels": map}, "spec": {
-                    "domain": {"devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]},
-                               "resources": {"requests": {"memory": "128Mi"}}},
-                    "volumes": [{"name": "rootdisk", "containerDisk": {"image": "quay.io/containerdisks/debian:12"}}]}}}
-            }))
-            .await?;
-        site.cluster
-            .create_secret(Secret {
-                metadata: ObjectMeta {
-                    name: Some(ttlab_vm_manifest::secret_name(id, &node)),
-                    labels: Some(labels.to_map()),
-                    owner_references: Some(vec![created.owner_reference()]),
-                    ..ObjectMeta::default()
-                },
-                string_data: Some(
-                    [("userdata".to_owned(), "#cloud-config\n{}\n".to_owned())].into(),
-                ),
-                ..Secret::default()
-            })
-            .await?;
-        Ok(id)
+        open_session(
+            &self.store,
+            Some(&site.cluster),
+            &self.env,
+            &site.name,
+            expires_at,
+        )
+        .await
     }
 
     /// `n` sessions on `site`, expiring at the times of `expiries`.
