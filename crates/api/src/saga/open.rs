@@ -1,5 +1,6 @@
 //! Steps ① and ②: the `starting` row, after the capacity check for VM lessons.
 
+use futures::StreamExt as _;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -200,15 +201,28 @@ async fn observe_sites(
     let queued = wl.own_hold.is_none() && wl.waiting_ahead > 0;
     let mut states = Vec::new();
     let mut usages = Vec::new();
-    for site in state.sites() {
-        let mut reach = site.reachability();
-        let mut usage = None;
-        if reach == ttlab_site::Reachability::Reachable {
-            match listed_vms(site).await {
-                Ok(listing) => usage = Some(count_vms(state, site, &listing).await?),
-                Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
+    // The sites are observed side by side (a few at once, each a listing and a query): a
+    // start waits for the slowest site, not for the sum of them.
+    let seen: Vec<Result<_, ApiError>> = futures::stream::iter(state.sites().to_vec())
+        .map(|site| {
+            let state = state.clone();
+            async move {
+                let mut reach = site.reachability();
+                let mut usage = None;
+                if reach == ttlab_site::Reachability::Reachable {
+                    match listed_vms(&site).await {
+                        Ok(listing) => usage = Some(count_vms(&state, &site, &listing).await?),
+                        Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
+                    }
+                }
+                Ok((reach, usage))
             }
-        }
+        })
+        .buffered(OBSERVED_AT_ONCE)
+        .collect()
+        .await;
+    for (site, seen) in state.sites().iter().zip(seen) {
+        let (reach, usage) = seen?;
         let in_use = usage.map_or(0, |u| u.total()) + wl.held_for_others;
         states.push(ttlab_site::SiteState::of(
             site.site(),
@@ -225,6 +239,10 @@ async fn observe_sites(
         queued,
     })
 }
+
+/// Sites a start observes at once (each a VM listing, at most a second old, and a query of
+/// its live sessions).
+const OBSERVED_AT_ONCE: usize = 4;
 
 /// The 503 `capacity` of a start no site has room for: the limits and places of the sites
 /// that answer, added up.
