@@ -31,8 +31,8 @@ use ttlab_cluster::{ClusterSettings, KubeCluster};
 use ttlab_kube_sim::{FaultAction, FaultRule, KubeSim, SimConfig, Verb};
 use ttlab_model::{EnvName, SessionId, SiteName, UserId};
 use ttlab_reaper::{ReaperContext, reap_once};
-use ttlab_store::testing::TestDb;
 use ttlab_store::Store;
+use ttlab_store::testing::TestDb;
 
 use super::reaper::{median_and_worst, open_session};
 use super::{percentile, verdict};
