@@ -8,8 +8,8 @@
 //! | `ttlab_stage_seconds` | `stage` | time from the request to each provisioning stage |
 //! | `ttlab_capacity_rejections_total` | — | `POST /api/sessions` answered 503 `capacity` |
 //! | `ttlab_disk_decisions_total` | `kind`, `reason` | root disk decisions |
-//! | `ttlab_cluster_reachable` | — | 1 if the last cluster probe answered in time, else 0 |
-//! | `ttlab_cluster_probe_seconds` | — | how long the last cluster probe took |
+//! | `ttlab_cluster_reachable` | `site` | 1 if the last probe of the site's API server answered in time, else 0 (0 before the first) |
+//! | `ttlab_cluster_probe_seconds` | `site` | how long the last probe of the site took |
 //! | `ttlab_rate_limited_total` | `action` | start, extend, grade answered 429 |
 //! | `ttlab_requests_shed_total` | `reason` | requests answered 503 `overloaded` or `request_timeout` |
 //! | `ttlab_waitlist_joined_total` | — | students put on the waitlist |
@@ -33,9 +33,12 @@
 //! | `ttlab_sessions_terminating` | — | `finishing` sessions of this environment held by objects still terminating (read at scrape) |
 //! | `ttlab_sessions_terminating_max_seconds` | — | how long the longest of them has been held, 0 when none (read at scrape) |
 //! | `ttlab_last_reaper_cycle_timestamp_seconds` | — | Unix time at which the last reaper cycle of this environment recorded in the database ended, whichever reaper ran it (Deployment or CronJob; dry runs left out); 0 before the first (read at scrape) |
-//! | `ttlab_capacity_limit` | — | the VM limit (`TTLAB_VM_LIMIT`) |
-//! | `ttlab_capacity_used` | `by` | VM places taken, as the capacity check counts them: `labs`, `shutting_down`, `without_lab` (read at scrape) |
-//! | `ttlab_quota_hard`, `ttlab_quota_used` | `quota`, `resource` | the VM namespace's ResourceQuotas, as the API server accounts them (bytes for memory; read at scrape) |
+//! | `ttlab_capacity_limit` | `site` | the site's VM limit (`TTLAB_VM_LIMIT`, or `vm_limit` in the sites file) |
+//! | `ttlab_capacity_used` | `site`, `by` | VM places taken on the site, as the capacity check counts them: `labs`, `shutting_down`, `without_lab` (read at scrape) |
+//! | `ttlab_quota_hard`, `ttlab_quota_used` | `site`, `quota`, `resource` | the site's VM namespace's ResourceQuotas, as its API server accounts them (bytes for memory; read at scrape) |
+//!
+//! Without a sites file the one site is `default`. A site whose API server does not answer a
+//! scrape in time keeps its last values.
 //!
 //! The families whose label values are a fixed set are created with every value at 0, so a
 //! rate over them starts at the first scrape, not at the first event.
@@ -242,9 +245,19 @@ pub struct ClosedLabels {
     pub reason: String,
 }
 
+/// Labels of the per-site gauges (`ttlab_capacity_limit`, `ttlab_cluster_reachable`,
+/// `ttlab_cluster_probe_seconds`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SiteLabels {
+    /// The site's name.
+    pub site: String,
+}
+
 /// Labels of `ttlab_capacity_used`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CapacityLabels {
+    /// The site's name.
+    pub site: String,
     /// Who takes the places.
     pub by: CapacityBy,
 }
@@ -252,6 +265,8 @@ pub struct CapacityLabels {
 /// Labels of `ttlab_quota_hard` and `ttlab_quota_used`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
+    /// The site's name.
+    pub site: String,
     /// The ResourceQuota's name.
     pub quota: String,
     /// The resource (`count/virtualmachines.kubevirt.io`, `requests.memory`, …).
@@ -274,10 +289,10 @@ pub struct Metrics {
     pub capacity_rejections: Counter,
     /// Disk decisions.
     pub disk_decisions: Family<DiskLabels, Counter>,
-    /// 1 while the cluster answers the probe in time.
-    pub cluster_reachable: Gauge,
-    /// Seconds the last cluster probe took.
-    pub cluster_probe_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the site answers the probe in time, by site.
+    pub cluster_reachable: Family<SiteLabels, Gauge>,
+    /// Seconds the last probe of each site took.
+    pub cluster_probe_seconds: Family<SiteLabels, Gauge<f64, AtomicU64>>,
     /// Requests refused by the per-user rate limit.
     pub rate_limited: Family<ActionLabels, Counter>,
     /// Requests refused by the concurrency limit or cut by the request timeout.
@@ -326,8 +341,8 @@ pub struct Metrics {
     pub sessions_terminating_max_seconds: Gauge<f64, AtomicU64>,
     /// When the last recorded reaper cycle of this environment ended (set at scrape).
     pub last_reaper_cycle: Gauge<f64, AtomicU64>,
-    /// The VM limit.
-    pub capacity_limit: Gauge,
+    /// Each site's VM limit.
+    pub capacity_limit: Family<SiteLabels, Gauge>,
     /// VM places taken, by whom (set at scrape).
     pub capacity_used: Family<CapacityLabels, Gauge>,
     /// ResourceQuota limits (set at scrape).
@@ -336,6 +351,8 @@ pub struct Metrics {
     pub quota_used: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     /// The background tasks' activations, failures, durations and last successes.
     pub tasks: ttlab_background::TaskMetrics,
+    /// Each site's ResourceQuotas as last read (a site not read in time keeps its own).
+    quotas: Arc<Mutex<BTreeMap<String, Vec<ttlab_cluster::QuotaSummary>>>>,
 }
 
 /// The kinds of the objects still terminating, by session, and the kinds exported so far.
@@ -397,8 +414,8 @@ impl Metrics {
             "Root disk decisions by kind and reason",
             disk_decisions.clone(),
         );
-        let cluster_reachable = Gauge::default();
-        let cluster_probe_seconds = Gauge::<f64, AtomicU64>::default();
+        let cluster_reachable = Family::<SiteLabels, Gauge>::default();
+        let cluster_probe_seconds = Family::<SiteLabels, Gauge<f64, AtomicU64>>::default();
         let rate_limited = Family::<ActionLabels, Counter>::default();
         let shed = Family::<ShedLabels, Counter>::default();
         let waitlist_joined = Counter::default();
@@ -421,12 +438,12 @@ impl Metrics {
         );
         registry.register(
             "ttlab_cluster_reachable",
-            "1 if the last probe of the Kubernetes API answered in time, else 0",
+            "1 if the last probe of the site's Kubernetes API answered in time, else 0",
             cluster_reachable.clone(),
         );
         registry.register(
             "ttlab_cluster_probe_seconds",
-            "Seconds the last probe of the Kubernetes API took",
+            "Seconds the last probe of the site's Kubernetes API took",
             cluster_probe_seconds.clone(),
         );
         let objects_terminating = Family::<KindLabels, Gauge>::default();
@@ -571,31 +588,28 @@ impl Metrics {
              database ended (any reaper, dry runs left out); 0 before the first",
             last_reaper_cycle.clone(),
         );
-        let capacity_limit = Gauge::default();
+        let capacity_limit = Family::<SiteLabels, Gauge>::default();
         let capacity_used = Family::<CapacityLabels, Gauge>::default();
-        for &by in CapacityBy::ALL {
-            capacity_used.get_or_create(&CapacityLabels { by }).set(0);
-        }
         registry.register(
             "ttlab_capacity_limit",
-            "The VM limit (TTLAB_VM_LIMIT)",
+            "Each site's VM limit (TTLAB_VM_LIMIT, or vm_limit in the sites file)",
             capacity_limit.clone(),
         );
         registry.register(
             "ttlab_capacity_used",
-            "VM places taken, as the capacity check counts them, by whom",
+            "VM places taken on each site, as the capacity check counts them, by whom",
             capacity_used.clone(),
         );
         let quota_hard = Family::<QuotaLabels, Gauge<f64, AtomicU64>>::default();
         let quota_used = Family::<QuotaLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "ttlab_quota_hard",
-            "Limits of the VM namespace's ResourceQuotas (bytes for memory)",
+            "Limits of each site's VM namespace's ResourceQuotas (bytes for memory)",
             quota_hard.clone(),
         );
         registry.register(
             "ttlab_quota_used",
-            "Usage of the VM namespace's ResourceQuotas (bytes for memory)",
+            "Usage of each site's VM namespace's ResourceQuotas (bytes for memory)",
             quota_used.clone(),
         );
         let tasks = ttlab_background::TaskMetrics::new();
@@ -639,7 +653,41 @@ impl Metrics {
             disk_decisions,
             objects_terminating,
             terminating: Arc::default(),
+            quotas: Arc::default(),
         }
+    }
+
+    /// Exports each site's series before any scrape or probe: its limit, no place taken and,
+    /// until its first probe, not reachable.
+    pub fn add_site(&self, site: &str, vm_limit: usize) {
+        let labels = SiteLabels {
+            site: site.to_owned(),
+        };
+        self.capacity_limit
+            .get_or_create(&labels)
+            .set(i64::try_from(vm_limit).unwrap_or(i64::MAX));
+        self.cluster_reachable.get_or_create(&labels).set(0);
+        for &by in CapacityBy::ALL {
+            self.capacity_used
+                .get_or_create(&CapacityLabels {
+                    site: site.to_owned(),
+                    by,
+                })
+                .set(0);
+        }
+    }
+
+    /// Records what a probe of `site` found: whether it answered in time, and how long it took.
+    pub fn set_probe(&self, site: &str, reachable: bool, took: std::time::Duration) {
+        let labels = SiteLabels {
+            site: site.to_owned(),
+        };
+        self.cluster_reachable
+            .get_or_create(&labels)
+            .set(i64::from(reachable));
+        self.cluster_probe_seconds
+            .get_or_create(&labels)
+            .set(took.as_secs_f64());
     }
 
     /// Records the kinds of the objects of `session` still terminating at the last look
@@ -715,36 +763,50 @@ impl Metrics {
     }
 
     /// Sets the places taken and the limit, as the capacity check counted them.
-    pub fn set_capacity(&self, usage: &crate::CapacityUse, limit: usize) {
+    pub fn set_capacity(&self, site: &str, usage: &crate::CapacityUse, limit: usize) {
         for (by, n) in [
             (CapacityBy::Labs, usage.labs),
             (CapacityBy::ShuttingDown, usage.shutting_down),
             (CapacityBy::WithoutLab, usage.without_lab),
         ] {
             self.capacity_used
-                .get_or_create(&CapacityLabels { by })
+                .get_or_create(&CapacityLabels {
+                    site: site.to_owned(),
+                    by,
+                })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.capacity_limit
+            .get_or_create(&SiteLabels {
+                site: site.to_owned(),
+            })
             .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
-    /// Sets the quota gauges from the namespace's ResourceQuotas; a value that is not a
-    /// Kubernetes quantity is left out.
-    pub fn set_quotas(&self, quotas: &[ttlab_cluster::QuotaSummary]) {
+    /// Sets the quota gauges of `site` from its namespace's ResourceQuotas; a value that is
+    /// not a Kubernetes quantity is left out. Other sites' keep their last values.
+    pub fn set_quotas(&self, site: &str, quotas: &[ttlab_cluster::QuotaSummary]) {
+        let mut all = self
+            .quotas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.insert(site.to_owned(), quotas.to_vec());
         // A quota or resource no longer there is no longer exported.
         self.quota_hard.clear();
         self.quota_used.clear();
-        for q in quotas {
-            for (family, values) in [(&self.quota_hard, &q.hard), (&self.quota_used, &q.used)] {
-                for (resource, text) in values {
-                    if let Some(value) = quantity(text) {
-                        family
-                            .get_or_create(&QuotaLabels {
-                                quota: q.name.clone(),
-                                resource: resource.clone(),
-                            })
-                            .set(value);
+        for (site, quotas) in all.iter() {
+            for q in quotas {
+                for (family, values) in [(&self.quota_hard, &q.hard), (&self.quota_used, &q.used)] {
+                    for (resource, text) in values {
+                        if let Some(value) = quantity(text) {
+                            family
+                                .get_or_create(&QuotaLabels {
+                                    site: site.clone(),
+                                    quota: q.name.clone(),
+                                    resource: resource.clone(),
+                                })
+                                .set(value);
+                        }
                     }
                 }
             }
@@ -803,14 +865,18 @@ mod tests {
 
     #[test]
     fn fixed_label_sets_are_exported_at_zero_before_any_event() {
-        let text = Metrics::new().encode();
+        let m = Metrics::new();
+        m.add_site("default", 4);
+        let text = m.encode();
         for line in [
             "ttlab_provisionings_total{runtime=\"vm\",outcome=\"ready\"} 0",
             "ttlab_provisionings_total{runtime=\"pod\",outcome=\"failed\"} 0",
             "ttlab_gradings_total{outcome=\"agent_unavailable\"} 0",
             "ttlab_console_connections{runtime=\"vm\"} 0",
             "ttlab_console_closed_total{reason=\"lost\"} 0",
-            "ttlab_capacity_used{by=\"shutting_down\"} 0",
+            "ttlab_capacity_used{site=\"default\",by=\"shutting_down\"} 0",
+            "ttlab_capacity_limit{site=\"default\"} 4",
+            "ttlab_cluster_reachable{site=\"default\"} 0",
             "ttlab_last_reaper_cycle_timestamp_seconds 0",
         ] {
             assert!(text.contains(line), "{line} not in:\n{text}");
@@ -837,32 +903,54 @@ mod tests {
                 .contains("ttlab_console_connections{runtime=\"vm\"} 0")
         );
 
-        m.set_quotas(&[ttlab_cluster::QuotaSummary {
-            name: "ttlab-vms".into(),
-            hard: [
-                ("requests.memory".to_owned(), "48Gi".to_owned()),
-                (
-                    "count/virtualmachines.kubevirt.io".to_owned(),
-                    "8".to_owned(),
-                ),
-            ]
-            .into(),
-            used: [("requests.memory".to_owned(), "not a quantity".to_owned())].into(),
-        }]);
+        m.set_quotas(
+            "site-a",
+            &[ttlab_cluster::QuotaSummary {
+                name: "ttlab-vms".into(),
+                hard: [
+                    ("requests.memory".to_owned(), "48Gi".to_owned()),
+                    (
+                        "count/virtualmachines.kubevirt.io".to_owned(),
+                        "8".to_owned(),
+                    ),
+                ]
+                .into(),
+                used: [("requests.memory".to_owned(), "not a quantity".to_owned())].into(),
+            }],
+        );
         let text = m.encode();
         assert!(
             text.contains(
-                "ttlab_quota_hard{quota=\"ttlab-vms\",resource=\"requests.memory\"} 51539607552.0"
+                "ttlab_quota_hard{site=\"site-a\",quota=\"ttlab-vms\",resource=\"requests.memory\"} 51539607552.0"
             ),
             "{text}"
         );
         assert!(
             text.contains(
-                "ttlab_quota_hard{quota=\"ttlab-vms\",resource=\"count/virtualmachines.kubevirt.io\"} 8.0"
+                "ttlab_quota_hard{site=\"site-a\",quota=\"ttlab-vms\",resource=\"count/virtualmachines.kubevirt.io\"} 8.0"
             ),
             "{text}"
         );
         assert!(!text.contains("ttlab_quota_used{"), "{text}");
+        // Another site's quotas are exported beside the first's, and a site's new reading
+        // replaces only its own.
+        m.set_quotas(
+            "site-b",
+            &[ttlab_cluster::QuotaSummary {
+                name: "ttlab-vms".into(),
+                hard: [("requests.memory".to_owned(), "1Gi".to_owned())].into(),
+                used: Default::default(),
+            }],
+        );
+        m.set_quotas("site-a", &[]);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "ttlab_quota_hard{site=\"site-b\",quota=\"ttlab-vms\",resource=\"requests.memory\"} 1073741824.0"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("site=\"site-a\",quota="), "{text}");
     }
 
     #[test]

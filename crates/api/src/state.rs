@@ -44,6 +44,44 @@ pub struct ClusterHealth {
     pub consecutive_failures: u32,
 }
 
+impl ClusterHealth {
+    /// The health of several sites as one: reachable only when every site's last probe
+    /// answered (`None` while one is unprobed and none failed), the oldest check, the
+    /// slowest answer, each failing site's error (prefixed `site NAME: ` when there are
+    /// several) and the most probes failed in a row. One site's is its own.
+    pub fn over(sites: &[(&SiteName, ClusterHealth)]) -> ClusterHealth {
+        if let [(_, only)] = sites {
+            return only.clone();
+        }
+        let reachable = if sites.iter().any(|(_, h)| h.reachable == Some(false)) {
+            Some(false)
+        } else if sites.iter().all(|(_, h)| h.reachable == Some(true)) {
+            Some(true)
+        } else {
+            None
+        };
+        let errors: Vec<String> = sites
+            .iter()
+            .filter_map(|(name, h)| Some(format!("site {name}: {}", h.error.as_ref()?)))
+            .collect();
+        ClusterHealth {
+            reachable,
+            checked_at: if sites.iter().all(|(_, h)| h.checked_at.is_some()) {
+                sites.iter().filter_map(|(_, h)| h.checked_at).min()
+            } else {
+                None
+            },
+            latency_ms: sites.iter().filter_map(|(_, h)| h.latency_ms).max(),
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+            consecutive_failures: sites
+                .iter()
+                .map(|(_, h)| h.consecutive_failures)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+}
+
 /// What the server knows of its database (`tasks::database`): whether it is ready for the
 /// requests that need it, and if not, since when and why not. `/readyz` serves it.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -240,6 +278,9 @@ impl AppState {
         let (hub, _) = broadcast::channel(256);
         let limiter = UserLimiter::new(config.user_rate_limit);
         let metrics = Metrics::new();
+        for site in &sites {
+            metrics.add_site(site.name().as_str(), site.vm_limit());
+        }
         let background = crate::tasks::driver(&metrics);
         Self {
             inner: Arc::new(Inner {
@@ -371,10 +412,25 @@ impl AppState {
             })
     }
 
-    /// What the last cluster probe found, of the first site (the only one without a sites
-    /// file).
+    /// What the last probes found, over every site: reachable only when every site's last
+    /// probe answered (unknown while one has not been probed yet and none failed), the
+    /// oldest check, the slowest answer, each failing site's error (named by its site when
+    /// there are several) and the most probes failed in a row. With one site, its own.
     pub fn cluster_health(&self) -> ClusterHealth {
-        self.first_site().health()
+        let healths: Vec<(&SiteName, ClusterHealth)> = self
+            .sites()
+            .iter()
+            .map(|s| (s.name(), s.health()))
+            .collect();
+        ClusterHealth::over(&healths)
+    }
+
+    /// What the last probe of each site found, in the sites' order.
+    pub fn site_healths(&self) -> Vec<(SiteName, ClusterHealth)> {
+        self.sites()
+            .iter()
+            .map(|s| (s.name().clone(), s.health()))
+            .collect()
     }
 
     /// What the server knows of its database (`tasks::database`).
@@ -459,5 +515,54 @@ fn single_site(config: &ApiConfig, namespace: &str) -> ttlab_site::Site {
 impl FromRef<AppState> for AuthConfig {
     fn from_ref(state: &AppState) -> Self {
         state.inner.config.auth.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(reachable: Option<bool>, latency_ms: u64, error: Option<&str>) -> ClusterHealth {
+        ClusterHealth {
+            reachable,
+            checked_at: reachable.map(|_| chrono::DateTime::UNIX_EPOCH),
+            latency_ms: Some(latency_ms),
+            error: error.map(str::to_owned),
+            consecutive_failures: u32::from(error.is_some()) * 3,
+        }
+    }
+
+    #[test]
+    fn several_sites_are_reachable_only_when_each_is_and_name_the_one_that_is_not() {
+        let (a, b): (SiteName, SiteName) = ("site-a".parse().unwrap(), "site-b".parse().unwrap());
+        let up = ClusterHealth::over(&[
+            (&a, health(Some(true), 4, None)),
+            (&b, health(Some(true), 9, None)),
+        ]);
+        assert_eq!(up.reachable, Some(true));
+        assert_eq!(up.latency_ms, Some(9));
+        assert_eq!(up.error, None);
+
+        let one_down = ClusterHealth::over(&[
+            (&a, health(Some(true), 4, None)),
+            (&b, health(Some(false), 5000, Some("no answer within 5 s"))),
+        ]);
+        assert_eq!(one_down.reachable, Some(false));
+        assert_eq!(
+            one_down.error.as_deref(),
+            Some("site site-b: no answer within 5 s")
+        );
+        assert_eq!(one_down.consecutive_failures, 3);
+
+        let unprobed = ClusterHealth::over(&[
+            (&a, health(Some(true), 4, None)),
+            (&b, ClusterHealth::default()),
+        ]);
+        assert_eq!(unprobed.reachable, None);
+        assert_eq!(unprobed.checked_at, None);
+
+        // One site's health is its own, its error not prefixed.
+        let only = ClusterHealth::over(&[(&b, health(Some(false), 5000, Some("refused")))]);
+        assert_eq!(only.error.as_deref(), Some("refused"));
     }
 }

@@ -1,7 +1,7 @@
 //! The operators' routes, served on the ops port when one is configured (`ops_listen`, a port
 //! the Ingress does not route): `/healthz` (the process answers: liveness, fine while it
 //! waits for its database), `/readyz` (this process and its database, and if not ready, why:
-//! since when the database has not answered, the last error), `/healthz/cluster` (what the last probe of the Kubernetes API found) and
+//! since when the database has not answered, the last error), `/healthz/cluster` (what the last probe of each site's Kubernetes API found) and
 //! `/metrics` (a scrape also reads the database and the cluster — sessions, the last reaper
 //! cycle, the VM places taken, the quotas — each part within a timeout).
 //!
@@ -73,15 +73,33 @@ async fn readyz(State(state): State<AppState>) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
-/// 200 while the last probe answered, 503 when it did not (for dashboards and alerts, not
-/// probes); the body says when, how fast, and why not.
+/// 200 while every site's last probe answered, 503 when one did not (for dashboards and
+/// alerts, not probes); the body says when, how fast, and why not, over all sites
+/// ([`crate::ClusterHealth::over`]), and then each site's under `sites`.
 async fn cluster(State(state): State<AppState>) -> Response {
     let health = state.cluster_health();
     let status = match health.reachable {
         Some(false) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
-    (status, Json(health)).into_response()
+    let sites: Vec<serde_json::Value> = state
+        .site_healths()
+        .into_iter()
+        .map(|(site, health)| {
+            let mut v = json!({"site": site});
+            if let (Some(o), Ok(serde_json::Value::Object(h))) =
+                (v.as_object_mut(), serde_json::to_value(health))
+            {
+                o.extend(h);
+            }
+            v
+        })
+        .collect();
+    let mut body = serde_json::to_value(health).unwrap_or_default();
+    if let Some(o) = body.as_object_mut() {
+        o.insert("sites".to_owned(), sites.into());
+    }
+    (status, Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -173,15 +191,17 @@ async fn from_database(state: &AppState) {
 }
 
 /// The VM places taken (as the capacity check counts them) and the namespace's quotas, of
-/// the first site (the only one without a sites file; the admin's capacity view has every
-/// site).
+/// every site side by side, each within the scrape's timeout (a site that does not answer in
+/// time keeps its last values).
 async fn from_cluster(state: &AppState) {
+    let scrapes = state.sites().iter().map(|site| from_site(state, site));
+    futures::future::join_all(scrapes).await;
+}
+
+async fn from_site(state: &AppState, site: &crate::sites::SiteRuntime) {
     let metrics = state.metrics();
-    let site = state.first_site();
+    let name = site.name().as_str();
     let limit = site.vm_limit();
-    metrics
-        .capacity_limit
-        .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let usage = async {
         let listing = crate::saga::listed_vms(site).await?;
         crate::saga::count_vms(state, site, &listing).await
@@ -191,9 +211,9 @@ async fn from_cluster(state: &AppState) {
         tokio::time::timeout(SCRAPE_CLUSTER_TIMEOUT, site.cluster().resource_quotas()),
     );
     if let Ok(Ok(usage)) = usage {
-        metrics.set_capacity(&usage, limit);
+        metrics.set_capacity(name, &usage, limit);
     }
     if let Ok(Ok(quotas)) = quotas {
-        metrics.set_quotas(&quotas);
+        metrics.set_quotas(name, &quotas);
     }
 }

@@ -1,7 +1,7 @@
 //! `cluster_probe`: every [`CLUSTER_PROBE_INTERVAL`], one page of ttlab's VMs is listed on
 //! every site within [`CLUSTER_PROBE_TIMEOUT`], and what it found is recorded per site (a
 //! site that fails it takes no new start until a probe answers again), for `/healthz/cluster` and the
-//! `ttlab_cluster_reachable` and `ttlab_cluster_probe_seconds` gauges. A probe that fails is
+//! `ttlab_cluster_reachable` and `ttlab_cluster_probe_seconds` gauges (by `site`). A probe that fails is
 //! the task's failure, so its error is also the task's last error.
 
 use std::time::Duration;
@@ -38,11 +38,10 @@ impl BackgroundTask for ClusterProbe {
         let several = state.sites().len() > 1;
         let probes = state.sites().iter().map(|site| probe(site));
         let errors = futures::future::join_all(probes).await;
-        // The gauges are the first site's (the only one without a sites file).
-        if let Some((took, error)) = errors.first() {
-            let metrics = state.metrics();
-            metrics.cluster_probe_seconds.set(took.as_secs_f64());
-            metrics.cluster_reachable.set(i64::from(error.is_none()));
+        for (site, (took, error)) in state.sites().iter().zip(&errors) {
+            state
+                .metrics()
+                .set_probe(site.name().as_str(), error.is_none(), *took);
         }
         let failed: Vec<String> = state
             .sites()

@@ -64,11 +64,14 @@ async fn starts_gradings_terminals_places_and_quotas_are_counted() {
         "ttlab_gradings_total{outcome=\"graded\"}",
         "ttlab_gradings_total{outcome=\"agent_unavailable\"}",
         "ttlab_console_connections{runtime=\"vm\"}",
-        "ttlab_capacity_used{by=\"labs\"}",
+        "ttlab_capacity_used{site=\"default\",by=\"labs\"}",
     ] {
         assert_eq!(sample(&before, series), Some(0.0), "{series}:\n{before}");
     }
-    assert_eq!(sample(&before, "ttlab_capacity_limit"), Some(5.0));
+    assert_eq!(
+        sample(&before, "ttlab_capacity_limit{site=\"default\"}"),
+        Some(5.0)
+    );
 
     // A start that becomes ready, and one whose setup fails.
     let (sid, alice) = start_running(&s, "alice", "quick").await;
@@ -99,21 +102,21 @@ async fn starts_gradings_terminals_places_and_quotas_are_counted() {
     );
     // Alice's VM takes one of the five places; the quota reads as numbers once counted.
     assert_eq!(
-        sample(&text, "ttlab_capacity_used{by=\"labs\"}"),
+        sample(&text, "ttlab_capacity_used{site=\"default\",by=\"labs\"}"),
         Some(1.0),
         "{text}"
     );
     assert_eq!(
         sample(
             &text,
-            "ttlab_quota_hard{quota=\"ttlab-vms\",resource=\"requests.memory\"}"
+            "ttlab_quota_hard{site=\"default\",quota=\"ttlab-vms\",resource=\"requests.memory\"}"
         ),
         Some(48.0 * 1024.0 * 1024.0 * 1024.0),
         "{text}"
     );
     until(
         &s,
-        "ttlab_quota_used{quota=\"ttlab-vms\",resource=\"count/virtualmachines.kubevirt.io\"}",
+        "ttlab_quota_used{site=\"default\",quota=\"ttlab-vms\",resource=\"count/virtualmachines.kubevirt.io\"}",
         |v| v == 1.0,
     )
     .await;

@@ -230,7 +230,7 @@ async fn ten_seconds_of_a_slow_kubernetes_api_leave_the_server_ready_and_session
     let text = metrics.body.as_str().unwrap_or_default().to_owned();
     assert!(
         text.lines()
-            .any(|l| l.trim() == "ttlab_cluster_reachable 0"),
+            .any(|l| l.trim() == "ttlab_cluster_reachable{site=\"default\"} 0"),
         "{text}"
     );
 
@@ -303,7 +303,7 @@ async fn health_and_metrics_are_on_the_ops_port_only() {
             .body
             .as_str()
             .is_some_and(|m| m.contains("ttlab_sessions{status=\"running\"}")
-                && m.contains("ttlab_cluster_reachable 1")),
+                && m.contains("ttlab_cluster_reachable{site=\"default\"} 1")),
         "{}",
         metrics.body
     );

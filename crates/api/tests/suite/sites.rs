@@ -372,6 +372,48 @@ async fn a_site_that_stops_answering_takes_no_new_start_and_the_other_sites_sess
         (Some(true), Some(1)),
         "{b}"
     );
+    // So do the ops endpoints: the cluster health names the lost site, and the gauges are
+    // per site.
+    let (status, cluster) = s
+        .raw("GET", "/healthz/cluster", None, None, Vec::new())
+        .await;
+    assert_eq!(status, 503, "{cluster}");
+    assert_eq!(cluster["reachable"], false, "{cluster}");
+    assert!(
+        cluster["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("site campus-a: ") && !e.contains("campus-b")),
+        "{cluster}"
+    );
+    let per_site: Vec<(String, bool)> = cluster["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .map(|h| {
+            (
+                h["site"].as_str().unwrap().to_owned(),
+                h["reachable"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_site,
+        [
+            ("campus-a".to_owned(), false),
+            ("campus-b".to_owned(), true)
+        ]
+    );
+    let (_, metrics) = s.raw("GET", "/metrics", None, None, Vec::new()).await;
+    let text = metrics.as_str().unwrap_or_default();
+    for line in [
+        "ttlab_cluster_reachable{site=\"campus-a\"} 0",
+        "ttlab_cluster_reachable{site=\"campus-b\"} 1",
+        "ttlab_capacity_limit{site=\"campus-a\"} 2",
+        "ttlab_capacity_limit{site=\"campus-b\"} 4",
+        "ttlab_capacity_used{site=\"campus-b\",by=\"labs\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+    }
     s.stop().await;
 }
 
