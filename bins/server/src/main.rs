@@ -218,29 +218,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // Only reads the kubeconfigs (or the service account): the API servers are first called
-    // by the tasks, which retry.
-    let cluster = match &args.sites.sites {
-        None => Some(args.cluster.connect(USER_AGENT).await?),
-        Some(_) => None,
+    // by the tasks, which retry. Without a sites file, the one cluster is the site `default`.
+    let clusters = match &args.sites.sites {
+        None => Clusters::One(Arc::new(args.cluster.connect(USER_AGENT).await?)),
+        Some(_) => Clusters::Sites(connect_sites(&sites, &args.cluster).await),
     };
-    let mut runtimes = Vec::new();
-    if cluster.is_none() {
-        for site in sites.sites() {
-            match ttlab_cli::connect_site(site, &args.cluster, USER_AGENT).await {
-                Ok(client) => runtimes.push(ttlab_api::sites::SiteRuntime::connected(
-                    site.clone(),
-                    Arc::new(client),
-                )),
-                Err(e) => {
-                    tracing::warn!(site = %site.name, error = %e, "no client for this site: it is kept unreachable");
-                    runtimes.push(ttlab_api::sites::SiteRuntime::unconnected(
-                        site.clone(),
-                        format!("no client could be built: {e}"),
-                    ));
-                }
-            }
-        }
-    }
 
     let mut config = ApiConfig::new(args.env, auth, lessons, agent);
     config.listen = args.listen;
@@ -260,9 +242,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.web_dir = args.web_dir;
     config.user_agent = USER_AGENT.to_owned();
     config.migrate = true;
-    let server = match cluster {
-        Some(cluster) => Server::bind(config, store, Arc::new(cluster)).await?,
-        None => Server::bind_sites(config, store, runtimes).await?,
+    let server = match clusters {
+        Clusters::One(cluster) => Server::bind(config, store, cluster).await?,
+        Clusters::Sites(runtimes) => Server::bind_sites(config, store, runtimes).await?,
     };
     // The agent of this version: its ConfigMap made sure of now, its sighting recorded while
     // the server runs (the reaper keeps versions a server saw recently).
@@ -306,6 +288,36 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+/// The server's clusters: the one of `--kubeconfig`/`--namespace`, or a sites file's.
+enum Clusters {
+    One(Arc<ttlab_cluster::KubeCluster>),
+    Sites(Vec<ttlab_api::sites::SiteRuntime>),
+}
+
+/// A client for each site of the file; a site whose client cannot be built is kept,
+/// unreachable, with the reason (its sessions are reported, never forgotten).
+async fn connect_sites(
+    sites: &ttlab_site::SitesConfig,
+    cluster: &ttlab_cli::ClusterArgs,
+) -> Vec<ttlab_api::sites::SiteRuntime> {
+    let mut runtimes = Vec::new();
+    for site in sites.sites() {
+        runtimes.push(
+            match ttlab_cli::connect_site(site, cluster, USER_AGENT).await {
+                Ok(client) => ttlab_api::sites::SiteRuntime::connected(site.clone(), Arc::new(client)),
+                Err(e) => {
+                    tracing::warn!(site = %site.name, error = %e, "no client for this site: it is kept unreachable");
+                    ttlab_api::sites::SiteRuntime::unconnected(
+                        site.clone(),
+                        format!("no client could be built: {e}"),
+                    )
+                }
+            },
+        );
+    }
+    runtimes
 }
 
 #[cfg(test)]
