@@ -38,9 +38,7 @@ use ttlab_deploy_tests::repo_root;
 use ttlab_envtest::Call;
 use ttlab_store::ephemeral::PgCluster;
 
-use common::{binaries_dir, binary, free_port};
-
-const AUTH_SECRET: &str = "a-test-secret-of-at-least-thirty-two-bytes";
+use common::{AUTH_SECRET, binaries_dir, binary, free_port, start_and_wait_running, token};
 
 /// The port forward to a guest's agent (`TTLAB_AGENT_PATH=portforward`, or a site whose
 /// `agent_path` is `portforward`): these runs reach the agents by pod IP, the default, so the
@@ -187,48 +185,6 @@ fn dechunk(mut s: &str) -> String {
         s = rest[n..].trim_start_matches("\r\n");
     }
     out
-}
-
-fn token(user: &str, role: ttlab_api::auth::Role) -> String {
-    let secret = ttlab_api::auth::AuthSecret::new(AUTH_SECRET.as_bytes().to_vec()).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    ttlab_api::auth::AuthConfig::new(secret)
-        .mint(&user.parse().unwrap(), role, now, Duration::from_secs(3600))
-        .unwrap()
-}
-
-/// Starts `lesson` for `user` and waits until the session runs; returns it.
-async fn start_and_wait_running(addr: SocketAddr, user: &str, lesson: &str) -> Value {
-    let t = token(user, ttlab_api::auth::Role::Student);
-    let (status, session) = http(
-        addr,
-        "POST",
-        "/api/sessions",
-        Some(&t),
-        Some(json!({"lesson": lesson})),
-    )
-    .await;
-    assert_eq!(status, 202, "start {lesson}: {session}");
-    let id = session["id"].as_str().unwrap().to_owned();
-    let until = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, session) =
-            http(addr, "GET", &format!("/api/sessions/{id}"), Some(&t), None).await;
-        assert_eq!(status, 200, "{session}");
-        match session["status"].as_str() {
-            Some("running") => return session,
-            Some("starting") => {}
-            other => panic!("{lesson} did not reach running: {other:?}: {session}"),
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{lesson} still starting after 2 minutes: {session}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The pool on this backend, and the agent's ConfigMap never missing under a VM: the

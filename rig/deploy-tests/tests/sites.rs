@@ -5,7 +5,9 @@
 //! cluster gets (`remote/`) grants each identity exactly the rules of its Role in the backend's
 //! own cluster — compared as rendered, so the two cannot drift. On a real API server, each
 //! identity of both clusters may do what its Role says and no more: the server may
-//! port-forward to a guest's agent and open its console, the reaper neither.
+//! port-forward to a guest's agent and open its console, the reaper neither. And there, the
+//! real binaries with a sites file of both: a lab placed on each site, the remote one graded
+//! and its console opened through its API server, reclaimed there by the reaper.
 
 mod common;
 
@@ -576,4 +578,351 @@ fn the_guide_quotes_the_sites_files_errors_as_printed() {
         guide.contains(quoted),
         "the guide should quote {quoted:?} (of {err:?})"
     );
+}
+
+/// Both sites of the example on the real control plane, with the real binaries and each
+/// identity's own kubeconfig: `home` (the dev overlay's VM namespace, agents by pod IP) and
+/// `campus-b` (the remote example's objects in namespaces of their own, agents through
+/// KubeVirt's `portforward` subresource). KubeVirt is played by `ttlab-kubevirt-sim`, its
+/// console and port forward served as an aggregated API server behind kube-apiserver, as
+/// virt-api is. Each site takes one lab (its limit), a third start is refused; the lab on
+/// campus-b is graded and its console opened through campus-b's API server (the audit log
+/// shows the server's port forward there, and none on home), then it expires and
+/// `ttlab-reaper --once` reclaims it on its own site while home's lab is finished by its
+/// student. No identity is refused a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each_site() {
+    use futures::StreamExt as _;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use ttlab_api::auth::Role;
+
+    let bins = ["ttlab-server", "ttlab-reaper", "ttlab-agent", "ttlabctl"].map(common::binary);
+    let [
+        Some(server_bin),
+        Some(reaper_bin),
+        Some(agent_bin),
+        Some(ttlabctl),
+    ] = bins
+    else {
+        ttlab_testkit::skip_or_fail(&format!(
+            "the binaries are not built in {}: cargo build -p ttlab-server-bin -p ttlab-reaper-bin -p ttlab-agent-bin -p ttlab-ttlabctl-bin",
+            common::binaries_dir().display()
+        ));
+        return;
+    };
+    let (Some(remote), Some(dev_rendered), Some(plane)) = (
+        render_deploy_dir(REMOTE),
+        render_overlay("dev"),
+        ttlab_envtest::shared_or_skip(),
+    ) else {
+        return;
+    };
+    let installed = plane.install_shipped(&["dev"]).await.unwrap();
+    let dev = installed.env("dev").clone();
+    let home_ns = installed.vm_namespace.clone();
+    let suffix = ttlab_envtest::unique_name("p");
+    let (vms, identities) = (format!("vms-{suffix}"), format!("prod-{suffix}"));
+    let names = BTreeMap::from([
+        ("ttlab-vms".to_owned(), vms.clone()),
+        ("ttlab-prod".to_owned(), identities.clone()),
+    ]);
+    plane
+        .create(&ttlab_envtest::rename_namespaces(&remote.objects, &names))
+        .await
+        .unwrap();
+    let kubeconfig = |name: &'static str| {
+        let (identities, vms) = (identities.clone(), vms.clone());
+        async move {
+            plane
+                .service_account_kubeconfig(&identities, name, &vms)
+                .await
+                .unwrap()
+        }
+    };
+    let (remote_server, remote_reaper) = (
+        kubeconfig("ttlab-server").await,
+        kubeconfig("ttlab-reaper").await,
+    );
+    let remote_server_user = format!("system:serviceaccount:{identities}:ttlab-server");
+    let remote_reaper_user = format!("system:serviceaccount:{identities}:ttlab-reaper");
+
+    // KubeVirt in both namespaces, and its console and port forward behind kube-apiserver.
+    let guests = tempfile::tempdir().unwrap();
+    let admin = plane.admin_client().await.unwrap();
+    let mut settings =
+        ttlab_kubevirt_sim::SimSettings::for_tests([home_ns.clone(), vms.clone()], guests.path());
+    settings.agent_binary = Some(agent_bin.clone());
+    let kubevirt = ttlab_kubevirt_sim::KubevirtSim::start(admin.clone(), settings)
+        .await
+        .unwrap();
+    let console_ns = plane.create_namespace("kubevirt").await.unwrap();
+    let (cert, key) = plane
+        .serving_certificate(&format!("virt-api.{console_ns}.svc"))
+        .unwrap();
+    let mut console_settings =
+        ttlab_kubevirt_sim::ConsoleSettings::new(cert, key, plane.front_proxy_ca_file());
+    console_settings.allowed_names = vec!["front-proxy-client".into()];
+    let console = kubevirt.serve_console(console_settings).await.unwrap();
+    console
+        .register(
+            &admin,
+            &console_ns,
+            "virt-api",
+            plane.ca_pem(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+
+    // PostgreSQL, migrated as the initContainer does.
+    let pg = tokio::task::spawn_blocking(ttlab_store::ephemeral::PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let database_url = pg.create_database("ttlab").await.unwrap();
+    let out = tokio::process::Command::new(&ttlabctl)
+        .arg("migrate")
+        .env_clear()
+        .env("DATABASE_URL", &database_url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A sites file per identity: the same sites, each with that identity's kubeconfigs.
+    let dir = tempfile::tempdir().unwrap();
+    let sites_file = |who: &str, home: &Path, campus_b: &Path| {
+        let path = dir.path().join(format!("sites-{who}.yaml"));
+        let text = format!(
+            "sites:\n  - name: home\n    kubeconfig: {}\n    namespace: {home_ns}\n    vm_limit: 1\n    agent_path: pod-ip\n  - name: campus-b\n    kubeconfig: {}\n    namespace: {vms}\n    vm_limit: 1\n    agent_path: portforward\n",
+            home.display(),
+            campus_b.display()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let server_sites = sites_file("server", &dev.server_kubeconfig, &remote_server);
+    let reaper_sites = sites_file("reaper", &dev.reaper_kubeconfig, &remote_reaper);
+
+    let (mut env, _) = dev_rendered.container_env(dev_rendered.get("Deployment", "ttlab-server"));
+    let root = ttlab_deploy_tests::repo_root();
+    let path = |p: &Path| p.display().to_string();
+    let server_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, common::free_port()));
+    for (k, v) in [
+        ("DATABASE_URL", database_url.clone()),
+        ("TTLAB_AUTH_SECRET", common::AUTH_SECRET.to_owned()),
+        ("TTLAB_LISTEN", server_addr.to_string()),
+        (
+            "TTLAB_OPS_LISTEN",
+            format!("127.0.0.1:{}", common::free_port()),
+        ),
+        (
+            "TTLAB_METRICS_LISTEN",
+            format!("127.0.0.1:{}", common::free_port()),
+        ),
+        ("TTLAB_LESSONS", path(&root.join("lessons"))),
+        ("TTLAB_AGENT_BINARY", path(&agent_bin)),
+        ("TTLAB_WEB_DIR", path(&root.join("web"))),
+        ("RUST_LOG", "info".to_owned()),
+    ] {
+        env.insert(k.to_owned(), v);
+    }
+    env.remove("KUBECONFIG");
+    let mut server_env = env.clone();
+    server_env.insert("TTLAB_SITES".into(), path(&server_sites));
+    let mut reaper_env = env;
+    reaper_env.insert("TTLAB_SITES".into(), path(&reaper_sites));
+    reaper_env.insert("TTLAB_ORPHAN_MIN_AGE".into(), "0s".into());
+
+    let server = common::start(&server_bin, &[], &server_env, "ttlab-server listening").await;
+
+    // One lab on each site (each site's limit is one), a third refused.
+    let first = common::start_and_wait_running(server_addr, "student-1", "systemd-basics").await;
+    let second = common::start_and_wait_running(server_addr, "student-2", "systemd-basics").await;
+    let mut placed = BTreeMap::new();
+    for (session, user) in [(&first, "student-1"), (&second, "student-2")] {
+        let site = session["site"]
+            .as_str()
+            .expect("the session's site")
+            .to_owned();
+        placed.insert(site, (session["id"].as_str().unwrap().to_owned(), user));
+    }
+    assert_eq!(
+        placed.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["campus-b", "home"],
+        "one lab on each site: {first} {second}"
+    );
+    let (status, refused) = common::http_json(
+        server_addr,
+        "POST",
+        "/api/sessions",
+        Some(&common::token("student-3", Role::Student)),
+        Some(serde_json::json!({"lesson": "systemd-basics"})),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["error"].as_str()),
+        (503, Some("capacity")),
+        "{refused}"
+    );
+
+    // The lab on campus-b: graded through its API server's port forward, and its console.
+    let (b_id, b_user) = placed["campus-b"].clone();
+    let b_token = common::token(b_user, Role::Student);
+    let (status, graded) = common::http_json(
+        server_addr,
+        "POST",
+        &format!("/api/sessions/{b_id}/grade"),
+        Some(&b_token),
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{graded}");
+    assert!(graded["total"].as_u64().is_some_and(|n| n > 0), "{graded}");
+    let (status, ticket) = common::http_json(
+        server_addr,
+        "POST",
+        &format!("/api/sessions/{b_id}/console-ticket"),
+        Some(&b_token),
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{ticket}");
+    let url = format!("ws://{server_addr}{}", ticket["url"].as_str().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let mut seen = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !seen.contains("# ") {
+            match ws.next().await {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Binary(b))) => {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                }
+                Some(Ok(_)) => {}
+                other => panic!("campus-b's console ended: {other:?}: {seen:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no prompt on campus-b's console: {seen:?}"));
+    drop(ws);
+    let portforward = |c: &ttlab_envtest::Call| {
+        c.group == "subresources.kubevirt.io" && c.resource == "virtualmachineinstances/portforward"
+    };
+    let remote_calls = plane.calls_of(&remote_server_user, &vms).unwrap();
+    assert!(
+        remote_calls.iter().any(|c| portforward(c) && c.code < 300),
+        "no port forward by the server on campus-b: {remote_calls:?}"
+    );
+    let home_calls = plane.calls_of(&dev.server_user(), &home_ns).unwrap();
+    assert!(
+        !home_calls.iter().any(portforward),
+        "home's agents are reached by pod IP: {home_calls:?}"
+    );
+
+    // Home's lab is finished by its student; campus-b's runs out and the reaper reclaims it
+    // there.
+    let (h_id, h_user) = placed["home"].clone();
+    let (status, finished) = common::http_json(
+        server_addr,
+        "DELETE",
+        &format!("/api/sessions/{h_id}"),
+        Some(&common::token(h_user, Role::Student)),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{finished}");
+    let (pg_client, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let b_uuid: uuid::Uuid = b_id.parse().unwrap();
+    pg_client
+        .execute(
+            "UPDATE sessions SET started_at = now() - interval '61 minutes', \
+             expires_at = now() - interval '1 minute' WHERE id = $1",
+            &[&b_uuid],
+        )
+        .await
+        .unwrap();
+    let reaper = tokio::process::Command::new(&reaper_bin)
+        .arg("--once")
+        .env_clear()
+        .envs(&reaper_env)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), reaper)
+        .await
+        .expect("the reaper's one cycle ends within 2 minutes")
+        .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{printed}");
+    let row = pg_client
+        .query_one(
+            "SELECT status, site FROM sessions WHERE id = $1",
+            &[&b_uuid],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, String>(1)),
+        ("expired".to_owned(), "campus-b".to_owned()),
+        "{printed}"
+    );
+
+    // Nothing of either lab is left running on either site.
+    let vms_api = |ns: &str| {
+        kube::Api::<kube::api::DynamicObject>::namespaced_with(
+            admin.clone(),
+            ns,
+            &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                "kubevirt.io",
+                "v1",
+                "VirtualMachine",
+            )),
+        )
+    };
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut left = Vec::new();
+        for ns in [&home_ns, &vms] {
+            let list = vms_api(ns).list(&Default::default()).await.unwrap();
+            left.extend(list.items.into_iter().filter_map(|o| o.metadata.name));
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "VMs still there a minute after both labs ended: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+
+    // No identity of either cluster was refused a call.
+    let mut refused = Vec::new();
+    for (user, ns) in [
+        (dev.server_user(), &home_ns),
+        (dev.reaper_user(), &home_ns),
+        (remote_server_user, &vms),
+        (remote_reaper_user, &vms),
+    ] {
+        refused.extend(
+            plane
+                .calls_of(&user, ns)
+                .unwrap()
+                .into_iter()
+                .filter(|c| c.code == 403)
+                .map(|c| format!("{user} in {ns}: {c:?}")),
+        );
+    }
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    drop(server);
 }

@@ -321,3 +321,69 @@ impl<R: tokio::io::AsyncBufRead + Unpin + Send> LinesSource for tokio::io::Lines
         Box::pin(async move { self.next_line().await.ok().flatten() })
     }
 }
+
+/// The signing secret the tests give `ttlab-server` (`TTLAB_AUTH_SECRET`).
+pub const AUTH_SECRET: &str = "a-test-secret-of-at-least-thirty-two-bytes";
+
+/// A bearer token for `user` in `role`, signed with [`AUTH_SECRET`], valid for an hour.
+pub fn token(user: &str, role: ttlab_api::auth::Role) -> String {
+    let secret = ttlab_api::auth::AuthSecret::new(AUTH_SECRET.as_bytes().to_vec()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    ttlab_api::auth::AuthConfig::new(secret)
+        .mint(&user.parse().unwrap(), role, now, Duration::from_secs(3600))
+        .unwrap()
+}
+
+/// [`http`] with the body read as JSON (`Value::Null` when it is not).
+pub async fn http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    json: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let (status, body) = http(addr, method, path, token, json.as_ref()).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// Starts `lesson` for `user` on the server at `addr` and waits until the session runs
+/// (2 minutes at most); returns it.
+pub async fn start_and_wait_running(
+    addr: SocketAddr,
+    user: &str,
+    lesson: &str,
+) -> serde_json::Value {
+    let t = token(user, ttlab_api::auth::Role::Student);
+    let (status, session) = http_json(
+        addr,
+        "POST",
+        "/api/sessions",
+        Some(&t),
+        Some(serde_json::json!({"lesson": lesson})),
+    )
+    .await;
+    assert_eq!(status, 202, "start {lesson}: {session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    let until = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, session) =
+            http_json(addr, "GET", &format!("/api/sessions/{id}"), Some(&t), None).await;
+        assert_eq!(status, 200, "{session}");
+        match session["status"].as_str() {
+            Some("running") => return session,
+            Some("starting") => {}
+            other => panic!("{lesson} did not reach running: {other:?}: {session}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{lesson} still starting after 2 minutes: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
