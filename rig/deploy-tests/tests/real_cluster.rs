@@ -36,7 +36,6 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use ttlab_deploy_tests::repo_root;
 use ttlab_envtest::Call;
-use ttlab_store::ephemeral::PgCluster;
 
 use common::{AUTH_SECRET, binaries_dir, binary, free_port, start_and_wait_running, token};
 
@@ -545,33 +544,11 @@ async fn real_stage(agent_bin: &Path) -> Option<Stage> {
     let dev = installed.env("dev").clone();
     let ns = installed.vm_namespace.clone();
 
-    // KubeVirt and the kubelet, as a controller of their own identity (the administrator).
+    // KubeVirt and the kubelet, as a controller of their own identity (the administrator),
+    // and its console as an aggregated API server.
     let guests = tempfile::tempdir().unwrap();
-    let admin = plane.admin_client().await.unwrap();
-    let mut settings = ttlab_kubevirt_sim::SimSettings::for_tests([ns.clone()], guests.path());
-    settings.agent_binary = Some(agent_bin.to_path_buf());
-    let kubevirt = ttlab_kubevirt_sim::KubevirtSim::start(admin.clone(), settings)
-        .await
-        .unwrap();
-    // Its console, an aggregated API server registered with an APIService, as virt-api is.
-    let console_ns = plane.create_namespace("kubevirt").await.unwrap();
-    let (cert, key) = plane
-        .serving_certificate(&format!("virt-api.{console_ns}.svc"))
-        .unwrap();
-    let mut console_settings =
-        ttlab_kubevirt_sim::ConsoleSettings::new(cert, key, plane.front_proxy_ca_file());
-    console_settings.allowed_names = vec!["front-proxy-client".into()];
-    let console = kubevirt.serve_console(console_settings).await.unwrap();
-    console
-        .register(
-            &admin,
-            &console_ns,
-            "virt-api",
-            plane.ca_pem(),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
+    let (kubevirt, console) =
+        common::kubevirt_on(plane, vec![ns.clone()], agent_bin, guests.path()).await;
     Some(Stage {
         vm_namespace: ns,
         admin_kubeconfig: installed.admin_kubeconfig.clone(),
@@ -634,23 +611,7 @@ async fn every_lesson(stage: Stage, bins: &[PathBuf; 4]) {
     let ns = stage.vm_namespace.clone();
 
     // PostgreSQL, migrated as the initContainer does.
-    let pg = tokio::task::spawn_blocking(PgCluster::start)
-        .await
-        .unwrap()
-        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
-    let database_url = pg.create_database("ttlab").await.unwrap();
-    let out = Command::new(ttlabctl)
-        .arg("migrate")
-        .env_clear()
-        .env("DATABASE_URL", &database_url)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (pg, database_url) = common::migrated_database(ttlabctl).await;
 
     // The environment the Deployments give the containers, with what cannot hold outside a pod
     // replaced: addresses, the image's paths, and the ServiceAccount's token (a kubeconfig).

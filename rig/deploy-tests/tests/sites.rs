@@ -456,6 +456,56 @@ const RIGHTS: &[(Right, bool, bool)] = &[
     ),
 ];
 
+/// campus-b's objects (`remote/`) on the real control plane, in namespaces of the test's own,
+/// with a kubeconfig for each of its identities.
+struct CampusB {
+    /// Its VM namespace (`ttlab-vms`, renamed).
+    vms: String,
+    /// The namespace of its identities (`ttlab-prod`, renamed).
+    identities: String,
+    /// The server's kubeconfig, defaulting to the VM namespace.
+    server: PathBuf,
+    /// The reaper's.
+    reaper: PathBuf,
+}
+
+impl CampusB {
+    async fn install(plane: &ttlab_envtest::ControlPlane, remote: &Rendered) -> Self {
+        let suffix = ttlab_envtest::unique_name("b");
+        let (vms, identities) = (format!("vms-{suffix}"), format!("prod-{suffix}"));
+        let names = BTreeMap::from([
+            ("ttlab-vms".to_owned(), vms.clone()),
+            ("ttlab-prod".to_owned(), identities.clone()),
+        ]);
+        plane
+            .create(&ttlab_envtest::rename_namespaces(&remote.objects, &names))
+            .await
+            .unwrap();
+        let server = plane
+            .service_account_kubeconfig(&identities, "ttlab-server", &vms)
+            .await
+            .unwrap();
+        let reaper = plane
+            .service_account_kubeconfig(&identities, "ttlab-reaper", &vms)
+            .await
+            .unwrap();
+        Self {
+            vms,
+            identities,
+            server,
+            reaper,
+        }
+    }
+
+    fn server_user(&self) -> String {
+        format!("system:serviceaccount:{}:ttlab-server", self.identities)
+    }
+
+    fn reaper_user(&self) -> String {
+        format!("system:serviceaccount:{}:ttlab-reaper", self.identities)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_real_api_server_each_identity_of_each_cluster_may_do_what_its_role_says() {
     let (Some(remote), Some(plane)) = (render_deploy_dir(REMOTE), ttlab_envtest::shared_or_skip())
@@ -465,25 +515,7 @@ async fn on_a_real_api_server_each_identity_of_each_cluster_may_do_what_its_role
     // The backend's own cluster, as the overlay installs it.
     let installed = plane.install_shipped(&["dev"]).await.unwrap();
     let dev = installed.env("dev");
-    // campus-b's objects, in namespaces of this test's own.
-    let suffix = ttlab_envtest::unique_name("s");
-    let (vms, identities) = (format!("vms-{suffix}"), format!("prod-{suffix}"));
-    let names = BTreeMap::from([
-        ("ttlab-vms".to_owned(), vms.clone()),
-        ("ttlab-prod".to_owned(), identities.clone()),
-    ]);
-    plane
-        .create(&ttlab_envtest::rename_namespaces(&remote.objects, &names))
-        .await
-        .unwrap();
-    let remote_server = plane
-        .service_account_kubeconfig(&identities, "ttlab-server", &vms)
-        .await
-        .unwrap();
-    let remote_reaper = plane
-        .service_account_kubeconfig(&identities, "ttlab-reaper", &vms)
-        .await
-        .unwrap();
+    let campus_b = CampusB::install(plane, &remote).await;
 
     let mut wrong = Vec::new();
     for (cluster, namespace, server, reaper) in [
@@ -493,7 +525,12 @@ async fn on_a_real_api_server_each_identity_of_each_cluster_may_do_what_its_role
             &dev.server_kubeconfig,
             &dev.reaper_kubeconfig,
         ),
-        ("campus-b", vms.as_str(), &remote_server, &remote_reaper),
+        (
+            "campus-b",
+            campus_b.vms.as_str(),
+            &campus_b.server,
+            &campus_b.reaper,
+        ),
     ] {
         for (right, server_may, reaper_may) in RIGHTS {
             for (who, kubeconfig, may) in [
@@ -620,78 +657,22 @@ async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each
     let installed = plane.install_shipped(&["dev"]).await.unwrap();
     let dev = installed.env("dev").clone();
     let home_ns = installed.vm_namespace.clone();
-    let suffix = ttlab_envtest::unique_name("p");
-    let (vms, identities) = (format!("vms-{suffix}"), format!("prod-{suffix}"));
-    let names = BTreeMap::from([
-        ("ttlab-vms".to_owned(), vms.clone()),
-        ("ttlab-prod".to_owned(), identities.clone()),
-    ]);
-    plane
-        .create(&ttlab_envtest::rename_namespaces(&remote.objects, &names))
-        .await
-        .unwrap();
-    let kubeconfig = |name: &'static str| {
-        let (identities, vms) = (identities.clone(), vms.clone());
-        async move {
-            plane
-                .service_account_kubeconfig(&identities, name, &vms)
-                .await
-                .unwrap()
-        }
-    };
-    let (remote_server, remote_reaper) = (
-        kubeconfig("ttlab-server").await,
-        kubeconfig("ttlab-reaper").await,
-    );
-    let remote_server_user = format!("system:serviceaccount:{identities}:ttlab-server");
-    let remote_reaper_user = format!("system:serviceaccount:{identities}:ttlab-reaper");
+    let campus_b = CampusB::install(plane, &remote).await;
+    let vms = campus_b.vms.clone();
 
     // KubeVirt in both namespaces, and its console and port forward behind kube-apiserver.
     let guests = tempfile::tempdir().unwrap();
+    let (kubevirt, console) = common::kubevirt_on(
+        plane,
+        vec![home_ns.clone(), campus_b.vms.clone()],
+        &agent_bin,
+        guests.path(),
+    )
+    .await;
     let admin = plane.admin_client().await.unwrap();
-    let mut settings =
-        ttlab_kubevirt_sim::SimSettings::for_tests([home_ns.clone(), vms.clone()], guests.path());
-    settings.agent_binary = Some(agent_bin.clone());
-    let kubevirt = ttlab_kubevirt_sim::KubevirtSim::start(admin.clone(), settings)
-        .await
-        .unwrap();
-    let console_ns = plane.create_namespace("kubevirt").await.unwrap();
-    let (cert, key) = plane
-        .serving_certificate(&format!("virt-api.{console_ns}.svc"))
-        .unwrap();
-    let mut console_settings =
-        ttlab_kubevirt_sim::ConsoleSettings::new(cert, key, plane.front_proxy_ca_file());
-    console_settings.allowed_names = vec!["front-proxy-client".into()];
-    let console = kubevirt.serve_console(console_settings).await.unwrap();
-    console
-        .register(
-            &admin,
-            &console_ns,
-            "virt-api",
-            plane.ca_pem(),
-            std::time::Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
 
     // PostgreSQL, migrated as the initContainer does.
-    let pg = tokio::task::spawn_blocking(ttlab_store::ephemeral::PgCluster::start)
-        .await
-        .unwrap()
-        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
-    let database_url = pg.create_database("ttlab").await.unwrap();
-    let out = tokio::process::Command::new(&ttlabctl)
-        .arg("migrate")
-        .env_clear()
-        .env("DATABASE_URL", &database_url)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (pg, database_url) = common::migrated_database(&ttlabctl).await;
 
     // A sites file per identity: the same sites, each with that identity's kubeconfigs.
     let dir = tempfile::tempdir().unwrap();
@@ -705,8 +686,8 @@ async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each
         std::fs::write(&path, text).unwrap();
         path
     };
-    let server_sites = sites_file("server", &dev.server_kubeconfig, &remote_server);
-    let reaper_sites = sites_file("reaper", &dev.reaper_kubeconfig, &remote_reaper);
+    let server_sites = sites_file("server", &dev.server_kubeconfig, &campus_b.server);
+    let reaper_sites = sites_file("reaper", &dev.reaper_kubeconfig, &campus_b.reaper);
 
     let (mut env, _) = dev_rendered.container_env(dev_rendered.get("Deployment", "ttlab-server"));
     let root = ttlab_deploy_tests::repo_root();
@@ -812,7 +793,7 @@ async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each
     let portforward = |c: &ttlab_envtest::Call| {
         c.group == "subresources.kubevirt.io" && c.resource == "virtualmachineinstances/portforward"
     };
-    let remote_calls = plane.calls_of(&remote_server_user, &vms).unwrap();
+    let remote_calls = plane.calls_of(&campus_b.server_user(), &vms).unwrap();
     assert!(
         remote_calls.iter().any(|c| portforward(c) && c.code < 300),
         "no port forward by the server on campus-b: {remote_calls:?}"
@@ -911,8 +892,8 @@ async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each
     for (user, ns) in [
         (dev.server_user(), &home_ns),
         (dev.reaper_user(), &home_ns),
-        (remote_server_user, &vms),
-        (remote_reaper_user, &vms),
+        (campus_b.server_user(), &vms),
+        (campus_b.reaper_user(), &vms),
     ] {
         refused.extend(
             plane
@@ -925,4 +906,10 @@ async fn on_a_real_api_server_the_binaries_place_grade_and_reclaim_a_lab_on_each
     }
     assert!(refused.is_empty(), "{}", refused.join("\n"));
     drop(server);
+    console.stop().await;
+    kubevirt.stop().await;
+    tokio::task::spawn_blocking(move || pg.stop())
+        .await
+        .unwrap()
+        .unwrap();
 }

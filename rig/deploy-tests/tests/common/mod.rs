@@ -387,3 +387,66 @@ pub async fn start_and_wait_running(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// KubeVirt and the kubelet on the real control plane `plane`, for `namespaces`: played by
+/// `ttlab-kubevirt-sim` as a controller of the administrator's identity (its guests run
+/// `agent_bin`, under `guests`), with its console and port forward served as an aggregated
+/// API server registered with an APIService, as virt-api is.
+pub async fn kubevirt_on(
+    plane: &ttlab_envtest::ControlPlane,
+    namespaces: Vec<String>,
+    agent_bin: &Path,
+    guests: &Path,
+) -> (
+    ttlab_kubevirt_sim::KubevirtSim,
+    ttlab_kubevirt_sim::ConsoleServer,
+) {
+    let admin = plane.admin_client().await.unwrap();
+    let mut settings = ttlab_kubevirt_sim::SimSettings::for_tests(namespaces, guests);
+    settings.agent_binary = Some(agent_bin.to_path_buf());
+    let kubevirt = ttlab_kubevirt_sim::KubevirtSim::start(admin.clone(), settings)
+        .await
+        .unwrap();
+    let console_ns = plane.create_namespace("kubevirt").await.unwrap();
+    let (cert, key) = plane
+        .serving_certificate(&format!("virt-api.{console_ns}.svc"))
+        .unwrap();
+    let mut console_settings =
+        ttlab_kubevirt_sim::ConsoleSettings::new(cert, key, plane.front_proxy_ca_file());
+    console_settings.allowed_names = vec!["front-proxy-client".into()];
+    let console = kubevirt.serve_console(console_settings).await.unwrap();
+    console
+        .register(
+            &admin,
+            &console_ns,
+            "virt-api",
+            plane.ca_pem(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    (kubevirt, console)
+}
+
+/// A throwaway PostgreSQL with a database `ttlab` migrated by `ttlabctl migrate`, as the
+/// initContainer does; the cluster (stopped when dropped) and the database's URL.
+pub async fn migrated_database(ttlabctl: &Path) -> (ttlab_store::ephemeral::PgCluster, String) {
+    let pg = tokio::task::spawn_blocking(ttlab_store::ephemeral::PgCluster::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL (initdb and postgres must be installed)");
+    let database_url = pg.create_database("ttlab").await.unwrap();
+    let out = Command::new(ttlabctl)
+        .arg("migrate")
+        .env_clear()
+        .env("DATABASE_URL", &database_url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (pg, database_url)
+}
