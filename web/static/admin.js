@@ -84,28 +84,60 @@ function stat(label, value, hint) {
     hint ? el('div', { class: 'muted small' }, hint) : null);
 }
 
-/** One site's card: its VMs against its limit, and whether the cluster probe reached it. */
-function siteStat(site) {
+/**
+ * One site's card: its VMs against its limit, and whether the cluster probe reached it; with
+ * several sites, also its quota and its sessions starting.
+ */
+function siteStat(site, several) {
   const used = site.in_use === null || site.in_use === undefined ? '?' : String(site.in_use);
   const card = stat(`Site ${site.name}`, `${used} / ${site.vm_limit}`,
     site.reachable ? `${site.namespace}, reachable` : `${site.namespace}, unreachable: ${site.why || 'no answer'}`);
   card.dataset.site = site.name;
+  if (several) {
+    card.append(el('div', { class: 'small', 'data-field': 'site-quota' }, `Quota: ${quotaText(site)}`));
+    const m = site.memory || {};
+    if (m.quota !== null && m.quota !== undefined) {
+      card.append(el('div', { class: 'small', 'data-field': 'site-memory' },
+        `Memory requested / limit: ${gib(m.used_bytes)} / ${gib(m.hard_bytes)}`));
+    }
+    card.append(el('div', { class: 'small', 'data-field': 'site-starting' }, `Sessions starting: ${site.starting_sessions}`));
+  }
   if (!site.reachable) card.classList.add('error');
   return card;
 }
 
+/** `n` as text, `?` when unknown. */
+function known(n) {
+  return n === null || n === undefined ? '?' : String(n);
+}
+
 function renderCapacity(c) {
   const box = document.getElementById('capacity');
-  const live = c.live_vms === null || c.live_vms === undefined ? '?' : String(c.live_vms);
-  box.replaceChildren(
-    stat('VMs running / limit', `${live} / ${c.limit}`, 'counted in the cluster, not the database'),
-    stat('Free places', c.available === null || c.available === undefined ? '?' : String(c.available)),
-    stat('Sessions starting', String(c.starting_sessions)),
-    stat('Namespace', c.namespace),
-    stat('Quota', quotaText(c)),
-    memoryStat(c),
-    ...(c.sites || []).map(siteStat),
-  );
+  const sites = c.sites || [];
+  if (sites.length > 1) {
+    // Several sites: the totals over the sites whose VMs could be counted, then a card each
+    // (its quota with it: every site has its own namespace and quota).
+    const counted = sites.filter((s) => s.in_use !== null && s.in_use !== undefined);
+    const sum = (xs, f) => xs.reduce((n, x) => n + f(x), 0);
+    const lost = sites.length - counted.length;
+    box.replaceChildren(
+      stat('VMs running / limit', `${sum(counted, (s) => s.in_use)} / ${sum(counted, (s) => s.vm_limit)}`,
+        lost ? `over the ${counted.length} of ${sites.length} sites that answered` : `over all ${sites.length} sites`),
+      stat('Free places', String(sum(counted, (s) => s.available || 0))),
+      stat('Sessions starting', String(c.starting_sessions)),
+      ...sites.map((s) => siteStat(s, true)),
+    );
+  } else {
+    box.replaceChildren(
+      stat('VMs running / limit', `${known(c.live_vms)} / ${c.limit}`, 'counted in the cluster, not the database'),
+      stat('Free places', known(c.available)),
+      stat('Sessions starting', String(c.starting_sessions)),
+      stat('Namespace', c.namespace),
+      stat('Quota', quotaText(c)),
+      memoryStat(c),
+      ...sites.map((s) => siteStat(s, false)),
+    );
+  }
   // What one session of each VM lesson costs, KubeVirt's overhead included, and how many more
   // the quota's memory allows.
   const costs = (c.memory && c.memory.lessons) || [];
@@ -204,7 +236,7 @@ function renderClasses(classes, pools) {
   const body = document.querySelector('#classes tbody');
   body.replaceChildren();
   if (!classes.length) {
-    body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No class is scheduled.')));
+    body.append(el('tr', {}, el('td', { colspan: 9, class: 'muted' }, 'No class is scheduled.')));
   }
   for (const c of classes) {
     const cancel = el('button', { class: 'secondary small', 'data-class-cancel': c.id }, 'Cancel');
@@ -315,13 +347,14 @@ function renderCycles(cycles) {
   const body = document.querySelector('#cycles tbody');
   body.replaceChildren();
   if (!cycles.length) {
-    body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' },
+    body.append(el('tr', {}, el('td', { colspan: 9, class: 'muted' },
       'No reaper cycle recorded yet for this environment. Is ttlab-reaper running?')));
   }
   for (const c of cycles) {
     const failed = failures(c);
     body.append(el('tr', { class: failed ? 'has-failures' : '' },
       el('td', {}, timeText(c.started_at)),
+      el('td', { 'data-field': 'site' }, c.site || '—'),
       el('td', {}, c.trigger + (c.dry_run ? ' (dry run)' : '')),
       el('td', {}, `${c.duration_ms} ms`),
       el('td', {}, counts(c.expired)),
@@ -374,7 +407,7 @@ function renderSessions(sessions) {
   const body = document.querySelector('#sessions tbody');
   body.replaceChildren();
   if (!sessions.length) {
-    body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No live sessions.')));
+    body.append(el('tr', {}, el('td', { colspan: 9, class: 'muted' }, 'No live sessions.')));
   }
   for (const s of sessions) {
     const status = s.status === 'starting' ? `starting (${s.stage.replace('_', ' ')})`

@@ -5,8 +5,9 @@
 # terminal without the previous one's, a warning not repeated), of a crashed server
 # replica's consoles (replicas.mjs: a second ttlab-server beside the demo's, killed), of the
 # waitlist (waitlist.mjs, against a
-# demo of its own with room for one VM) and of a lesson's instructions (instructions.mjs,
-# against a demo of its own serving web/tests/lessons/): headless Chromium (Debian's
+# demo of its own with room for one VM), of a lesson's instructions (instructions.mjs,
+# against a demo of its own serving web/tests/lessons/ on two sites) and of that demo's
+# admin page with its sites (sites.mjs): headless Chromium (Debian's
 # `chromium`, driven by playwright-core) against `ttlabctl demo` (PostgreSQL, kube-sim,
 # ttlab-server, ttlab-reaper).
 # Beside them, from the start, qemu.mjs against `ttlabctl demo --guest qemu --no-reaper`: a real
@@ -340,19 +341,24 @@ fi
 stop_waitlist_demo
 
 # A lesson's instructions (instructions.mjs): a demo of its own serving the test lessons of
-# web/tests/lessons/ (the showcase of what authors write and of what must never run).
+# web/tests/lessons/ (the showcase of what authors write and of what must never run), on two
+# sites; then the admin page of those sites (sites.mjs).
 ins_pid=""
 stop_instructions_demo() { stop_pid "$ins_pid"; }
 trap 'stop_instructions_demo; stop_waitlist_demo; stop_demo; stop_qemu_job' EXIT
-say "starting ttlabctl demo with the test lessons of web/tests/lessons (instructions)"
+say "starting ttlabctl demo --sites 2 with the test lessons of web/tests/lessons (instructions, sites)"
 TTLAB_SIM_BOOT=2s TTLAB_SIM_SETUP=2s \
-  "$root/target/debug/ttlabctl" demo --port 0 --lessons "$web/tests/lessons" >"$log/ins-out" 2>"$log/ins-err" &
+  "$root/target/debug/ttlabctl" demo --port 0 --lessons "$web/tests/lessons" --sites 2 --site-vm-limit 3 \
+  >"$log/ins-out" 2>"$log/ins-err" &
 ins_pid=$!
 if wait_ready "$ins_pid" "$log/ins-out"; then
   ins_student="$(sed -n 's/^ *student: *\([^ ]*\).*/\1/p' "$log/ins-out" | head -n 1)"
   ins_status=0
   TTLAB_STUDENT_URL="$ins_student" TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
     node "$web/tests/instructions.mjs" || ins_status=$?
+  ins_admin="$(sed -n 's/^ *admin: *\([^ ]*\).*/\1/p' "$log/ins-out" | head -n 1)"
+  TTLAB_ADMIN_URL="$ins_admin" TTLAB_SITE_VM_LIMIT=3 TTLAB_ARTIFACTS="$artifacts" TTLAB_CHROMIUM="$chromium" \
+    node "$web/tests/sites.mjs" || ins_status=$?
   if [ "$ins_status" != 0 ]; then
     status=$ins_status
     say "instructions demo's server and reaper log (last 40 lines):"

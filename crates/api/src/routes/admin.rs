@@ -351,6 +351,7 @@ fn cycle_json(c: &ReaperCycle) -> Value {
     json!({
         "id": c.id.get(),
         "env": r.env.as_str(),
+        "site": c.site.as_ref().map(|s| s.as_str()),
         "started_at": r.started_at,
         "duration_ms": u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
         "trigger": r.trigger.as_str(),

@@ -144,7 +144,7 @@ pub fn document() -> Value {
             }},
             "/api/admin/capacity": {"get": op("Live VMs counted from the cluster, starting sessions, the limit, the namespace's ResourceQuotas, and memory against the quota: what one session of each VM lesson costs with KubeVirt's overhead, and how many more the quota's memory allows; `sites`: the same per site (one, `default`, without a sites file), with its weight, labels and agent path and whether the last cluster probe reached it (the top-level fields are the first site's)", admin_errors(json!({"200": ok("capacity", json!({"$ref": "#/components/schemas/Capacity"}))})))},
             "/api/admin/reaper": {"get": {
-                "summary": "Recent reaper cycle reports",
+                "summary": "Recent reaper cycle reports, each with the site it ran on (site; null before sites were recorded)",
                 "security": [{"bearer": []}],
                 "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
                 "responses": admin_errors(json!({"200": ok("cycles", json!({"type": "array", "items": {"type": "object"}}))}))
