@@ -303,8 +303,11 @@ pub(crate) async fn refill(
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
-    // Members are prepared on the first site.
-    let site = state.first_site();
+    // Members are prepared on the first site that carries the lesson's site labels.
+    let Some(site) = state.pool_site(lesson) else {
+        tracing::warn!(lesson = %lesson.id, labels = ?lesson.site_labels, "no site carries the lesson's site labels: its pool prepares nothing");
+        return Ok(());
+    };
     let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
     let mut retired = false;
     // Each turn opens one member: the pool's own (at most `max`) and its classes' (at most
@@ -396,7 +399,7 @@ pub(crate) async fn refill(
         // The classes' members first, in the plan's order; then the pool's own.
         let class = plan.create_for.first().map(|(class, _)| *class);
         let member = guard
-            .insert_pool_member(&new_member(state, lesson, &settings, now, class))
+            .insert_pool_member(&new_member(state, site, lesson, &settings, now, class))
             .await?;
         metrics.pool_refills.get_or_create(&labels).inc();
         tracing::info!(session = %member.id, lesson = %lesson.id, class = ?class, why = %plan.why, "preparing a pool member");
@@ -418,6 +421,7 @@ fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
 /// is the pool's age limit, and it has the lesson's readiness deadline, like a cold session.
 fn new_member(
     state: &AppState,
+    site: &crate::sites::SiteRuntime,
     lesson: &Lesson,
     settings: &PoolSettings,
     now: DateTime<Utc>,
@@ -430,7 +434,7 @@ fn new_member(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        site: state.first_site().name().clone(),
+        site: site.name().clone(),
         times: SessionTimes {
             started_at: now,
             expires_at: expires,

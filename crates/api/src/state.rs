@@ -281,6 +281,16 @@ impl AppState {
             .unwrap_or_else(|| unreachable!("a server has at least one site"))
     }
 
+    /// Where a lesson's warm pool and scheduled classes prepare their VMs: the first site, in
+    /// configuration order, that carries every label the lesson requires; `None` when none
+    /// does.
+    pub fn pool_site(&self, lesson: &ttlab_lesson::Lesson) -> Option<&Arc<SiteRuntime>> {
+        self.inner
+            .sites
+            .iter()
+            .find(|s| lesson.site_labels.is_subset(&s.site().labels))
+    }
+
     /// The site `name` (a session row's): the configured one, or, for a site this server is
     /// not configured with, one whose every cluster call fails saying so (the session's
     /// objects are then left to whoever is configured with it).

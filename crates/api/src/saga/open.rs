@@ -119,7 +119,17 @@ async fn open_vm_session(
     lesson: &Lesson,
     new: &NewSession,
 ) -> Result<Session, ApiError> {
+    let wanted = ttlab_site::Wanted {
+        labels: lesson.site_labels.clone(),
+        golden_disk: false,
+    };
     if let [site] = state.sites() {
+        if let Some(missing) = wanted.labels.difference(&site.site().labels).next() {
+            return Err(ApiError::ClusterUnavailable(format!(
+                "no site can run this lesson: {} lacks label {missing} (the lesson's site_labels)",
+                site.name()
+            )));
+        }
         let mut new = new.clone();
         new.site = site.name().clone();
         return open_on_site(state, site, lesson, &new, true)
@@ -140,12 +150,12 @@ async fn open_vm_session(
         if observed.queued {
             return Err(capacity_refused(state, needed, &observed));
         }
-        let placement = ttlab_site::place(&ttlab_site::Wanted::default(), &observed.states);
+        let placement = ttlab_site::place(&wanted, &observed.states);
         let Some(chosen) = placement.site() else {
             tracing::info!(%placement, "no site can take the start");
             let any_full = observed.states.iter().any(|s| {
                 matches!(
-                    s.pass_reason(&ttlab_site::Wanted::default()),
+                    s.pass_reason(&wanted),
                     Some(ttlab_site::PassReason::Full { .. })
                 )
             });
