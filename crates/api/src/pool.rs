@@ -303,16 +303,25 @@ pub(crate) async fn refill(
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
-    // Members are prepared on the first site that carries the lesson's site labels.
-    let Some(site) = state.pool_site(lesson) else {
+    // Members are prepared on the sites that carry the lesson's site labels: each on the
+    // one a start of the lesson would be placed on now.
+    let allowed: u32 = state
+        .sites()
+        .iter()
+        .filter(|s| lesson.site_labels.is_subset(&s.site().labels))
+        .map(|s| u32::try_from(s.vm_limit()).unwrap_or(u32::MAX))
+        .fold(0, u32::saturating_add);
+    if allowed == 0 {
         tracing::warn!(lesson = %lesson.id, labels = ?lesson.site_labels, "no site carries the lesson's site labels: its pool prepares nothing");
         return Ok(());
-    };
-    let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
+    }
     let mut retired = false;
     // Each turn opens one member: the pool's own (at most `max`) and its classes' (at most
-    // the VM limit) bound the turns.
-    for _ in 0..=settings.max().saturating_add(limit) {
+    // the VM limits of the sites it may use) bound the turns.
+    for _ in 0..=settings.max().saturating_add(allowed) {
+        let site = member_site(state, lesson).await?;
+        let site = site.as_ref();
+        let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
         let _turn = site.capacity_turn().await;
         let listing = saga::listed_vms(site).await?;
         let guard = state.store().lock_capacity_of_site(site.name()).await?;
@@ -410,6 +419,37 @@ pub(crate) async fn refill(
         }
     }
     Ok(())
+}
+
+/// Where `lesson`'s pool prepares its next member. One site: that site. Several: the site a
+/// start of the lesson would be placed on now ([`ttlab_site::place`]: among the sites that
+/// carry its labels and answer, with room for a member beside the places kept for a cold
+/// start, its golden disk ready first, then the most free places, weighted), else the first
+/// site that carries its labels (its plan then finds no room there). Call it only when a
+/// site carries them.
+async fn member_site(
+    state: &AppState,
+    lesson: &Lesson,
+) -> Result<std::sync::Arc<SiteRuntime>, ApiError> {
+    let fallback = || {
+        state
+            .pool_site(lesson)
+            .unwrap_or_else(|| state.first_site())
+            .clone()
+    };
+    if state.sites().len() == 1 {
+        return Ok(fallback());
+    }
+    let (mut states, _) = saga::site_states(state, lesson, 0).await?;
+    let reserve = cold_reserve(state);
+    for s in &mut states {
+        s.vms_needed = s.vms_needed.saturating_add(reserve);
+    }
+    let placement = ttlab_site::place(&saga::wanted_of(lesson), &states);
+    tracing::debug!(lesson = %lesson.id, %placement, "where the pool prepares");
+    Ok(placement
+        .site()
+        .map_or_else(fallback, |chosen| state.site_of(chosen)))
 }
 
 fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
