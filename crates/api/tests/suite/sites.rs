@@ -905,3 +905,75 @@ async fn the_pool_of_a_lesson_that_needs_a_site_label_prepares_on_the_site_that_
     assert!(sim_b.get("virtualmachines", NS, &vm_of(sid)).is_some());
     s.stop().await;
 }
+
+#[tokio::test]
+async fn three_sites_of_one_place_take_one_start_each_and_a_freed_place_on_a_live_site_is_taken_after_one_is_lost()
+ {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let (sim_c, kube_c) = sim_with(|_| {}).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let one = |name, kubeconfig| Spec {
+        name,
+        kubeconfig,
+        vm_limit: 1,
+        weight: 1,
+        agent_path: "pod-ip",
+        labels: &[],
+    };
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                one("campus-a", w.kubeconfig.path()),
+                one("campus-b", kube_b.path()),
+                one("campus-c", kube_c.path()),
+            ])
+            .await,
+        )
+        .await;
+
+    let mut started = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        started.push(start_on(&s, user).await);
+    }
+    let mut placed: Vec<&str> = started.iter().map(|(_, _, site)| site.as_str()).collect();
+    placed.sort_unstable();
+    assert_eq!(placed, ["campus-a", "campus-b", "campus-c"]);
+    for (sim, name) in [
+        (&w.sim, "campus-a"),
+        (&sim_b, "campus-b"),
+        (&sim_c, "campus-c"),
+    ] {
+        assert_eq!(sim.stats().vms, 1, "{name}: {:?}", sim.stats());
+    }
+    // Every site full: the usual capacity answer, the three limits added up.
+    let (status, e) = refused(&s, "u4", "quick").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("3 of 3 VMs"), "{e}");
+
+    // campus-c is lost; the session on campus-b finishes.
+    sim_c.stop();
+    let (sid_b, t_b, _) = started
+        .iter()
+        .find(|(_, _, site)| site == "campus-b")
+        .unwrap();
+    finish(&s, sid_b, t_b).await;
+    assert_eq!(sim_b.stats().vms, 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (sid, _, site) = start_on(&s, "u4").await;
+    assert_eq!(site, "campus-b", "the freed place on the site that answers");
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&sid)).is_some());
+    // Nothing else is free: the next start is refused with the capacity answer.
+    let (status, e) = refused(&s, "u5", "quick").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
+    s.stop().await;
+}
