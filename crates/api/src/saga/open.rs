@@ -193,47 +193,13 @@ pub(crate) fn wanted_of(lesson: &Lesson) -> ttlab_site::Wanted {
     }
 }
 
-/// Why no configured site can ever run a lesson that requires the site labels `labels`:
-/// the labels no site offers at all, or else what each site lacks. `None` when a site
-/// carries every one.
+/// Why no configured site can ever run a lesson that requires the site labels `labels`
+/// ([`ttlab_site::labels_nowhere`]); `None` when a site carries every one.
 pub(crate) fn no_site_carries(
     state: &AppState,
     labels: &BTreeSet<ttlab_site::SiteLabel>,
 ) -> Option<String> {
-    let sites = state.sites();
-    if sites.iter().any(|s| labels.is_subset(&s.site().labels)) {
-        return None;
-    }
-    let offered: BTreeSet<&ttlab_site::SiteLabel> =
-        sites.iter().flat_map(|s| s.site().labels.iter()).collect();
-    let nowhere: Vec<String> = labels
-        .iter()
-        .filter(|l| !offered.contains(l))
-        .map(ToString::to_string)
-        .collect();
-    let message = if nowhere.is_empty() {
-        let lacks: Vec<String> = sites
-            .iter()
-            .map(|s| {
-                let missing: Vec<String> = labels
-                    .difference(&s.site().labels)
-                    .map(ToString::to_string)
-                    .collect();
-                format!("{} lacks {}", s.name(), missing.join(", "))
-            })
-            .collect();
-        format!(
-            "no site carries every site label this lesson requires: {}",
-            lacks.join("; ")
-        )
-    } else {
-        let s = if nowhere.len() == 1 { "" } else { "s" };
-        format!(
-            "no site offers the site label{s} {} this lesson requires",
-            nowhere.join(", ")
-        )
-    };
-    Some(message)
+    ttlab_site::labels_nowhere(labels, state.sites().iter().map(|s| s.site()))
 }
 
 /// What a start saw of every site: placement's view of each, the places they take, and
