@@ -26,8 +26,11 @@
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
 //! reserve a cold start of the largest lesson needs, are never taken.
 //!
-//! **Sites.** Members (and class members) are prepared on the first site of the sites file
-//! (the only one without it), and counted against its VM limit.
+//! **Sites.** Each member (class members too) is prepared on the site a start of its lesson
+//! would be placed on at that turn (`member_site`: a site that carries the lesson's labels,
+//! answers, and has room for the member beside the cold-start reserve; its golden disk ready
+//! first, then the most free places, weighted), under that site's capacity lock and counted
+//! against its VM limit. With one site, that site, as before sites existed.
 
 use std::num::NonZeroU32;
 use std::time::Duration;

@@ -273,7 +273,8 @@ impl AppState {
         &self.inner.sites
     }
 
-    /// The first site: where warm pools and classes are prepared.
+    /// The first site of the sites file (the only one without it): its probe is the server's
+    /// `/healthz/cluster`.
     pub fn first_site(&self) -> &Arc<SiteRuntime> {
         self.inner
             .sites
@@ -281,8 +282,8 @@ impl AppState {
             .unwrap_or_else(|| unreachable!("a server has at least one site"))
     }
 
-    /// Where a lesson's warm pool and scheduled classes prepare their VMs: the first site, in
-    /// configuration order, that carries every label the lesson requires; `None` when none
+    /// The first site, in configuration order, that carries every label `lesson` requires
+    /// (where its pool is planned when no such site has room for a member); `None` when none
     /// does.
     pub fn pool_site(&self, lesson: &ttlab_lesson::Lesson) -> Option<&Arc<SiteRuntime>> {
         self.inner
