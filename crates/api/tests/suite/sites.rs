@@ -751,6 +751,42 @@ async fn a_lesson_that_needs_a_site_label_runs_only_where_it_is_and_waits_for_ro
         message.contains("no site offers the site label gpu"),
         "{message}"
     );
+
+    // A class is checked against the sites its lesson may use: a lab of `large` and the 2
+    // places kept for a cold start do not fit campus-b's limit of 2 (they would fit
+    // campus-a's 3); one of `quick` does.
+    let class = |lesson: &str| {
+        let start = chrono::Utc::now() + chrono::TimeDelta::hours(2);
+        json!({
+            "lesson": lesson, "title": "Morning", "seats": 4,
+            "starts_at": start.to_rfc3339(),
+            "ends_at": (start + chrono::TimeDelta::hours(1)).to_rfc3339(),
+        })
+    };
+    let admin = token("root", Role::Admin);
+    let schedule = |body: Value| {
+        s.raw(
+            "POST",
+            "/api/admin/classes",
+            Some(&admin),
+            Some("application/json"),
+            serde_json::to_vec(&body).unwrap(),
+        )
+    };
+    for (lesson, says) in [
+        ("large", "with the VM limit 2"),
+        ("gpu", "no site offers the site label gpu"),
+    ] {
+        let (status, v) = schedule(class(lesson)).await;
+        assert_eq!(
+            (status, v["error"].as_str(), v["field"].as_str()),
+            (422, Some("not_pooled"), Some("lesson")),
+            "{v}"
+        );
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    let (status, v) = schedule(class("quick")).await;
+    assert_eq!(status, 201, "{v}");
     s.stop().await;
 
     // One site without the label refuses the same way, before any place is counted.
