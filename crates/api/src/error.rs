@@ -529,6 +529,23 @@ mod tests {
     }
 
     #[test]
+    fn a_lesson_no_site_can_run_is_told_to_the_student_as_it_is() {
+        let e = ApiError::NoSite("no site offers the site label gpu this lesson requires".into());
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code(), "no_site");
+        assert!(
+            !e.is_failure(),
+            "a configuration, not a failure: no reference"
+        );
+        assert_eq!(e.retry_after(), None, "trying again does not help");
+        assert_eq!(
+            e.public_message(),
+            "this lab cannot run here: no site offers the site label gpu this lesson requires; \
+             tell the operators"
+        );
+    }
+
+    #[test]
     fn dependency_details_stay_out_of_the_answer() {
         let agent = ApiError::AgentUnavailable(
             "error sending request for url (http://10.244.1.7:8899/v1/grade)".into(),
