@@ -242,14 +242,18 @@ impl CurrentClasses {
         share_headroom(class_headroom(free, reserve, held_vms), &asks)
     }
 
-    /// How many seats of each class can be warm at its start, if the environment's places
-    /// beyond the cold-start reserve (`limit - reserve`) held nothing but the classes in their
-    /// lead-in or running then: each class's share of them at its start. Together with the
-    /// sentence saying with whom it is shared, when it is.
-    pub fn seats_warm(&self, limit: u32, reserve: u32) -> BTreeMap<ClassId, (u32, Option<String>)> {
-        let headroom = limit.saturating_sub(reserve);
+    /// How many seats of each class can be warm at its start, if the places its lesson may
+    /// use beyond the cold-start reserve (`headroom` of the lesson: with one site, its
+    /// `limit - reserve`) held nothing but the classes in their lead-in or running then: each
+    /// class's share of them at its start. Together with the sentence saying with whom it is
+    /// shared, when it is.
+    pub fn seats_warm(
+        &self,
+        headroom: impl Fn(&LessonId) -> u32,
+    ) -> BTreeMap<ClassId, (u32, Option<String>)> {
         let mut out = BTreeMap::new();
         for c in &self.classes {
+            let headroom = headroom(&c.row.lesson);
             let at = c.row.starts_at;
             let asks: Vec<ClassAsk> = self
                 .classes

@@ -94,6 +94,10 @@ pub enum ApiError {
     /// The cluster cannot be reached right now.
     #[error("the cluster is temporarily unavailable: {0}")]
     ClusterUnavailable(String),
+    /// No configured site can ever run this lesson: it requires a site label that no site
+    /// carries (503 `no_site`; the sentence says which, and is the operators' to fix).
+    #[error("this lab cannot run here: {0}; tell the operators")]
+    NoSite(String),
     /// The site (cluster) a session lives on cannot be used now: its API server did not
     /// answer the last probe, no client could be built for it, or this server is not
     /// configured with it (503 `site_unavailable`).
@@ -255,6 +259,7 @@ impl ApiError {
             Self::Capacity { .. }
             | Self::DatabaseUnavailable(_)
             | Self::ClusterUnavailable(_)
+            | Self::NoSite(_)
             | Self::SiteUnavailable { .. }
             | Self::Overloaded
             | Self::ShuttingDown
@@ -293,6 +298,7 @@ impl ApiError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::DatabaseUnavailable(_) => "database_unavailable",
             Self::ClusterUnavailable(_) => "cluster_unavailable",
+            Self::NoSite(_) => "no_site",
             Self::SiteUnavailable { .. } => "site_unavailable",
             Self::AgentUnavailable(_) => "agent_unavailable",
             Self::Timeout(_) => "timeout",
@@ -520,6 +526,23 @@ mod tests {
         };
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code(), "capacity");
+    }
+
+    #[test]
+    fn a_lesson_no_site_can_run_is_told_to_the_student_as_it_is() {
+        let e = ApiError::NoSite("no site offers the site label gpu this lesson requires".into());
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code(), "no_site");
+        assert!(
+            !e.is_failure(),
+            "a configuration, not a failure: no reference"
+        );
+        assert_eq!(e.retry_after(), None, "trying again does not help");
+        assert_eq!(
+            e.public_message(),
+            "this lab cannot run here: no site offers the site label gpu this lesson requires; \
+             tell the operators"
+        );
     }
 
     #[test]

@@ -163,6 +163,12 @@ impl Server {
                 "TTLAB_MAX_CONCURRENT_REQUESTS must be at least 1".into(),
             ));
         }
+        // A lesson no site can run is refused at each start (503 `no_site`); said once here.
+        for lesson in config.lessons.iter() {
+            if let Some(why) = saga::no_site_carries(&state, &lesson.site_labels) {
+                tracing::warn!(lesson = %lesson.id, %why, "no site can run this lesson");
+            }
+        }
         let (listener, addr) = bind(config.listen).await?;
         let ops = match config.ops_listen {
             Some(at) => Some(bind(at).await?),

@@ -26,8 +26,11 @@
 //! over-fill), and retires what the plan retires. Places held for the waitlist, and the
 //! reserve a cold start of the largest lesson needs, are never taken.
 //!
-//! **Sites.** Members (and class members) are prepared on the first site of the sites file
-//! (the only one without it), and counted against its VM limit.
+//! **Sites.** Each member (class members too) is prepared on the site a start of its lesson
+//! would be placed on at that turn (`member_site`: a site that carries the lesson's labels,
+//! answers, and has room for the member beside the cold-start reserve; its golden disk ready
+//! first, then the most free places, weighted), under that site's capacity lock and counted
+//! against its VM limit. With one site, that site, as before sites existed.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -303,13 +306,25 @@ pub(crate) async fn refill(
     let labels = LessonLabels {
         lesson: lesson.id.to_string(),
     };
-    // Members are prepared on the first site.
-    let site = state.first_site();
-    let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
+    // Members are prepared on the sites that carry the lesson's site labels: each on the
+    // one a start of the lesson would be placed on now.
+    let allowed: u32 = state
+        .sites()
+        .iter()
+        .filter(|s| lesson.site_labels.is_subset(&s.site().labels))
+        .map(|s| u32::try_from(s.vm_limit()).unwrap_or(u32::MAX))
+        .fold(0, u32::saturating_add);
+    if allowed == 0 {
+        tracing::warn!(lesson = %lesson.id, labels = ?lesson.site_labels, "no site carries the lesson's site labels: its pool prepares nothing");
+        return Ok(());
+    }
     let mut retired = false;
     // Each turn opens one member: the pool's own (at most `max`) and its classes' (at most
-    // the VM limit) bound the turns.
-    for _ in 0..=settings.max().saturating_add(limit) {
+    // the VM limits of the sites it may use) bound the turns.
+    for _ in 0..=settings.max().saturating_add(allowed) {
+        let site = member_site(state, lesson).await?;
+        let site = site.as_ref();
+        let limit = u32::try_from(site.vm_limit()).unwrap_or(u32::MAX);
         let _turn = site.capacity_turn().await;
         let listing = saga::listed_vms(site).await?;
         let guard = state.store().lock_capacity_of_site(site.name()).await?;
@@ -396,7 +411,7 @@ pub(crate) async fn refill(
         // The classes' members first, in the plan's order; then the pool's own.
         let class = plan.create_for.first().map(|(class, _)| *class);
         let member = guard
-            .insert_pool_member(&new_member(state, lesson, &settings, now, class))
+            .insert_pool_member(&new_member(state, site, lesson, &settings, now, class))
             .await?;
         metrics.pool_refills.get_or_create(&labels).inc();
         tracing::info!(session = %member.id, lesson = %lesson.id, class = ?class, why = %plan.why, "preparing a pool member");
@@ -409,6 +424,37 @@ pub(crate) async fn refill(
     Ok(())
 }
 
+/// Where `lesson`'s pool prepares its next member. One site: that site. Several: the site a
+/// start of the lesson would be placed on now ([`ttlab_site::place`]: among the sites that
+/// carry its labels and answer, with room for a member beside the places kept for a cold
+/// start, its golden disk ready first, then the most free places, weighted), else the first
+/// site that carries its labels (its plan then finds no room there). Call it only when a
+/// site carries them.
+async fn member_site(
+    state: &AppState,
+    lesson: &Lesson,
+) -> Result<std::sync::Arc<SiteRuntime>, ApiError> {
+    let fallback = || {
+        state
+            .pool_site(lesson)
+            .unwrap_or_else(|| state.first_site())
+            .clone()
+    };
+    if state.sites().len() == 1 {
+        return Ok(fallback());
+    }
+    let (mut states, _) = saga::site_states(state, lesson, 0).await?;
+    let reserve = cold_reserve(state);
+    for s in &mut states {
+        s.vms_needed = s.vms_needed.saturating_add(reserve);
+    }
+    let placement = ttlab_site::place(&saga::wanted_of(lesson), &states);
+    tracing::debug!(lesson = %lesson.id, %placement, "where the pool prepares");
+    Ok(placement
+        .site()
+        .map_or_else(fallback, |chosen| state.site_of(chosen)))
+}
+
 fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
     NonZeroU32::new(u32::try_from(lesson.nodes.len()).unwrap_or(u32::MAX))
         .unwrap_or(NonZeroU32::MIN)
@@ -418,6 +464,7 @@ fn nodes_of(lesson: &Lesson) -> NonZeroU32 {
 /// is the pool's age limit, and it has the lesson's readiness deadline, like a cold session.
 fn new_member(
     state: &AppState,
+    site: &crate::sites::SiteRuntime,
     lesson: &Lesson,
     settings: &PoolSettings,
     now: DateTime<Utc>,
@@ -430,7 +477,7 @@ fn new_member(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        site: state.first_site().name().clone(),
+        site: site.name().clone(),
         times: SessionTimes {
             started_at: now,
             expires_at: expires,

@@ -8,6 +8,7 @@
 //! its client is [`Unconnected`], which answers every call with that reason, so one site's
 //! bad kubeconfig never stops the others.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use ttlab_cluster::{
     Page, PodState, PodWait, PortStream, ProvisionCluster, PvcFacts, QuotaSummary, ReaperCluster,
     Terminal, VmStatus, VmiState,
 };
+use ttlab_model::LessonId;
 use ttlab_site::{AgentPath, Reachability, Site, SiteName};
 
 use crate::ClusterHealth;
@@ -37,6 +39,9 @@ pub struct SiteRuntime {
     capacity: tokio::sync::Mutex<()>,
     listed_vms: tokio::sync::Mutex<Option<ListedVms>>,
     health: Mutex<ClusterHealth>,
+    /// The lessons whose golden disk its last observation found ready
+    /// ([`crate::tasks::golden_disks`]).
+    golden_ready: Mutex<BTreeSet<LessonId>>,
 }
 
 impl std::fmt::Debug for SiteRuntime {
@@ -105,6 +110,7 @@ impl SiteRuntime {
             capacity: tokio::sync::Mutex::new(()),
             listed_vms: tokio::sync::Mutex::new(None),
             health: Mutex::new(health),
+            golden_ready: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -160,6 +166,38 @@ impl SiteRuntime {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
+    }
+
+    /// Whether its last observation found `lesson`'s golden disk ready (`false` before the
+    /// first, and with a single site, where none is made).
+    pub fn golden_ready(&self, lesson: &LessonId) -> bool {
+        self.golden_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(lesson)
+    }
+
+    /// The lessons whose golden disk its last observation found ready, in name order.
+    pub fn golden_ready_lessons(&self) -> Vec<LessonId> {
+        self.golden_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Records whether `lesson`'s golden disk is ready there.
+    pub(crate) fn record_golden(&self, lesson: &LessonId, ready: bool) {
+        let mut seen = self
+            .golden_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ready {
+            seen.insert(lesson.clone());
+        } else {
+            seen.remove(lesson);
+        }
     }
 
     /// Whether it can be used now, and if not why: no client, or its last probe failed.

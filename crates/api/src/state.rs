@@ -314,12 +314,23 @@ impl AppState {
         &self.inner.sites
     }
 
-    /// The first site: where warm pools and classes are prepared.
+    /// The first site of the sites file (the only one without it): its probe is the server's
+    /// `/healthz/cluster`.
     pub fn first_site(&self) -> &Arc<SiteRuntime> {
         self.inner
             .sites
             .first()
             .unwrap_or_else(|| unreachable!("a server has at least one site"))
+    }
+
+    /// The first site, in configuration order, that carries every label `lesson` requires
+    /// (where its pool is planned when no such site has room for a member); `None` when none
+    /// does.
+    pub fn pool_site(&self, lesson: &ttlab_lesson::Lesson) -> Option<&Arc<SiteRuntime>> {
+        self.inner
+            .sites
+            .iter()
+            .find(|s| lesson.site_labels.is_subset(&s.site().labels))
     }
 
     /// The site `name` (a session row's): the configured one, or, for a site this server is

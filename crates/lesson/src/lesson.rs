@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
-use ttlab_model::{LessonId, NodeName, Runtime};
+use ttlab_model::{LessonId, NodeName, Runtime, SiteLabel};
 
 use crate::file::LabFile;
 use crate::instructions::Instructions;
@@ -62,6 +62,9 @@ pub struct Lesson {
     pub instructions: Option<Instructions>,
     /// The warm pool of prepared labs kept for this lesson (VM lessons only); `None` for none.
     pub pool: Option<PoolSpec>,
+    /// The labels a site must carry to run this lesson (`site_labels: [kvm-large]`, VM lessons
+    /// only): a start is placed only on a site that has every one. Empty: any site.
+    pub site_labels: BTreeSet<SiteLabel>,
 }
 
 /// Which root disk a VM lesson prefers.
@@ -232,6 +235,8 @@ pub(crate) struct RawLesson {
     grading: Vec<RawGradingStep>,
     instructions: Option<String>,
     pool: Option<PoolSpec>,
+    #[serde(default)]
+    site_labels: BTreeSet<SiteLabel>,
 }
 
 fn timeout(field: &str, seconds: Option<u64>, default: Duration) -> Result<Duration, String> {
@@ -345,6 +350,13 @@ impl TryFrom<RawLesson> for Lesson {
                         .to_owned(),
                 );
             }
+            if !raw.site_labels.is_empty() {
+                return fail(
+                    "`site_labels` only applies to `runtime: vm` lessons (a pod lab runs on the \
+                     first site that answers)"
+                        .to_owned(),
+                );
+            }
         }
         let cores = raw.cores.unwrap_or(1);
         if !(1..=MAX_CORES).contains(&cores) {
@@ -441,6 +453,7 @@ impl TryFrom<RawLesson> for Lesson {
             setup_timeout,
             grading,
             pool: raw.pool,
+            site_labels: raw.site_labels,
         })
     }
 }

@@ -54,6 +54,7 @@
 //! | `setup_timeout_seconds` | the setup script is killed after this | 600 |
 //! | `grading` | `name`, `command`, `expect_exit` (0), `timeout_seconds` (30), `node` (first node) | none |
 //! | `instructions` | Markdown shown beside the terminal ([`instructions`]: CommonMark with tables, strikethrough and task lists; HTML in it shown as text; links `http:`, `https:`, `mailto:`; images `https:`), ≤ 64 KiB | none |
+//! | `site_labels` | VM lessons only: labels a site must carry to run it (`[kvm-large]`; see the sites file) | none: any site |
 //! | `pool` | VM lessons only: prepared labs kept ready ([`PoolSpec`]): `size` (required), `min` (0), `max` (`size`), `max_age_minutes` (240, 10–1440), `demand` (false), `paused` (false); `min <= size <= max <= 50` | none |
 //!
 //! Every mapping refuses unknown fields.

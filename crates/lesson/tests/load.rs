@@ -405,3 +405,29 @@ fn a_pod_lesson_may_not_have_a_pool() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_vm_lesson_may_require_site_labels_and_a_bad_or_pod_one_is_refused() {
+    let lesson = ttlab_lesson::parse_lesson(&format!("{GOOD}site_labels: [kvm-large, eu]\n"))
+        .expect("a lesson with site labels");
+    let labels: Vec<&str> = lesson.site_labels.iter().map(|l| l.as_str()).collect();
+    assert_eq!(labels, ["eu", "kvm-large"]);
+    assert!(
+        ttlab_lesson::parse_lesson(GOOD)
+            .unwrap()
+            .site_labels
+            .is_empty(),
+        "no labels: any site"
+    );
+
+    let (_, line, _, msg) = invalid(&format!("{GOOD}site_labels: [KVM_Large]\n"));
+    assert_eq!(line, Some(5));
+    assert!(msg.contains("site label"), "{msg}");
+
+    let text = GOOD.replace("runtime: vm", "runtime: pod") + "site_labels: [eu]\n";
+    let (_, _, _, msg) = invalid(&text);
+    assert!(
+        msg.contains("`site_labels` only applies to `runtime: vm` lessons"),
+        "{msg}"
+    );
+}

@@ -9,7 +9,8 @@
 //!    [`SitesConfig::single`] is the one `default` site of a deployment without that file;
 //! 2. [`place`]: what a start wants ([`Wanted`]) and what is known of each site now
 //!    ([`SiteState`]: reachable, VM places taken, golden disk ready) to one site for the whole
-//!    session with a reason an operator can read, or to none with why each was passed over.
+//!    session with a reason an operator can read, or to none with why each was passed over;
+//!    [`labels_nowhere`] says why no configured site can ever run a lesson, by its labels.
 //!
 //! Reading the file, asking the clusters and counting VMs are the caller's job.
 //!
@@ -82,5 +83,7 @@ mod place;
 
 pub use config::{AgentPath, Connection, DEFAULT_SITE, Site, SitesConfig, default_site_name};
 pub use error::{SiteError, SiteRef};
-pub use place::{PassReason, PassedOver, Placement, Reachability, SiteState, Wanted, place};
+pub use place::{
+    PassReason, PassedOver, Placement, Reachability, SiteState, Wanted, labels_nowhere, place,
+};
 pub use ttlab_model::{NamespaceName, SiteLabel, SiteName};

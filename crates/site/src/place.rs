@@ -278,6 +278,54 @@ fn describe(wanted: &Wanted, s: &SiteState) -> String {
     out
 }
 
+/// Why no site of `sites` can ever run a lesson that requires `labels`, whatever their
+/// state: the labels none of them offers, or, when each is offered somewhere but no one site
+/// carries them all, what each site lacks. `None` when a site carries every one (with no
+/// label required, any site).
+pub fn labels_nowhere<'a>(
+    labels: &BTreeSet<SiteLabel>,
+    sites: impl IntoIterator<Item = &'a Site> + Clone,
+) -> Option<String> {
+    if sites
+        .clone()
+        .into_iter()
+        .any(|s| labels.is_subset(&s.labels))
+    {
+        return None;
+    }
+    let offered: BTreeSet<&SiteLabel> = sites
+        .clone()
+        .into_iter()
+        .flat_map(|s| s.labels.iter())
+        .collect();
+    let nowhere: Vec<&str> = labels
+        .iter()
+        .filter(|l| !offered.contains(l))
+        .map(SiteLabel::as_str)
+        .collect();
+    if !nowhere.is_empty() {
+        let s = if nowhere.len() == 1 { "" } else { "s" };
+        return Some(format!(
+            "no site offers the site label{s} {} this lesson requires",
+            nowhere.join(", ")
+        ));
+    }
+    let lacks: Vec<String> = sites
+        .into_iter()
+        .map(|s| {
+            let missing: Vec<&str> = labels
+                .difference(&s.labels)
+                .map(SiteLabel::as_str)
+                .collect();
+            format!("{} lacks {}", s.name, missing.join(", "))
+        })
+        .collect();
+    Some(format!(
+        "no site carries every site label this lesson requires: {}",
+        lacks.join("; ")
+    ))
+}
+
 fn write_list(f: &mut fmt::Formatter<'_>, items: &[impl fmt::Display]) -> fmt::Result {
     for (i, item) in items.iter().enumerate() {
         if i > 0 {
@@ -534,6 +582,38 @@ mod tests {
                 "campus-b: full (8 of 8)",
                 "campus-c: unreachable (401 Unauthorized)",
             ]
+        );
+    }
+
+    #[test]
+    fn a_lesson_no_site_can_run_is_told_by_the_labels_missing() {
+        let config = crate::SitesConfig::parse(
+            "sites:\n  - {name: campus-a, in_cluster: true, namespace: a, vm_limit: 8, \
+             labels: [eu]}\n  - {name: campus-b, kubeconfig: /b, namespace: b, vm_limit: 8, \
+             labels: [kvm-large]}\n",
+        )
+        .unwrap();
+        let sites = config.sites();
+        assert_eq!(labels_nowhere(&BTreeSet::new(), sites), None);
+        assert_eq!(labels_nowhere(&labels(&["kvm-large"]), sites), None);
+        assert_eq!(
+            labels_nowhere(&labels(&["gpu"]), sites).as_deref(),
+            Some("no site offers the site label gpu this lesson requires")
+        );
+        assert_eq!(
+            labels_nowhere(&labels(&["gpu", "eu", "arm"]), sites).as_deref(),
+            Some("no site offers the site labels arm, gpu this lesson requires")
+        );
+        assert_eq!(
+            labels_nowhere(&labels(&["eu", "kvm-large"]), sites).as_deref(),
+            Some(
+                "no site carries every site label this lesson requires: campus-a lacks \
+                 kvm-large; campus-b lacks eu"
+            )
+        );
+        assert_eq!(
+            labels_nowhere(&labels(&["eu"]), &[]).as_deref(),
+            Some("no site offers the site label eu this lesson requires")
         );
     }
 

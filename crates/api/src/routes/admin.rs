@@ -168,6 +168,7 @@ async fn capacity(
             "reachable": reachable,
             "why": why,
             "checked_at": site.health().checked_at,
+            "golden_disks_ready": several.then(|| site.golden_ready_lessons()),
         }));
         if first.is_none() {
             first = Some(seen);

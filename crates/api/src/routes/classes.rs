@@ -110,8 +110,18 @@ fn poolable_lesson(state: &AppState, raw: &str) -> Result<Lesson, ApiError> {
             ),
         ));
     }
-    // Classes are prepared on the first site, within its limit.
-    let limit = state.first_site().vm_limit();
+    // Classes are prepared on the sites that carry the lesson's labels; one lab on one of
+    // them, within its limit.
+    if let Some(why) = crate::saga::no_site_carries(state, &lesson.site_labels) {
+        return Err(ApiError::invalid("not_pooled", "lesson", why));
+    }
+    let limit = state
+        .sites()
+        .iter()
+        .filter(|s| lesson.site_labels.is_subset(&s.site().labels))
+        .map(|s| s.vm_limit())
+        .max()
+        .unwrap_or(0);
     let reserve = usize::try_from(crate::pool::cold_reserve(state)).unwrap_or(usize::MAX);
     let nodes = lesson.nodes.len();
     if nodes + reserve > limit {
@@ -307,13 +317,38 @@ fn class_json(
     })
 }
 
-/// The VM limit (of the first site, where classes are prepared) and the places kept for a
-/// cold start, as classes are planned with.
+/// The VM limit (of every site, added up) and the places kept for a cold start (on each
+/// site), as classes are planned with.
 fn limits(state: &AppState) -> (u32, u32) {
     (
-        u32::try_from(state.first_site().vm_limit()).unwrap_or(u32::MAX),
+        state
+            .sites()
+            .iter()
+            .map(|s| u32::try_from(s.vm_limit()).unwrap_or(u32::MAX))
+            .fold(0, u32::saturating_add),
         crate::pool::cold_reserve(state),
     )
+}
+
+/// The VM places the classes of `lesson` may hold: on each site that carries the lesson's
+/// labels, its limit beyond the `reserve` kept there for a cold start, added up.
+fn headroom_of(state: &AppState, lesson: &LessonId, reserve: u32) -> u32 {
+    let labels = state
+        .config()
+        .lessons
+        .get(lesson)
+        .map(|l| l.site_labels.clone())
+        .unwrap_or_default();
+    state
+        .sites()
+        .iter()
+        .filter(|s| labels.is_subset(&s.site().labels))
+        .map(|s| {
+            u32::try_from(s.vm_limit())
+                .unwrap_or(u32::MAX)
+                .saturating_sub(reserve)
+        })
+        .fold(0, u32::saturating_add)
 }
 
 /// Every current class with its counts, lead time and seats warm at its start.
@@ -327,8 +362,8 @@ impl Listing {
     async fn read(state: &AppState) -> Result<Self, ApiError> {
         let now = state.store().db_now().await?;
         let current = CurrentClasses::read(state, now).await?;
-        let (limit, reserve) = limits(state);
-        let warm = current.seats_warm(limit, reserve);
+        let (_, reserve) = limits(state);
+        let warm = current.seats_warm(|lesson| headroom_of(state, lesson, reserve));
         Ok(Self { now, current, warm })
     }
 

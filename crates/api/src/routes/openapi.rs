@@ -66,7 +66,9 @@ pub fn document() -> Value {
     })));
     start_lab["503"] = err(
         "capacity: no VM place is free (the message counts the VMs of open labs, those still \
-         shutting down and leftovers, against the limit); or the database or cluster is \
+         shutting down and leftovers, against the limit; with several sites, of the sites that \
+         carry the lesson's site labels); no_site: the lesson requires a site label no \
+         configured site carries (the message says which); or the database or cluster is \
          unavailable",
     );
     let mut doc = json!({
@@ -290,7 +292,7 @@ fn task_paths(admin_errors: impl Fn(Value) -> Value) -> Value {
 /// The `Task` schema.
 fn task_schema() -> Value {
     json!({"type": "object", "properties": {
-        "name": {"type": "string", "enum": ["database", "cluster_probe", "hub", "waitlist", "pool_refill", "adoption", "console_sessions", "console_takeovers", "console_replicas", "agent_keeper"]},
+        "name": {"type": "string", "enum": ["database", "cluster_probe", "golden_disks", "hub", "waitlist", "pool_refill", "adoption", "console_sessions", "console_takeovers", "console_replicas", "agent_keeper"]},
         "description": {"type": "string"},
         "period_seconds": {"type": ["number", "null"], "description": "how often it runs; null for a listener, which runs continuously"},
         "running": {"type": "boolean", "description": "an activation is running now (a listener: it is connected or connecting)"},
@@ -324,7 +326,8 @@ fn site_capacity_schema() -> Value {
         "error": {"type": ["string", "null"], "description": "why in_use could not be counted"},
         "reachable": {"type": "boolean", "description": "whether the last probe of the site's Kubernetes API answered (before the first probe ends: whether this view's count of its VMs did)"},
         "why": {"type": ["string", "null"], "description": "when not reachable: the probe's last error, or why no client could be built for it (it then takes no start)"},
-        "checked_at": {"type": ["string", "null"], "format": "date-time", "description": "when the last probe ended; null before the first"}
+        "checked_at": {"type": ["string", "null"], "format": "date-time", "description": "when the last probe ended; null before the first"},
+        "golden_disks_ready": {"type": ["array", "null"], "items": {"type": "string"}, "description": "the lessons whose golden disk the last observation (every 30 s) found ready there, which placement prefers for them; null with a single site, where none is made"}
     }})
 }
 

@@ -14,7 +14,7 @@
 //! refused for now) in `retry`, and every failure's wording for the student in `failure`.
 
 mod agent;
-mod disk;
+pub(crate) mod disk;
 mod failure;
 mod gone;
 mod open;
@@ -39,7 +39,7 @@ use gone::{complete, complete_within};
 pub(crate) use open::ListedVm;
 pub(crate) use open::grant_waitlist;
 pub use open::open_session;
-pub(crate) use open::{count_vms, listed_vms};
+pub(crate) use open::{count_vms, listed_vms, no_site_carries, site_states, wanted_of};
 pub(crate) use pod::LAB_CONTAINER;
 pub(crate) use retry::{create_object, with_db};
 pub(crate) use tokens::fresh as fresh_token;

@@ -119,6 +119,11 @@ async fn open_vm_session(
     lesson: &Lesson,
     new: &NewSession,
 ) -> Result<Session, ApiError> {
+    let wanted = wanted_of(lesson);
+    if let Some(why) = no_site_carries(state, &wanted.labels) {
+        tracing::warn!(lesson = %lesson.id, %why, "no site can run the lesson");
+        return Err(ApiError::NoSite(why));
+    }
     if let [site] = state.sites() {
         let mut new = new.clone();
         new.site = site.name().clone();
@@ -136,21 +141,21 @@ async fn open_vm_session(
     let needed = lesson.nodes.len();
     let mut last_full: Option<(usize, CapacityUse)> = None;
     for _ in 0..state.sites().len() + 2 {
-        let observed = observe_sites(state, &new.user, needed).await?;
+        let observed = observe_sites(state, &new.user, lesson).await?;
         if observed.queued {
-            return Err(capacity_refused(state, needed, &observed));
+            return Err(capacity_refused(state, &wanted, needed, &observed));
         }
-        let placement = ttlab_site::place(&ttlab_site::Wanted::default(), &observed.states);
+        let placement = ttlab_site::place(&wanted, &observed.states);
         let Some(chosen) = placement.site() else {
             tracing::info!(%placement, "no site can take the start");
             let any_full = observed.states.iter().any(|s| {
                 matches!(
-                    s.pass_reason(&ttlab_site::Wanted::default()),
+                    s.pass_reason(&wanted),
                     Some(ttlab_site::PassReason::Full { .. })
                 )
             });
             if any_full {
-                return Err(capacity_refused(state, needed, &observed));
+                return Err(capacity_refused(state, &wanted, needed, &observed));
             }
             return Err(ApiError::ClusterUnavailable(placement.to_string()));
         };
@@ -180,6 +185,23 @@ async fn open_vm_session(
     }
 }
 
+/// What `lesson` asks of a site: its site labels, and whether it boots from a golden disk.
+pub(crate) fn wanted_of(lesson: &Lesson) -> ttlab_site::Wanted {
+    ttlab_site::Wanted {
+        labels: lesson.site_labels.clone(),
+        golden_disk: matches!(lesson.vm_disk, ttlab_lesson::VmDisk::Golden(_)),
+    }
+}
+
+/// Why no configured site can ever run a lesson that requires the site labels `labels`
+/// ([`ttlab_site::labels_nowhere`]); `None` when a site carries every one.
+pub(crate) fn no_site_carries(
+    state: &AppState,
+    labels: &BTreeSet<ttlab_site::SiteLabel>,
+) -> Option<String> {
+    ttlab_site::labels_nowhere(labels, state.sites().iter().map(|s| s.site()))
+}
+
 /// What a start saw of every site: placement's view of each, the places they take, and
 /// whether the student must wait behind others in the line.
 struct Observed {
@@ -188,17 +210,35 @@ struct Observed {
     queued: bool,
 }
 
-/// Observes every site for a start of `needed` VMs by `user`: a site whose probe failed, or
+/// Observes every site for a start of `lesson` by `user`: a site whose probe failed, or
 /// whose VMs cannot be listed now, is unreachable; places held for others on the waitlist
 /// are taken on each site.
 async fn observe_sites(
     state: &AppState,
     user: &UserId,
-    needed: usize,
+    lesson: &Lesson,
 ) -> Result<Observed, ApiError> {
     let now = state.store().db_now().await?;
     let wl = state.store().waitlist().reservations(user, now).await?;
     let queued = wl.own_hold.is_none() && wl.waiting_ahead > 0;
+    let (states, usage) = site_states(state, lesson, wl.held_for_others).await?;
+    Ok(Observed {
+        states,
+        usage,
+        queued,
+    })
+}
+
+/// Placement's view of every site for `lesson` (in configuration order), with `held` more
+/// places taken on each, and the places its sessions and VMs take (`None`: it does not
+/// answer). Its golden disk's readiness is the site's last observation
+/// ([`crate::tasks::golden_disks`]).
+pub(crate) async fn site_states(
+    state: &AppState,
+    lesson: &Lesson,
+    held: usize,
+) -> Result<(Vec<ttlab_site::SiteState>, Vec<Option<CapacityUse>>), ApiError> {
+    let needed = lesson.nodes.len();
     let mut states = Vec::new();
     let mut usages = Vec::new();
     // The sites are observed side by side (a few at once, each a listing and a query): a
@@ -223,21 +263,17 @@ async fn observe_sites(
         .await;
     for (site, seen) in state.sites().iter().zip(seen) {
         let (reach, usage) = seen?;
-        let in_use = usage.map_or(0, |u| u.total()) + wl.held_for_others;
+        let in_use = usage.map_or(0, |u| u.total()) + held;
         states.push(ttlab_site::SiteState::of(
             site.site(),
             reach,
             u32::try_from(in_use).unwrap_or(u32::MAX),
             u32::try_from(needed).unwrap_or(u32::MAX),
-            false,
+            site.golden_ready(&lesson.id),
         ));
         usages.push(usage);
     }
-    Ok(Observed {
-        states,
-        usage: usages,
-        queued,
-    })
+    Ok((states, usages))
 }
 
 /// Sites a start observes at once (each a VM listing, at most a second old, and a query of
@@ -245,13 +281,20 @@ async fn observe_sites(
 const OBSERVED_AT_ONCE: usize = 4;
 
 /// The 503 `capacity` of a start no site has room for: the limits and places of the sites
-/// that answer, added up.
-fn capacity_refused(state: &AppState, needed: usize, observed: &Observed) -> ApiError {
+/// that answer and carry the labels the lesson requires, added up.
+fn capacity_refused(
+    state: &AppState,
+    wanted: &ttlab_site::Wanted,
+    needed: usize,
+    observed: &Observed,
+) -> ApiError {
     state.metrics().capacity_rejections.inc();
     let mut limit = 0;
     let mut usage = CapacityUse::default();
     for (site, seen) in observed.states.iter().zip(&observed.usage) {
-        if let Some(seen) = seen {
+        if let Some(seen) = seen
+            && wanted.labels.is_subset(&site.labels)
+        {
             limit += usize::try_from(site.vm_limit).unwrap_or(usize::MAX);
             usage.labs += seen.labs;
             usage.shutting_down += seen.shutting_down;

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`database`] | every 1 s | pings the database: `/readyz`; at its first answer, the schema, the start-up's clean-up and [`adoption`] |
 //! | [`cluster_probe`] | every 10 s | lists one page of ttlab's VMs: `/healthz/cluster` |
+//! | [`golden_disks`] | every 30 s (several sites only) | where each lesson's golden disk is ready: placement |
 //! | [`hub`] | continuously (a listener) | session changes on any replica → the in-process hints |
 //! | [`waitlist`] | every 1 s and on hints | holds freed places for the first in line |
 //! | [`pool_refill`] | every 2 s and on hints | keeps the warm pools filled |
@@ -30,6 +31,7 @@ pub mod console_replicas;
 pub mod console_sessions;
 pub mod console_takeovers;
 pub mod database;
+pub mod golden_disks;
 pub mod hub;
 pub mod pool_refill;
 pub mod waitlist;
@@ -63,9 +65,9 @@ fn started(registered: Result<(), BackgroundError>) -> Result<(), ApiError> {
 }
 
 /// Starts the tasks every server runs from the start: the database check, the cluster
-/// probe, the hub, the waitlist, the pool refiller and the console records' sweep. None needs
-/// the database to answer now: each fails and is retried with [`RESTART_BACKOFF`] until it
-/// does.
+/// probe, the golden disks' observation (with several sites), the hub, the waitlist, the
+/// pool refiller and the console records' sweep. None needs the database to answer now: each fails and is retried
+/// with [`RESTART_BACKOFF`] until it does.
 pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
     // Subscribed before the hub connects, so they see its first hint.
     let waitlist_hints = state.subscribe();
@@ -83,6 +85,14 @@ pub(crate) fn start(state: &AppState) -> Result<(), ApiError> {
             state: state.clone(),
         },
     ))?;
+    if state.sites().len() > 1 {
+        started(driver.register(
+            golden_disks::spec(),
+            golden_disks::GoldenDisks {
+                state: state.clone(),
+            },
+        ))?;
+    }
     started(driver.register(
         hub::spec(),
         hub::Hub {

@@ -11,21 +11,24 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use serde_json::{Value, json};
-use support::{NS, Running, World, policy, sim_with, start_running, token};
+use support::{LESSONS, NS, Running, World, policy, sim_with, start_running, token};
 use tokio_tungstenite::tungstenite::Message;
 use ttlab_api::auth::Role;
 use ttlab_api::sites::SiteRuntime;
 use ttlab_cluster::{ClusterSettings, KubeCluster};
 use ttlab_kube_sim::KubeSim;
+use ttlab_lesson::LessonSet;
 use ttlab_site::SitesConfig;
 
-/// One site of a test: its name, its kube-sim's kubeconfig, VM limit, weight and agent path.
+/// One site of a test: its name, its kube-sim's kubeconfig, VM limit, weight, agent path
+/// and labels.
 struct Spec<'a> {
     name: &'a str,
     kubeconfig: &'a Path,
     vm_limit: u32,
     weight: u32,
     agent_path: &'a str,
+    labels: &'a [&'a str],
 }
 
 /// The sites file of `specs`, parsed as the server parses it, each site with its client.
@@ -34,12 +37,13 @@ async fn sites(specs: &[Spec<'_>]) -> Vec<SiteRuntime> {
     for s in specs {
         yaml.push_str(&format!(
             "  - name: {}\n    kubeconfig: {}\n    namespace: {NS}\n    vm_limit: {}\n    \
-             weight: {}\n    agent_path: {}\n",
+             weight: {}\n    agent_path: {}\n    labels: [{}]\n",
             s.name,
             s.kubeconfig.join("config").display(),
             s.vm_limit,
             s.weight,
-            s.agent_path
+            s.agent_path,
+            s.labels.join(", ")
         ));
     }
     let config = SitesConfig::parse(&yaml).expect("a valid sites file");
@@ -60,10 +64,16 @@ fn vm_of(sid: &str) -> String {
     ttlab_vm_manifest::vm_name(sid.parse().unwrap(), &"vm".parse().unwrap())
 }
 
-/// Starts `lesson` for `user`: the session id, the student's token and the site it runs on,
+/// Starts `quick` for `user`: the session id, the student's token and the site it runs on,
 /// once it runs.
 async fn start_on(s: &Running, user: &str) -> (String, String, String) {
-    let (sid, t) = start_running(s, user, "quick").await;
+    start_lesson(s, user, "quick").await
+}
+
+/// Starts `lesson` for `user`: the session id, the student's token and the site it runs on,
+/// once it runs.
+async fn start_lesson(s: &Running, user: &str, lesson: &str) -> (String, String, String) {
+    let (sid, t) = start_running(s, user, lesson).await;
     let (status, v) = s.get(&format!("/api/sessions/{sid}"), &t).await;
     assert_eq!(status, 200, "{v}");
     let site = v["site"].as_str().expect("a site").to_owned();
@@ -111,6 +121,7 @@ async fn starts_fill_the_preferred_sites_limit_then_continue_on_the_next_each_in
                     vm_limit: 2,
                     weight: 10,
                     agent_path: "pod-ip",
+                    labels: &[],
                 },
                 Spec {
                     name: "campus-b",
@@ -118,6 +129,7 @@ async fn starts_fill_the_preferred_sites_limit_then_continue_on_the_next_each_in
                     vm_limit: 2,
                     weight: 1,
                     agent_path: "pod-ip",
+                    labels: &[],
                 },
             ])
             .await,
@@ -212,6 +224,7 @@ async fn a_site_that_stops_answering_takes_no_new_start_and_the_other_sites_sess
                     vm_limit: 2,
                     weight: 5,
                     agent_path: "pod-ip",
+                    labels: &[],
                 },
                 Spec {
                     name: "campus-b",
@@ -219,6 +232,7 @@ async fn a_site_that_stops_answering_takes_no_new_start_and_the_other_sites_sess
                     vm_limit: 4,
                     weight: 1,
                     agent_path: "pod-ip",
+                    labels: &[],
                 },
             ])
             .await,
@@ -431,6 +445,7 @@ async fn a_session_on_a_port_forward_site_is_graded_through_its_api_server_besid
             vm_limit: 1,
             weight: 5,
             agent_path: "pod-ip",
+            labels: &[],
         },
         Spec {
             name: "campus-b",
@@ -438,6 +453,7 @@ async fn a_session_on_a_port_forward_site_is_graded_through_its_api_server_besid
             vm_limit: 2,
             weight: 1,
             agent_path: "portforward",
+            labels: &[],
         },
     ])
     .await;
@@ -588,6 +604,7 @@ async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
             vm_limit: 1,
             weight: 5,
             agent_path: "pod-ip",
+            labels: &[],
         },
         Spec {
             name: "campus-b",
@@ -595,6 +612,7 @@ async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
             vm_limit: 4,
             weight: 1,
             agent_path: "pod-ip",
+            labels: &[],
         },
     ])
     .await
@@ -645,5 +663,395 @@ async fn a_session_on_a_site_the_server_is_no_longer_configured_with_gets_a_clea
     let (status, f) = s.delete(&format!("/api/sessions/{bob_sid}"), &bob).await;
     assert!(status < 500, "{status} {f}");
     assert_ne!(f["status"], "finished", "{f}");
+    s.stop().await;
+}
+
+/// Lessons that need a site label: `large` (`kvm-large`), `large-pooled` (`kvm-large`, a
+/// pool of one) and `gpu` (a label no test site offers).
+const LABELLED: &str = r#"
+id: large
+title: Large
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+site_labels: [kvm-large]
+readiness_timeout_seconds: 15
+setup_timeout_seconds: 5
+---
+id: large-pooled
+title: Large, pooled
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+site_labels: [kvm-large]
+readiness_timeout_seconds: 15
+setup_timeout_seconds: 5
+pool:
+  size: 1
+---
+id: gpu
+title: Needs a GPU
+runtime: vm
+image: quay.io/containerdisks/debian:12
+memory: 256Mi
+site_labels: [gpu]
+readiness_timeout_seconds: 15
+setup_timeout_seconds: 5
+"#;
+
+/// The test lessons with the labelled ones.
+fn labelled_lessons() -> LessonSet {
+    LessonSet::from_sources([
+        ("test.yaml".into(), LESSONS.to_owned()),
+        ("labelled.yaml".into(), LABELLED.to_owned()),
+    ])
+    .unwrap()
+}
+
+/// A start of `lesson` by `user` that is refused: its status and answer.
+async fn refused(s: &Running, user: &str, lesson: &str) -> (u16, Value) {
+    let t = token(user, Role::Student);
+    s.post("/api/sessions", &t, json!({ "lesson": lesson }))
+        .await
+}
+
+async fn finish(s: &Running, sid: &str, t: &str) {
+    let (status, f) = s.delete(&format!("/api/sessions/{sid}"), t).await;
+    assert_eq!(
+        (status, f["status"].as_str()),
+        (200, Some("finished")),
+        "{f}"
+    );
+}
+
+#[tokio::test]
+async fn a_lesson_that_needs_a_site_label_runs_only_where_it_is_and_waits_for_room_there() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.lessons = labelled_lessons();
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 3,
+                    weight: 10,
+                    agent_path: "pod-ip",
+                    labels: &["eu"],
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 2,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                    labels: &["eu", "kvm-large"],
+                },
+            ])
+            .await,
+        )
+        .await;
+
+    // campus-a is preferred by weight, but only campus-b carries kvm-large.
+    let (first, first_t, site) = start_lesson(&s, "u1", "large").await;
+    assert_eq!(site, "campus-b");
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&first)).is_some());
+    let (_, _, site) = start_on(&s, "u2").await;
+    assert_eq!(site, "campus-a", "a lesson without labels goes by weight");
+    let (_, _, site) = start_lesson(&s, "u3", "large").await;
+    assert_eq!(site, "campus-b");
+
+    // campus-b is full: the usual capacity answer, with campus-b's limit alone, though
+    // campus-a has room...
+    let (status, e) = refused(&s, "u4", "large").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("2 of 2 VMs"), "{e}");
+    assert_eq!(w.sim.stats().vms, 1, "nothing placed on campus-a");
+    // ...which a lesson without labels still takes.
+    let (_, _, site) = start_on(&s, "u5").await;
+    assert_eq!(site, "campus-a");
+
+    // A place frees on campus-b, and the labelled lesson takes it.
+    finish(&s, &first, &first_t).await;
+    // (The capacity check's listing of a site's VMs may be a second old.)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, _, site) = start_lesson(&s, "u4", "large").await;
+    assert_eq!(site, "campus-b");
+
+    // A label no site offers: refused, saying which.
+    let (status, e) = refused(&s, "u6", "gpu").await;
+    assert_eq!((status, e["error"].as_str()), (503, Some("no_site")), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("no site offers the site label gpu"),
+        "{message}"
+    );
+
+    // A class is checked against the sites its lesson may use: a lab of `large` and the 2
+    // places kept for a cold start do not fit campus-b's limit of 2 (they would fit
+    // campus-a's 3); one of `quick` does.
+    let class = |lesson: &str| {
+        let start = chrono::Utc::now() + chrono::TimeDelta::hours(2);
+        json!({
+            "lesson": lesson, "title": "Morning", "seats": 4,
+            "starts_at": start.to_rfc3339(),
+            "ends_at": (start + chrono::TimeDelta::hours(1)).to_rfc3339(),
+        })
+    };
+    let admin = token("root", Role::Admin);
+    let schedule = |body: Value| {
+        s.raw(
+            "POST",
+            "/api/admin/classes",
+            Some(&admin),
+            Some("application/json"),
+            serde_json::to_vec(&body).unwrap(),
+        )
+    };
+    for (lesson, says) in [
+        ("large", "with the VM limit 2"),
+        ("gpu", "no site offers the site label gpu"),
+    ] {
+        let (status, v) = schedule(class(lesson)).await;
+        assert_eq!(
+            (status, v["error"].as_str(), v["field"].as_str()),
+            (422, Some("not_pooled"), Some("lesson")),
+            "{v}"
+        );
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    let (status, v) = schedule(class("quick")).await;
+    assert_eq!(status, 201, "{v}");
+    s.stop().await;
+
+    // One site without the label refuses the same way, before any place is counted.
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.lessons = labelled_lessons();
+    let single = w.serve(config).await;
+    let (status, e) = refused(&single, "u7", "large").await;
+    assert_eq!((status, e["error"].as_str()), (503, Some("no_site")), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("no site offers the site label kvm-large"),
+        "{e}"
+    );
+    single.stop().await;
+}
+
+/// Creates on `sim` the golden PVC of the `golden` test lesson, bound and ready.
+fn golden_pvc(sim: &KubeSim) {
+    sim.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "golden-debian", "namespace": NS},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap();
+    sim.set_status(
+        "persistentvolumeclaims",
+        NS,
+        "golden-debian",
+        json!({"phase": "Bound", "accessModes": ["ReadOnlyMany"]}),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_start_prefers_the_site_where_its_golden_disk_is_ready_over_more_free_places() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    golden_pvc(&sim_b);
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 4,
+                    weight: 10,
+                    agent_path: "pod-ip",
+                    labels: &[],
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 2,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                    labels: &[],
+                },
+            ])
+            .await,
+        )
+        .await;
+
+    // The sites' golden disks are observed from the server's start: the admin sees where.
+    let admin = token("root", Role::Admin);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, capacity) = s.get("/api/admin/capacity", &admin).await;
+        assert_eq!(status, 200, "{capacity}");
+        if site_named(&capacity, "campus-b")["golden_disks_ready"] == json!(["golden"]) {
+            assert_eq!(
+                site_named(&capacity, "campus-a")["golden_disks_ready"],
+                json!([]),
+                "{capacity}"
+            );
+            break;
+        }
+        assert!(Instant::now() < until, "never observed: {capacity}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // campus-a has 4 × 10 free, campus-b 2 × 1; the golden disk is ready on campus-b only.
+    let (sid, t, site) = start_lesson(&s, "alice", "golden").await;
+    assert_eq!(site, "campus-b");
+    let (_, v) = s.get(&format!("/api/sessions/{sid}"), &t).await;
+    assert_eq!(
+        (v["disk"]["kind"].as_str(), v["disk"]["reason"].as_str()),
+        (Some("golden"), Some("ready")),
+        "{v}"
+    );
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&sid)).is_some());
+    // A lesson on a container disk goes by free places and weight.
+    let (_, _, site) = start_on(&s, "bob").await;
+    assert_eq!(site, "campus-a");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_pool_of_a_lesson_that_needs_a_site_label_prepares_on_the_site_that_has_it() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let mut config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    config.lessons = labelled_lessons();
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 4,
+                    weight: 10,
+                    agent_path: "pod-ip",
+                    labels: &[],
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 4,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                    labels: &["kvm-large"],
+                },
+            ])
+            .await,
+        )
+        .await;
+    let admin = token("root", Role::Admin);
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, v) = s.get("/api/admin/pools/large-pooled", &admin).await;
+        assert_eq!(status, 200, "{v}");
+        if v["ready"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(Instant::now() < until, "the member was never ready: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sim_b.stats().vms, 1, "{:?}", sim_b.stats());
+    assert_eq!(w.sim.stats().vms, 0, "nothing prepared on campus-a");
+
+    // A student takes the member on campus-b.
+    let alice = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &alice, json!({"lesson": "large-pooled"}))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["status"], "running", "served by the pool: {v}");
+    let sid = v["id"].as_str().unwrap();
+    assert_eq!(row_site(&w, sid).await, "campus-b");
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(sid)).is_some());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn three_sites_of_one_place_take_one_start_each_and_a_freed_place_on_a_live_site_is_taken_after_one_is_lost()
+ {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let (sim_c, kube_c) = sim_with(|_| {}).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let one = |name, kubeconfig| Spec {
+        name,
+        kubeconfig,
+        vm_limit: 1,
+        weight: 1,
+        agent_path: "pod-ip",
+        labels: &[],
+    };
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                one("campus-a", w.kubeconfig.path()),
+                one("campus-b", kube_b.path()),
+                one("campus-c", kube_c.path()),
+            ])
+            .await,
+        )
+        .await;
+
+    let mut started = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        started.push(start_on(&s, user).await);
+    }
+    let mut placed: Vec<&str> = started.iter().map(|(_, _, site)| site.as_str()).collect();
+    placed.sort_unstable();
+    assert_eq!(placed, ["campus-a", "campus-b", "campus-c"]);
+    for (sim, name) in [
+        (&w.sim, "campus-a"),
+        (&sim_b, "campus-b"),
+        (&sim_c, "campus-c"),
+    ] {
+        assert_eq!(sim.stats().vms, 1, "{name}: {:?}", sim.stats());
+    }
+    // Every site full: the usual capacity answer, the three limits added up.
+    let (status, e) = refused(&s, "u4", "quick").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("3 of 3 VMs"), "{e}");
+
+    // campus-c is lost; the session on campus-b finishes.
+    sim_c.stop();
+    let (sid_b, t_b, _) = started
+        .iter()
+        .find(|(_, _, site)| site == "campus-b")
+        .unwrap();
+    finish(&s, sid_b, t_b).await;
+    assert_eq!(sim_b.stats().vms, 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (sid, _, site) = start_on(&s, "u4").await;
+    assert_eq!(site, "campus-b", "the freed place on the site that answers");
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&sid)).is_some());
+    // Nothing else is free: the next start is refused with the capacity answer.
+    let (status, e) = refused(&s, "u5", "quick").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (503, Some("capacity")),
+        "{e}"
+    );
     s.stop().await;
 }
