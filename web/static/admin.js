@@ -86,7 +86,8 @@ function stat(label, value, hint) {
 
 /**
  * One site's card: its VMs against its limit, and whether the cluster probe reached it; with
- * several sites, also its quota and its sessions starting.
+ * several sites, also its quota, its memory, its sessions starting and the lessons whose
+ * golden disk is ready there.
  */
 function siteStat(site, several) {
   const used = site.in_use === null || site.in_use === undefined ? '?' : String(site.in_use);
@@ -101,6 +102,9 @@ function siteStat(site, several) {
         `Memory requested / limit: ${gib(m.used_bytes)} / ${gib(m.hard_bytes)}`));
     }
     card.append(el('div', { class: 'small', 'data-field': 'site-starting' }, `Sessions starting: ${site.starting_sessions}`));
+    const golden = site.golden_disks_ready || [];
+    card.append(el('div', { class: 'small', 'data-field': 'site-golden' },
+      `Golden disks ready: ${golden.length ? golden.join(', ') : 'none'}`));
   }
   if (!site.reachable) card.classList.add('error');
   return card;

@@ -1,7 +1,7 @@
 // The admin page of a demo with two sites (`ttlabctl demo --sites 2`), in headless Chromium:
 // the capacity card adds the sites up and gives each site a card of its own — its VMs against
-// its limit, reachable, its quota, its sessions starting — and the reaper's cycles and the
-// sessions list say on which site each ran.
+// its limit, reachable, its quota, its sessions starting, its golden disks — and the reaper's
+// cycles and the sessions list say on which site each ran.
 // Started by web/tests/run.sh after instructions.mjs, against the same demo, with
 // TTLAB_ADMIN_URL, TTLAB_SITE_VM_LIMIT, TTLAB_ARTIFACTS and TTLAB_CHROMIUM.
 
@@ -32,6 +32,8 @@ try {
       // The demo's namespaces have no ResourceQuota: each card says so in words.
       assert.equal(await card.locator('[data-field="site-quota"]').innerText(), 'Quota: none');
       assert.match(await card.locator('[data-field="site-starting"]').innerText(), /^Sessions starting: \d+$/);
+      // The test lessons boot from container disks: no golden disk anywhere.
+      assert.equal(await card.locator('[data-field="site-golden"]').innerText(), 'Golden disks ready: none');
     }
     const total = admin.locator('#capacity .stat', { hasText: 'VMs running / limit' });
     assert.match(await total.locator('.stat-value').innerText(), new RegExp(`^\\d+ / ${2 * limit}$`));
