@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::TimeDelta;
 use ttlab_lesson::Lesson;
 use ttlab_lifespan::Lifespan;
-use ttlab_model::{ClassId, Runtime, SessionId, UserId};
+use ttlab_model::{ClassId, LessonId, Runtime, SessionId, UserId};
 use ttlab_store::{NewSession, Session, SessionTimes, StoreError};
 
 use crate::sites::SiteRuntime;
@@ -241,43 +241,88 @@ pub(crate) async fn site_states(
     let needed = lesson.nodes.len();
     let mut states = Vec::new();
     let mut usages = Vec::new();
-    // The sites are observed side by side (a few at once, each a listing and a query): a
-    // start waits for the slowest site, not for the sum of them.
-    let seen: Vec<Result<_, ApiError>> = futures::stream::iter(state.sites().to_vec())
-        .map(|site| {
-            let state = state.clone();
-            async move {
-                let mut reach = site.reachability();
-                let mut usage = None;
-                if reach == ttlab_site::Reachability::Reachable {
-                    match listed_vms(&site).await {
-                        Ok(listing) => usage = Some(count_vms(&state, &site, &listing).await?),
-                        Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
-                    }
-                }
-                Ok((reach, usage))
+    if let [site] = state.sites() {
+        // One site: every live session of the database is on it (today's count).
+        let mut reach = site.reachability();
+        let mut usage = None;
+        if reach == ttlab_site::Reachability::Reachable {
+            match listed_vms(site).await {
+                Ok(listing) => usage = Some(count_vms(state, site, &listing).await?),
+                Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
             }
+        }
+        states.push(site_state(
+            site,
+            lesson,
+            reach,
+            usage.as_ref(),
+            held,
+            needed,
+        ));
+        usages.push(usage);
+        return Ok((states, usages));
+    }
+    // Several: their listings side by side (a few at once: a start waits for the slowest
+    // site, not for the sum of them), beside one query of the live sessions of every site.
+    let listings = futures::stream::iter(state.sites().to_vec())
+        .map(|site| async move {
+            let reach = site.reachability();
+            if reach != ttlab_site::Reachability::Reachable {
+                return Err(reach);
+            }
+            listed_vms(&site)
+                .await
+                .map_err(|e| ttlab_site::Reachability::Unreachable(e.to_string()))
         })
         .buffered(OBSERVED_AT_ONCE)
-        .collect()
-        .await;
-    for (site, seen) in state.sites().iter().zip(seen) {
-        let (reach, usage) = seen?;
-        let in_use = usage.map_or(0, |u| u.total()) + held;
-        states.push(ttlab_site::SiteState::of(
-            site.site(),
+        .collect::<Vec<_>>();
+    let sessions = state.store().sessions();
+    let (listings, live) = tokio::join!(listings, sessions.live_vm_sessions_by_site());
+    let live = live?;
+    for (site, listing) in state.sites().iter().zip(listings) {
+        let (reach, usage) = match listing {
+            Ok(listing) => {
+                let rows = live.get(site.name()).map_or(&[][..], Vec::as_slice);
+                (
+                    ttlab_site::Reachability::Reachable,
+                    Some(count_held(state, rows, &listing)),
+                )
+            }
+            Err(reach) => (reach, None),
+        };
+        states.push(site_state(
+            site,
+            lesson,
             reach,
-            u32::try_from(in_use).unwrap_or(u32::MAX),
-            u32::try_from(needed).unwrap_or(u32::MAX),
-            site.golden_ready(&lesson.id),
+            usage.as_ref(),
+            held,
+            needed,
         ));
         usages.push(usage);
     }
     Ok((states, usages))
 }
 
-/// Sites a start observes at once (each a VM listing, at most a second old, and a query of
-/// its live sessions).
+/// Placement's view of `site` for `needed` VMs of `lesson`, with `held` more places taken.
+fn site_state(
+    site: &SiteRuntime,
+    lesson: &Lesson,
+    reach: ttlab_site::Reachability,
+    usage: Option<&CapacityUse>,
+    held: usize,
+    needed: usize,
+) -> ttlab_site::SiteState {
+    let in_use = usage.map_or(0, CapacityUse::total) + held;
+    ttlab_site::SiteState::of(
+        site.site(),
+        reach,
+        u32::try_from(in_use).unwrap_or(u32::MAX),
+        u32::try_from(needed).unwrap_or(u32::MAX),
+        site.golden_ready(&lesson.id),
+    )
+}
+
+/// Sites a start lists at once (each a VM listing, at most a second old).
 const OBSERVED_AT_ONCE: usize = 4;
 
 /// The 503 `capacity` of a start no site has room for: the limits and places of the sites
@@ -516,7 +561,6 @@ pub(crate) async fn count_vms(
     site: &SiteRuntime,
     listing: &[ListedVm],
 ) -> Result<CapacityUse, ApiError> {
-    let mut held: BTreeSet<String> = BTreeSet::new();
     // One site: every live session of the database is on it (today's count). Several: the
     // sessions whose row records this site.
     let live = if state.sites().len() == 1 {
@@ -528,12 +572,23 @@ pub(crate) async fn count_vms(
             .live_vm_sessions_of_site(site.name())
             .await?
     };
+    Ok(count_held(state, &live, listing))
+}
+
+/// [`count_vms`] with the site's live VM sessions already read.
+fn count_held(
+    state: &AppState,
+    live: &[(SessionId, LessonId, Vec<String>)],
+    listing: &[ListedVm],
+) -> CapacityUse {
+    let mut held: BTreeSet<String> = BTreeSet::new();
     for (id, lesson, vms) in live {
+        let (id, lesson) = (*id, lesson);
         if !vms.is_empty() {
-            held.extend(vms);
+            held.extend(vms.iter().cloned());
             continue;
         }
-        match state.config().lessons.get(&lesson) {
+        match state.config().lessons.get(lesson) {
             Some(l) if !l.nodes.is_empty() => {
                 for node in l.nodes.as_slice() {
                     held.insert(ttlab_vm_manifest::vm_name(id, node));
@@ -545,7 +600,7 @@ pub(crate) async fn count_vms(
             }
         }
     }
-    Ok(tally(&held, listing))
+    tally(&held, listing)
 }
 
 /// Splits the VMs of `held` (names live sessions account for) and `listing` into the places

@@ -217,6 +217,36 @@ impl Sessions<'_> {
         rows.iter().map(|row| live_vm_session(row, WHAT)).collect()
     }
 
+    /// [`Self::live_vm_sessions_all_envs`] grouped by the site each row records, in one
+    /// statement: what a start on several sites reads once for all of them.
+    pub async fn live_vm_sessions_by_site(
+        &self,
+    ) -> Result<
+        std::collections::BTreeMap<ttlab_model::SiteName, Vec<(SessionId, LessonId, Vec<String>)>>,
+        StoreError,
+    > {
+        const WHAT: &str = "listing live VM sessions by site";
+        const SQL: &str = "SELECT id, lesson, vm_names, site FROM sessions \
+             WHERE status = ANY($1) AND runtime = $2";
+        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
+        let rows = client
+            .query(
+                &statement,
+                &[&names(&SessionStatus::LIVE), &Runtime::Vm.as_str()],
+            )
+            .await
+            .map_err(StoreError::query(WHAT))?;
+        let mut by_site: std::collections::BTreeMap<_, Vec<_>> = Default::default();
+        for row in &rows {
+            let site: ttlab_model::SiteName = crate::rows::parse(row, "site")?;
+            by_site
+                .entry(site)
+                .or_default()
+                .push(live_vm_session(row, WHAT)?);
+        }
+        Ok(by_site)
+    }
+
     /// Seconds from request to ready of the `n` most recent sessions of `lesson` in `env`
     /// that became ready, newest first (the measured distribution a starting session's
     /// expected time comes from).

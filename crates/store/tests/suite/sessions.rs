@@ -800,4 +800,22 @@ async fn reaper_listings_of_a_site_see_only_that_sites_sessions() {
             .unwrap()
             .is_empty()
     );
+    // The capacity check's view: one site's live VM sessions, or every site's in one
+    // statement, grouped by site, the same sessions either way.
+    let of = |rows: Vec<(SessionId, ttlab_model::LessonId, Vec<String>)>| {
+        rows.into_iter().map(|r| r.0).collect::<BTreeSet<_>>()
+    };
+    let by_site = s.live_vm_sessions_by_site().await.unwrap();
+    assert_eq!(
+        by_site.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "gone"]
+    );
+    for name in ["a", "b", "gone"] {
+        let one = of(s.live_vm_sessions_of_site(&site(name)).await.unwrap());
+        assert_eq!(of(by_site[&site(name)].clone()), one, "{name}");
+    }
+    assert_eq!(
+        of(by_site[&site("b")].clone()),
+        BTreeSet::from([b_due.id, b_stuck.id])
+    );
 }
