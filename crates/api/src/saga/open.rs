@@ -1,7 +1,7 @@
 //! Steps ① and ②: the `starting` row, after the capacity check for VM lessons.
 
 use futures::StreamExt as _;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -241,29 +241,8 @@ pub(crate) async fn site_states(
     let needed = lesson.nodes.len();
     let mut states = Vec::new();
     let mut usages = Vec::new();
-    if let [site] = state.sites() {
-        // One site: every live session of the database is on it (today's count).
-        let mut reach = site.reachability();
-        let mut usage = None;
-        if reach == ttlab_site::Reachability::Reachable {
-            match listed_vms(site).await {
-                Ok(listing) => usage = Some(count_vms(state, site, &listing).await?),
-                Err(e) => reach = ttlab_site::Reachability::Unreachable(e.to_string()),
-            }
-        }
-        states.push(site_state(
-            site,
-            lesson,
-            reach,
-            usage.as_ref(),
-            held,
-            needed,
-        ));
-        usages.push(usage);
-        return Ok((states, usages));
-    }
-    // Several: their listings side by side (a few at once: a start waits for the slowest
-    // site, not for the sum of them), beside one query of the live sessions of every site.
+    // The sites' listings side by side (a few at once: a start waits for the slowest site,
+    // not for the sum of them), beside one query of the live VM sessions.
     let listings = futures::stream::iter(state.sites().to_vec())
         .map(|site| async move {
             let reach = site.reachability();
@@ -277,7 +256,17 @@ pub(crate) async fn site_states(
         .buffered(OBSERVED_AT_ONCE)
         .collect::<Vec<_>>();
     let sessions = state.store().sessions();
-    let (listings, live) = tokio::join!(listings, sessions.live_vm_sessions_by_site());
+    let live = async {
+        match state.sites() {
+            // One site: every live session of the database is on it (today's count).
+            [site] => Ok(BTreeMap::from([(
+                site.name().clone(),
+                sessions.live_vm_sessions_all_envs().await?,
+            )])),
+            _ => sessions.live_vm_sessions_by_site().await,
+        }
+    };
+    let (listings, live) = tokio::join!(listings, live);
     let live = live?;
     for (site, listing) in state.sites().iter().zip(listings) {
         let (reach, usage) = match listing {
