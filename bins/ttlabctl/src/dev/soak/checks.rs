@@ -306,6 +306,28 @@ fn site_losses(disturbances: &[Disturbance]) -> Vec<(usize, DateTime<Utc>, DateT
         .collect()
 }
 
+/// Whether session `s` was being prepared (from its creation until it ran or ended) while its
+/// own site was lost: a loss longer than the lessons' readiness timeout fails such a start
+/// whatever ttlab does.
+fn prepared_during_own_loss(
+    settings: &Settings,
+    s: &Session,
+    losses: &[(usize, DateTime<Utc>, DateTime<Utc>)],
+) -> bool {
+    let Some(site) = site_of(settings, s) else {
+        return false;
+    };
+    let from = s.created_at - TimeDelta::seconds(1);
+    let to = s
+        .ready_at
+        .or(s.finished_at)
+        .or(s.reclaimed_at)
+        .unwrap_or_else(Utc::now);
+    losses
+        .iter()
+        .any(|(x, a, b)| *x == site && *a <= to && *b >= from)
+}
+
 /// Whether kube-sim's answer was an injected fault (the soak injects only 500 and 503).
 fn injected(status: u16) -> bool {
     status == 500 || status == 503
@@ -579,9 +601,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         }
         expiry.check(done <= bound, || {
             format!(
-                "{} ({}): expired at {e}, VM delete accepted {} ms later{}",
+                "{} ({}, {}): expired at {e}, VM delete accepted {} ms later{}",
                 s.id,
                 s.env,
+                s.site,
                 (done - e).num_milliseconds(),
                 last_fault.map_or_else(String::new, |f| format!(
                     ", last disturbance {} ms after expiry",
@@ -893,6 +916,11 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         };
         let own_db = during(&server_db_links[c.env]);
         let own_kube = during(&server_kube_links[c.env]);
+        // This server's connection to a site's API misbehaved: its probe may find the site
+        // unreachable, and finds it back at the next probe.
+        let own_kube_site = server_kube_links[c.env]
+            .iter()
+            .any(|(a, b)| c.started <= *b + SITE_TAIL && c.ended >= *a);
         let rolled = during(&rolls[c.env]);
         let restarting = during(&restarts[c.env]);
         // A site was lost during the request, and the request was about one of its sessions
@@ -911,7 +939,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             // server's connection to it misbehaved.
             (503, "cluster_unavailable") => fault_during || own_kube || site_lost,
             // The session's site cannot be reached: it was taken away.
-            (503, "site_unavailable") => site_lost,
+            (503, "site_unavailable") => site_lost || own_kube_site,
             // A store or cluster call, or the whole request, ran out of time while this
             // server's connection misbehaved.
             (_, "timeout" | "request_timeout") => own_db || own_kube || site_lost,
@@ -1191,6 +1219,8 @@ fn held_rows(input: &Input<'_>, owner: &HashMap<String, (usize, &Session)>, tabl
 fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table) {
     let mut row = Row::new("0 sessions failed by a deploy");
     let mut handed = 0u64;
+    let losses = site_losses(disturbances);
+    let mut on_lost_site = 0u64;
     for d in disturbances {
         let Disrupted::Rolling(env) = d.what else {
             continue;
@@ -1203,6 +1233,12 @@ fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table
                 && s.finished_at.is_none_or(|f| f > t)
         }) {
             handed += 1;
+            // Its site lost meanwhile: the loss, not the deploy, decides (the running row's
+            // notes count those).
+            if prepared_during_own_loss(input.settings, s, &losses) {
+                on_lost_site += 1;
+                continue;
+            }
             row.check(s.status != SessionStatus::Failed, || {
                 format!(
                     "{} ({}) being prepared at the deploy at {t}, failed at {}: {}",
@@ -1224,14 +1260,19 @@ fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table
     if !stops.is_empty() {
         table.notes.push(format!(
             "rolling restarts: {}, the old server gone {} ms after its SIGTERM (max {} ms); \
-             sessions being prepared then (handed over): {handed}",
+             sessions being prepared then (handed over): {handed}{}",
             stops.len(),
             stops
                 .iter()
                 .map(i64::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            stops.iter().max().copied().unwrap_or(0)
+            stops.iter().max().copied().unwrap_or(0),
+            if on_lost_site > 0 {
+                format!(" ({on_lost_site} of them on a site lost meanwhile, not checked)")
+            } else {
+                String::new()
+            }
         ));
     }
 }
@@ -1320,6 +1361,9 @@ fn running_rows(
     // A start the quota refused at capacity puts its student back in the line: a wait, not a
     // failure, and only a refusal that outlasts free places may fail a session.
     let mut requeued = 0u64;
+    let losses = site_losses(disturbances);
+    // (sessions, reached running, failed) of those prepared while their site was lost
+    let mut on_lost_site = [0u64; 3];
     let mut no_quota_failure = Row::new("no admitted session failed on quota");
     for s in input.sessions {
         let Some(env) = ENVS.iter().position(|e| *e == s.env.as_str()) else {
@@ -1339,6 +1383,14 @@ fn running_rows(
         );
         if s.status == SessionStatus::Requeued {
             requeued += 1;
+            continue;
+        }
+        // Prepared while its own site was lost: counted apart (a loss longer than the
+        // lessons' readiness timeout fails a start whatever ttlab does).
+        if prepared_during_own_loss(input.settings, s, &losses) {
+            on_lost_site[0] += 1;
+            on_lost_site[1] += u64::from(s.ready_at.is_some());
+            on_lost_site[2] += u64::from(s.status == SessionStatus::Failed);
             continue;
         }
         // Finished by its student before it ran: it never had to reach running.
@@ -1383,6 +1435,13 @@ fn running_rows(
     }
     table.rows.push(row);
     table.rows.push(no_quota_failure);
+    if input.settings.lose_site.is_some() {
+        let [all, ran, failed] = on_lost_site;
+        table.notes.push(format!(
+            "sessions being prepared on a site while it was lost (not in the share above): \
+             {all}, {ran} reached running, {failed} failed"
+        ));
+    }
     table.notes.push(format!(
         "starts the quota refused at capacity, back in the line (waits, not failures): {requeued}"
     ));
