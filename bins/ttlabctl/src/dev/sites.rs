@@ -59,6 +59,6 @@ mod tests {
         let config = ttlab_site::SitesConfig::parse(&text).expect("a valid sites file");
         let names: Vec<String> = config.sites().iter().map(|s| s.name.to_string()).collect();
         assert_eq!(names, ["site-a", "site-b"]);
-        assert!(config.sites().iter().all(|s| s.vm_limit == 3));
+        assert!(config.sites().iter().all(|s| s.vm_limit.get() == 3));
     }
 }
