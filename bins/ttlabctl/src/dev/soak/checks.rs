@@ -1577,10 +1577,20 @@ fn site_rows(
     }
 
     let journal = lock(&input.journal.calls);
-    let mut elsewhere = Row::new("starts run on the other sites while one is lost");
+    let mut elsewhere = Row::new(&format!(
+        "starts go to the sites in reach {}s into a loss",
+        SITE_TAIL.num_seconds()
+    ));
     let (mut tried_all, mut other_all, mut ran_all, mut on_lost_all) = (0u64, 0u64, 0u64, 0u64);
     let mut capacity_all = 0u64;
-    for (x, from, to) in losses {
+    let mut on_lost_late = 0u64;
+    for (x, whole_from, to) in losses {
+        // The servers find a site lost at their next probe of it (every 10 s; a start
+        // placed meanwhile may go to it): checked from then on.
+        let from = &(*whole_from + SITE_TAIL);
+        if from >= to {
+            continue;
+        }
         // Starts that a site in reach could have taken: placed, or failed on a cluster (not
         // refused at capacity, for a conflict, or by a database outage).
         let starts = || {
@@ -1612,9 +1622,24 @@ fn site_rows(
         let ran = during()
             .filter(|s| site_of(settings, s).is_some_and(|i| i != *x) && s.ready_at.is_some())
             .count() as u64;
-        let on_lost = during()
-            .filter(|s| site_of(settings, s) == Some(*x))
+        let on_lost = input
+            .sessions
+            .iter()
+            .filter(|s| {
+                s.created_at >= *whole_from
+                    && s.created_at <= *to
+                    && site_of(settings, s) == Some(*x)
+            })
             .count() as u64;
+        for s in during() {
+            elsewhere.check(site_of(settings, s) != Some(*x), || {
+                format!(
+                    "{} ({}) placed at {} on {}, lost since {whole_from}",
+                    s.id, s.env, s.created_at, s.site
+                )
+            });
+            on_lost_late += u64::from(site_of(settings, s) == Some(*x));
+        }
         tried_all += tried;
         capacity_all += at_capacity;
         other_all += other;
@@ -1631,10 +1656,12 @@ fn site_rows(
     drop(journal);
     table.rows.push(elsewhere);
     table.notes.push(format!(
-        "while a site was lost ({} losses): {tried_all} starts placed or failed on a cluster, \
-         {capacity_all} refused at capacity; {other_all} sessions placed on the other sites \
-         ({ran_all} ran), {on_lost_all} on the lost site",
-        losses.len()
+        "while a site was lost ({} losses), from {}s into each loss: {tried_all} starts placed or \
+         failed on a cluster, {capacity_all} refused at capacity; {other_all} sessions placed on \
+         the other sites ({ran_all} ran), {on_lost_late} on the lost site ({on_lost_all} over the \
+         whole losses)",
+        losses.len(),
+        SITE_TAIL.num_seconds()
     ));
 
     let mut back = Row::new("lost site's expired sessions reclaimed after it returns");
