@@ -41,6 +41,8 @@ pub(crate) use binaries::{AGENT, REAPER, SERVER, locate as locate_binaries};
 pub(crate) use children::ChildProcess;
 use stack::{Database, GoldenSetup};
 
+use crate::dev::sites::{site_names, sites_yaml};
+
 /// The user of the printed student link.
 const DEMO_STUDENT: &str = "demo-student";
 /// The user of the printed admin link.
@@ -303,7 +305,17 @@ impl Demo {
         }
         if site_names.len() > 1 {
             let path = data_dir.join("sites.yaml");
-            let text = sites_yaml(&self.sims, &data_dir, &args.namespace, args.site_vm_limit);
+            let sites: Vec<(String, PathBuf)> = self
+                .sims
+                .iter()
+                .map(|(name, _)| (name.clone(), data_dir.join(format!("{name}.kubeconfig"))))
+                .collect();
+            let text = sites_yaml(
+                "ttlabctl demo --sites",
+                &sites,
+                &args.namespace,
+                args.site_vm_limit as usize,
+            );
             std::fs::write(&path, text)
                 .with_context(|| format!("writing the sites file {}", path.display()))?;
             sites_file = Some(path);
@@ -505,37 +517,6 @@ impl Demo {
             anyhow::bail!("{}", errors.join("; "))
         }
     }
-}
-
-/// The names of `n` sites: `default` alone, else `site-a`, `site-b`, ….
-fn site_names(n: u8) -> Vec<String> {
-    if n <= 1 {
-        return vec!["default".to_owned()];
-    }
-    (0..n)
-        .map(|i| format!("site-{}", char::from(b'a' + i)))
-        .collect()
-}
-
-/// The sites file of the demo's sites: each its kube-sim's kubeconfig in `data_dir`, the
-/// namespace and `vm_limit` places; the agent path is the default for a kubeconfig
-/// (portforward, through the site's API server).
-fn sites_yaml(
-    sims: &[(String, KubeSim)],
-    data_dir: &Path,
-    namespace: &str,
-    vm_limit: u32,
-) -> String {
-    let mut text =
-        String::from("# Written by ttlabctl demo --sites: one kube-sim per site.\nsites:\n");
-    for (name, _) in sims {
-        let kubeconfig = data_dir.join(format!("{name}.kubeconfig"));
-        text.push_str(&format!(
-            "  - name: {name}\n    kubeconfig: {}\n    namespace: {namespace}\n    vm_limit: {vm_limit}\n",
-            serde_json::to_string(&kubeconfig.display().to_string()).unwrap_or_default()
-        ));
-    }
-    text
 }
 
 /// Waits until the server's `/readyz` answers 200, failing early if it exits.

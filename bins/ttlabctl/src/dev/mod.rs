@@ -9,4 +9,5 @@ pub mod bench;
 pub mod demo;
 pub mod guest_image;
 pub mod sim;
+mod sites;
 pub mod soak;

@@ -18,6 +18,12 @@
 //! the replies of, one process's connection at a time. Some VMs' deletion hangs on a
 //! finalizer for a while, and some students open pod labs.
 //!
+//! With `--sites N` (kube-sim only) there are N kube-sim clusters, each a site with its own
+//! namespace quota, and every server and reaper reads a sites file whose kubeconfigs lead
+//! through that process's own fault proxy to each site; `--lose-site-every` takes one site
+//! away at a time (every process's connections to it blackholed) and brings it back. The
+//! invariants then hold per site and over all.
+//!
 //! After the run, students stop, the chaos and faults stop, and the system drains: every row
 //! must reach a final status and the namespace must empty. Then the invariants are checked
 //! ([`checks`]) and printed.
@@ -109,9 +115,26 @@ pub struct SoakArgs {
     #[arg(long)]
     pub pod_labs: Option<f64>,
     /// VM limit of both servers (`TTLAB_VM_LIMIT`) and the namespace quota: the VMs of both
-    /// environments count against it.
+    /// environments count against it. With several sites, the total that `--site-vm-limit`
+    /// splits by default.
     #[arg(long)]
     pub vm_limit: Option<usize>,
+    /// How many sites (kube-sim only): 1 (the default) runs one cluster without a sites
+    /// file, as before sites existed; N (2 to 16) runs N kube-sim clusters, `site-a`,
+    /// `site-b`, …, and gives every server and reaper a sites file naming them all.
+    #[arg(long, default_value_t = 1)]
+    pub sites: u8,
+    /// Each site's VM limit (its `vm_limit` and its namespace quota) with several sites; by
+    /// default `--vm-limit` split evenly between them.
+    #[arg(long)]
+    pub site_vm_limit: Option<usize>,
+    /// Take one site away this often (its API server stops answering every server and
+    /// reaper: each process's connections to it are blackholed), the sites in turn.
+    #[arg(long, value_parser = parse_duration)]
+    pub lose_site_every: Option<Duration>,
+    /// How long a site stays away; then the connections to it are cut and new ones pass.
+    #[arg(long, value_parser = parse_duration)]
+    pub lose_site_for: Option<Duration>,
     /// Reaper interval (`TTLAB_REAP_INTERVAL`): the "one cycle" of the expiry invariant.
     #[arg(long, value_parser = parse_duration)]
     pub reap_interval: Option<Duration>,
@@ -170,7 +193,14 @@ pub(crate) struct Settings {
     pub linger_fraction: f64,
     pub linger_for: Duration,
     pub pod_labs: f64,
+    /// The VM limit over all sites (each site's limit times the number of sites).
     pub vm_limit: usize,
+    /// The sites' names (`default` alone without a sites file).
+    pub sites: Vec<String>,
+    /// Each site's VM limit.
+    pub site_vm_limit: usize,
+    /// Losing a site: (how often, how long).
+    pub lose_site: Option<(Duration, Duration)>,
     pub reap_interval: Duration,
     pub expiry_bound: Duration,
     pub drain_timeout: Duration,
@@ -189,6 +219,45 @@ impl Settings {
         {
             anyhow::bail!(
                 "--fault-rate and --latency need kube-sim: no faults can be injected into a real API server"
+            );
+        }
+        if args.sites == 0 || args.sites > 16 {
+            anyhow::bail!("--sites must be between 1 and 16, not {}", args.sites);
+        }
+        if real && args.sites > 1 {
+            anyhow::bail!(
+                "--sites {} needs kube-sim: the soak on the real control plane runs one site",
+                args.sites
+            );
+        }
+        if args.sites == 1 && args.site_vm_limit.is_some() {
+            anyhow::bail!(
+                "--site-vm-limit needs --sites 2 or more (with one site, --vm-limit is its limit)"
+            );
+        }
+        if args.sites == 1 && (args.lose_site_every.is_some() || args.lose_site_for.is_some()) {
+            anyhow::bail!(
+                "--lose-site-every and --lose-site-for need --sites 2 or more (one site lost \
+                 leaves nowhere to start labs)"
+            );
+        }
+        if args.lose_site_for.is_some() && args.lose_site_every.is_none() {
+            anyhow::bail!("--lose-site-for needs --lose-site-every");
+        }
+        let total = args.vm_limit.unwrap_or(if short { 24 } else { 120 });
+        if total == 0 {
+            anyhow::bail!("--vm-limit must be at least 1");
+        }
+        let n_sites = usize::from(args.sites);
+        let site_vm_limit = if n_sites == 1 {
+            total
+        } else {
+            args.site_vm_limit.unwrap_or(total / n_sites)
+        };
+        if site_vm_limit == 0 {
+            anyhow::bail!(
+                "each of the {n_sites} sites needs a VM limit of at least 1: give --site-vm-limit, \
+                 or a --vm-limit of at least {n_sites}"
             );
         }
         let s = Self {
@@ -247,7 +316,12 @@ impl Settings {
             }),
             linger_for: args.linger_for.unwrap_or(secs(4)),
             pod_labs: args.pod_labs.unwrap_or(0.1),
-            vm_limit: args.vm_limit.unwrap_or(if short { 24 } else { 120 }),
+            vm_limit: site_vm_limit * n_sites,
+            sites: crate::dev::sites::site_names(args.sites),
+            site_vm_limit,
+            lose_site: args
+                .lose_site_every
+                .map(|e| (e, args.lose_site_for.unwrap_or(secs(20)))),
             reap_interval: args.reap_interval.unwrap_or(secs(5)),
             expiry_bound: args.expiry_bound,
             drain_timeout: args.drain_timeout,
@@ -300,6 +374,7 @@ impl Settings {
             ("--blackhole", s.blackhole),
             ("--stall", s.stall),
             ("--lose-replies", s.lose_replies),
+            ("--lose-site", s.lose_site),
         ] {
             if let Some((every, lasts)) = fault
                 && (lasts < Duration::from_millis(100) || lasts >= every)
@@ -330,6 +405,7 @@ impl Settings {
             ("--stall-every", s.stall.map(|f| f.0)),
             ("--lose-replies-every", s.lose_replies.map(|f| f.0)),
             ("--rolling-restart-every", s.rolling_restart_every),
+            ("--lose-site-every", s.lose_site.map(|f| f.0)),
         ] {
             if every.is_some_and(|d| d < Duration::from_secs(3)) {
                 anyhow::bail!("{name} must be at least 3s");
@@ -369,7 +445,8 @@ impl Settings {
             "soak ({:?} profile, on {:?}): {} students for {}, fault rate {}, latency {}, seed {}, \
              VM limit {}, reap interval {}s; dev {}; prod {}; kill reaper every {}, kill server \
              every {}, restart PostgreSQL every {}; blackhole {}, stall {}, lose replies {}; \
-             rolling restart every {}; VM deletions held by a finalizer {} for {}; pod labs {}",
+             rolling restart every {}; VM deletions held by a finalizer {} for {}; pod labs {}; \
+             sites {} (VM limit {} each); lose a site {}",
             self.profile,
             self.backend,
             self.students,
@@ -391,6 +468,9 @@ impl Settings {
             self.linger_fraction,
             humantime::format_duration(self.linger_for),
             self.pod_labs,
+            self.sites.join(", "),
+            self.site_vm_limit,
+            fault(self.lose_site),
         )
     }
 }

@@ -14,7 +14,7 @@ use chrono::Utc;
 use tokio::sync::watch;
 use ttlab_testkit::FaultMode;
 
-use super::rig::{Disrupted, Disturbance, NetFault, Shared, lock};
+use super::rig::{Disrupted, Disturbance, NetFault, Shared, Target, lock};
 use crate::dev::demo::stack::free_loopback_port;
 use crate::dev::demo::wait_ready;
 
@@ -88,6 +88,15 @@ pub(crate) fn spawn_all(
                 i * 3,
             )));
         }
+    }
+    if let Some((every, lasts)) = s.lose_site {
+        out.push(tokio::spawn(lose_site_loop(
+            shared.clone(),
+            stop.clone(),
+            turn,
+            every,
+            lasts,
+        )));
     }
     out
 }
@@ -269,6 +278,10 @@ async fn net_loop(
         let link = &shared.links[next % shared.links.len()];
         next += 1;
         let _turn = turn.lock().await;
+        // A site taken away stays away: its links are the site loss's until it returns.
+        if link.id.target == Target::Kube && *lock(&shared.lost_site) == Some(link.id.site) {
+            continue;
+        }
         let start = Utc::now();
         link.proxy.set_mode(match fault {
             NetFault::Blackhole => FaultMode::Blackhole,
@@ -296,5 +309,55 @@ async fn net_loop(
             start,
             end: Utc::now(),
         });
+    }
+}
+
+/// Takes the sites away in turn: every process's connections to the site's API server are
+/// blackholed (the server and the reaper see a cluster that stopped answering, as a network
+/// partition or a crashed control plane shows itself), for `lasts`; then those connections
+/// are cut and new ones pass. Each loss waits for the turn of the network faults to begin, so
+/// none of them is on the site's links just then, and they leave those links alone until the
+/// site is back.
+async fn lose_site_loop(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    every: Duration,
+    lasts: Duration,
+) {
+    let sites = shared.settings.sites.len();
+    let mut site = 0;
+    while wait(&mut stop, every).await {
+        let links: Vec<_> = shared
+            .links
+            .iter()
+            .filter(|l| l.id.target == Target::Kube && l.id.site == site)
+            .collect();
+        let start = {
+            let _turn = turn.lock().await;
+            *lock(&shared.lost_site) = Some(site);
+            for l in &links {
+                l.proxy.set_mode(FaultMode::Blackhole);
+            }
+            Utc::now()
+        };
+        eprintln!(
+            "ttlabctl: soak: chaos: {} lost for {}",
+            shared.settings.sites[site],
+            humantime::format_duration(lasts)
+        );
+        tokio::time::sleep(lasts).await;
+        for l in &links {
+            l.proxy.set_mode(FaultMode::Close);
+            l.proxy.set_mode(FaultMode::Pass);
+        }
+        *lock(&shared.lost_site) = None;
+        shared.journal.count("sites lost");
+        lock(&shared.journal.disturbances).push(Disturbance {
+            what: Disrupted::Site(site),
+            start,
+            end: Utc::now(),
+        });
+        site = (site + 1) % sites;
     }
 }

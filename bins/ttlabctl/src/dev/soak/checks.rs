@@ -21,6 +21,8 @@ use super::linger::Held;
 use super::rig::{Disrupted, Disturbance, Journal, Shared, Target, kube_user, lock, nodes_of};
 use super::{ENVS, Settings};
 
+/// The row of the VM limit over all sites (both environments).
+const VM_LIMIT_ROW: &str = "VMs at once <= limit (both envs)";
 /// How often the continuous checks run.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
 /// After a PostgreSQL outage, how long the servers may still answer 503 while they reconnect.
@@ -30,6 +32,9 @@ const EXAMPLES: usize = 5;
 /// After a fault on one process's connection ends, how long its answers may still show it
 /// (a request that was waiting on the cut connection, a reconnect).
 const LINK_TAIL: TimeDelta = TimeDelta::seconds(5);
+/// After a site returns, how long a server may still answer about its sessions as about a lost
+/// site's: until its next probe of the site (every 10 s) finds it back.
+const SITE_TAIL: TimeDelta = TimeDelta::seconds(12);
 /// The share of sessions (in percent) that must reach running when every fault injected was
 /// transient.
 const RUNNING_PERCENT: u32 = 99;
@@ -148,9 +153,11 @@ impl Table {
 /// What the continuous checks found.
 #[derive(Debug, Default)]
 pub(crate) struct Live {
+    /// Over all sites.
     pub vm_limit: Row,
+    /// By site (none with one site: the row over all is that site's).
+    pub site_vm_limit: Vec<Row>,
     pub one_per_user: Row,
-    pub most_vms_seen: usize,
 }
 
 /// Checks, every [`WATCH_EVERY`] until `stop`: the most VMs ever at once against the limit
@@ -162,22 +169,50 @@ pub(crate) async fn watch(
     kube: &Kube,
     mut stop: watch::Receiver<bool>,
 ) -> Live {
+    let settings = &shared.settings;
+    let multi = settings.sites.len() > 1;
     let mut live = Live {
-        vm_limit: Row::new("VMs at once <= limit (both envs)"),
+        vm_limit: Row::new(VM_LIMIT_ROW),
+        site_vm_limit: if multi {
+            settings
+                .sites
+                .iter()
+                .map(|site| Row::new(&format!("{site}: VMs at once <= its limit")))
+                .collect()
+        } else {
+            Vec::new()
+        },
         one_per_user: Row::new("one live session per user"),
-        most_vms_seen: 0,
     };
-    let limit = shared.settings.vm_limit;
+    let limit = settings.vm_limit;
+    let site_limit = settings.site_vm_limit;
     let envs: Vec<EnvName> = ENVS.iter().filter_map(|e| e.parse().ok()).collect();
-    let mut reported_peak = 0;
+    let mut reported_peak = vec![0; settings.sites.len()];
+    let mut reported_total = 0;
     loop {
-        let (vms, peak_vms) = kube.vms();
-        live.most_vms_seen = live.most_vms_seen.max(vms);
+        let vms = kube.vms();
+        // Over all: the VMs of every site now (each site's own peak is checked by its row),
+        // and with one site its peak, which sees every instant.
+        let total = if multi {
+            vms.iter().map(|(now, _)| now).sum()
+        } else {
+            vms.first().map_or(0, |(_, peak)| *peak)
+        };
         live.vm_limit
-            .check(peak_vms <= limit || peak_vms <= reported_peak, || {
-                format!("{peak_vms} VMs existed at once (limit {limit})")
+            .check(total <= limit || total <= reported_total, || {
+                format!("{total} VMs existed at once over all sites (limit {limit})")
             });
-        reported_peak = reported_peak.max(peak_vms);
+        reported_total = reported_total.max(total);
+        for (i, row) in live.site_vm_limit.iter_mut().enumerate() {
+            let peak = vms.get(i).map_or(0, |(_, peak)| *peak);
+            row.check(peak <= site_limit || peak <= reported_peak[i], || {
+                format!(
+                    "{peak} VMs existed at once on {} (limit {site_limit})",
+                    settings.sites[i]
+                )
+            });
+            reported_peak[i] = reported_peak[i].max(peak);
+        }
 
         let mut users: BTreeMap<String, u32> = BTreeMap::new();
         let mut read = true;
@@ -217,12 +252,15 @@ pub(crate) async fn watch(
 pub(crate) struct Input<'a> {
     pub settings: &'a Settings,
     pub sessions: &'a [Session],
-    pub calls: &'a [CallRecord],
+    /// Each call with the index of the site it went to.
+    pub calls: &'a [(usize, CallRecord)],
     pub journal: &'a Journal,
     pub lessons: &'a LessonSet,
-    pub leftovers: &'a [(String, Vec<String>)],
+    /// By site: (kind, names) of what is left.
+    pub leftovers: &'a [Vec<(String, Vec<String>)>],
     pub live: &'a Live,
-    pub peak_vms: usize,
+    /// By site: the most VMs at once.
+    pub peak_vms: &'a [usize],
     pub run_started: DateTime<Utc>,
     pub drain_started: DateTime<Utc>,
     /// VMs whose deletion the soak held with a finalizer, by name.
@@ -231,12 +269,63 @@ pub(crate) struct Input<'a> {
 
 /// A call as the analysis needs it.
 struct Call<'a> {
+    /// The index of the site it went to.
+    site: usize,
     at: DateTime<Utc>,
     verb: Verb,
     resource: &'a str,
     name: &'a str,
     status: u16,
     user: Option<&'a str>,
+}
+
+/// A row of the continuous checks, for the table.
+fn copy_row(row: &Row) -> Row {
+    Row {
+        name: row.name.clone(),
+        checks: row.checks,
+        violations: row.violations,
+        examples: row.examples.clone(),
+        min_share: row.min_share,
+    }
+}
+
+/// The index of the site session `s` records (none for a name the soak did not configure).
+fn site_of(settings: &Settings, s: &Session) -> Option<usize> {
+    settings.sites.iter().position(|n| n == s.site.as_str())
+}
+
+/// The sites taken away: (site, from, to) of each loss.
+fn site_losses(disturbances: &[Disturbance]) -> Vec<(usize, DateTime<Utc>, DateTime<Utc>)> {
+    disturbances
+        .iter()
+        .filter_map(|d| match d.what {
+            Disrupted::Site(x) => Some((x, d.start, d.end)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether session `s` was being prepared (from its creation until it ran or ended) while its
+/// own site was lost: a loss longer than the lessons' readiness timeout fails such a start
+/// whatever ttlab does.
+fn prepared_during_own_loss(
+    settings: &Settings,
+    s: &Session,
+    losses: &[(usize, DateTime<Utc>, DateTime<Utc>)],
+) -> bool {
+    let Some(site) = site_of(settings, s) else {
+        return false;
+    };
+    let from = s.created_at - TimeDelta::seconds(1);
+    let to = s
+        .ready_at
+        .or(s.finished_at)
+        .or(s.reclaimed_at)
+        .unwrap_or_else(Utc::now);
+    losses
+        .iter()
+        .any(|(x, a, b)| *x == site && *a <= to && *b >= from)
 }
 
 /// Whether kube-sim's answer was an injected fault (the soak injects only 500 and 503).
@@ -294,8 +383,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     let calls: Vec<Call<'_>> = input
         .calls
         .iter()
-        .filter_map(|c| {
+        .filter_map(|(site, c)| {
             Some(Call {
+                site: *site,
                 at: DateTime::parse_from_rfc3339(&c.at)
                     .ok()?
                     .with_timezone(&Utc),
@@ -350,27 +440,34 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         objects_of.insert(s.id, objs);
     }
     let disturbances = lock(&input.journal.disturbances).clone();
+    let losses = site_losses(&disturbances);
 
     let mut table = Table::default();
-    let mut vm_limit = Row::new("VMs at once <= limit (both envs)");
-    vm_limit.checks = input.live.vm_limit.checks;
-    vm_limit.violations = input.live.vm_limit.violations;
-    vm_limit.examples = input.live.vm_limit.examples.clone();
-    vm_limit.check(input.peak_vms <= input.settings.vm_limit, || {
-        format!(
-            "kube-sim's peak: {} VMs (limit {})",
-            input.peak_vms, input.settings.vm_limit
-        )
-    });
+    let multi = input.settings.sites.len() > 1;
+    let mut vm_limit = copy_row(&input.live.vm_limit);
+    let peak_sum: usize = input.peak_vms.iter().sum();
+    if !multi {
+        vm_limit.check(peak_sum <= input.settings.vm_limit, || {
+            format!(
+                "kube-sim's peak: {peak_sum} VMs (limit {})",
+                input.settings.vm_limit
+            )
+        });
+    }
     table.rows.push(vm_limit);
-    let one = &input.live.one_per_user;
-    table.rows.push(Row {
-        name: one.name.clone(),
-        checks: one.checks,
-        violations: one.violations,
-        examples: one.examples.clone(),
-        ..Row::default()
-    });
+    for (i, live_row) in input.live.site_vm_limit.iter().enumerate() {
+        let mut row = copy_row(live_row);
+        let peak = input.peak_vms.get(i).copied().unwrap_or(0);
+        let limit = input.settings.site_vm_limit;
+        row.check(peak <= limit, || {
+            format!(
+                "the kube-sim of {}: a peak of {peak} VMs (limit {limit})",
+                input.settings.sites[i]
+            )
+        });
+        table.rows.push(row);
+    }
+    table.rows.push(copy_row(&input.live.one_per_user));
 
     // Expired sessions: the VM delete requested in time.
     let expiry_bound =
@@ -389,6 +486,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     let mut disturbed_delays: Vec<i64> = Vec::new();
     // Injected failures answered to each environment's reaper, in time order.
     let reaper_faults = injected_faults_by_env(&calls, true);
+    // Expiries on a site in reach while another site was lost, nothing else disturbing their
+    // reclamation: expiry -> VM delete accepted.
+    let mut healthy_in_loss: Vec<(i64, String)> = Vec::new();
+    let mut healthy_in_loss_disturbed = 0u64;
     for s in input
         .sessions
         .iter()
@@ -397,6 +498,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         let Some(env) = ENVS.iter().position(|e| *e == s.env.as_str()) else {
             continue;
         };
+        let site = site_of(input.settings, s);
         let objs = objects_of.get(&s.id).map(Vec::as_slice).unwrap_or_default();
         let vms: Vec<&str> = objs
             .iter()
@@ -459,6 +561,8 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                     Disrupted::Reaper(x) => x == env,
                     Disrupted::Postgres => true,
                     Disrupted::Link(l, _) => l.reaper && l.env == env,
+                    // Its own site taken away (a loss of another site excuses nothing).
+                    Disrupted::Site(x) => site == Some(x),
                     Disrupted::Server(_) | Disrupted::Rolling(_) => false,
                 };
                 if relevant && d.start <= done && d.end >= until_from {
@@ -485,11 +589,22 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         } else {
             disturbed_delays.push(delay);
         }
+        if losses
+            .iter()
+            .any(|(x, from, to)| site != Some(*x) && *from <= e && e <= *to)
+        {
+            if last_fault.is_none() {
+                healthy_in_loss.push((delay, format!("{} ({}, {})", s.id, s.env, s.site)));
+            } else {
+                healthy_in_loss_disturbed += 1;
+            }
+        }
         expiry.check(done <= bound, || {
             format!(
-                "{} ({}): expired at {e}, VM delete accepted {} ms later{}",
+                "{} ({}, {}): expired at {e}, VM delete accepted {} ms later{}",
                 s.id,
                 s.env,
+                s.site,
                 (done - e).num_milliseconds(),
                 last_fault.map_or_else(String::new, |f| format!(
                     ", last disturbance {} ms after expiry",
@@ -499,6 +614,14 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         });
     }
     table.rows.push(expiry);
+    if input.settings.lose_site.is_some() {
+        healthy_in_loss_rows(
+            input.settings,
+            &healthy_in_loss,
+            healthy_in_loss_disturbed,
+            &mut table,
+        );
+    }
 
     // The servers' own limit (the first layer): a VM create the quota refused means a server
     // admitted a session past the limit. By design a server does not limit when it cannot
@@ -524,6 +647,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         failed_lists.extend(
             link_windows(&disturbances, e, false, Some(Target::Kube))
                 .into_iter()
+                .chain(losses.iter().map(|(_, from, to)| (*from, *to)))
                 .flat_map(|(start, end)| [start, end + LINK_TAIL]),
         );
         failed_lists.sort();
@@ -555,7 +679,18 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
     table.rows.push(first_layer);
 
     // Deletes only by the object's own environment.
-    let mut cross = Row::new("no object deleted by the other env");
+    let mut cross: Vec<Row> = input
+        .settings
+        .sites
+        .iter()
+        .map(|site| {
+            Row::new(&if multi {
+                format!("{site}: no object deleted by the other env")
+            } else {
+                "no object deleted by the other env".to_owned()
+            })
+        })
+        .collect();
     let mut creator: HashMap<(&str, &str), usize> = HashMap::new();
     // Attempted creates count too: a server rolls back (deletes) what it tried to create.
     for c in calls.iter().filter(|c| c.verb == Verb::Create) {
@@ -573,6 +708,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         let Some(by) =
             (0..ENVS.len()).find(|e| user == kube_user(*e, true) || user == kube_user(*e, false))
         else {
+            continue;
+        };
+        let Some(cross) = cross.get_mut(c.site) else {
             continue;
         };
         if c.verb == Verb::Deletecollection {
@@ -598,7 +736,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
             ),
         });
     }
-    table.rows.push(cross);
+    table.rows.extend(cross);
     if rowless > 0 {
         table.notes.push(format!(
             "deletes of objects whose row PostgreSQL lost in a crash (the throwaway cluster \
@@ -656,14 +794,22 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
 
     // After the drain.
     let mut drained = Row::new("drained: namespace empty, rows final");
-    for (kind, names) in input.leftovers {
-        drained.check(names.is_empty(), || {
-            format!(
-                "{} {kind} left: {}",
-                names.len(),
-                names.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
-            )
-        });
+    let mut leaks = Vec::new();
+    for (i, site) in input.leftovers.iter().enumerate() {
+        let name = input.settings.sites.get(i).map_or("?", String::as_str);
+        let mut leak = Row::new(&format!("{name}: no leak (nothing left after the drain)"));
+        for (kind, names) in site {
+            let example = || {
+                format!(
+                    "{} {kind} left on {name}: {}",
+                    names.len(),
+                    names.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+                )
+            };
+            drained.check(names.is_empty(), example);
+            leak.check(names.is_empty(), example);
+        }
+        leaks.push(leak);
     }
     let live: Vec<&Session> = input
         .sessions
@@ -682,6 +828,18 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         )
     });
     table.rows.push(drained);
+    if multi {
+        table.rows.extend(leaks);
+    }
+    site_rows(
+        input,
+        &calls,
+        &owner,
+        &objects_of,
+        &by_object,
+        &losses,
+        &mut table,
+    );
 
     // 5xx answers.
     let mut fivexx = Row::new("no 5xx but 503 in a database outage");
@@ -722,6 +880,12 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         .iter()
         .filter_map(|s| s.finished_at.map(|t| (s.id.to_string(), t)))
         .collect();
+    // The site of each session, for the answers about it while its site was lost.
+    let site_by_id: HashMap<String, usize> = input
+        .sessions
+        .iter()
+        .filter_map(|s| site_of(input.settings, s).map(|i| (s.id.to_string(), i)))
+        .collect();
     let calls_journal = lock(&input.journal.calls);
     let mut by_answer: BTreeMap<String, u64> = BTreeMap::new();
     for c in calls_journal.iter() {
@@ -752,17 +916,33 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         };
         let own_db = during(&server_db_links[c.env]);
         let own_kube = during(&server_kube_links[c.env]);
+        // This server's connection to a site's API misbehaved: its probe may find the site
+        // unreachable, and finds it back at the next probe.
+        let own_kube_site = server_kube_links[c.env]
+            .iter()
+            .any(|(a, b)| c.started <= *b + SITE_TAIL && c.ended >= *a);
         let rolled = during(&rolls[c.env]);
         let restarting = during(&restarts[c.env]);
+        // A site was lost during the request, and the request was about one of its sessions
+        // (or about none: a start may have looked at every site).
+        let site_lost = losses.iter().any(|(x, from, to)| {
+            c.started <= *to + SITE_TAIL
+                && c.ended >= *from
+                && c.session
+                    .as_deref()
+                    .is_none_or(|id| site_by_id.get(id) == Some(x))
+        });
         let ok = match (c.status, c.code.as_str()) {
             (503, "capacity") => true,
             (503, "database_unavailable") => in_outage || own_db || restarting,
             // The cluster answered with an injected failure during this request, or this
             // server's connection to it misbehaved.
-            (503, "cluster_unavailable") => fault_during || own_kube,
+            (503, "cluster_unavailable") => fault_during || own_kube || site_lost,
+            // The session's site cannot be reached: it was taken away.
+            (503, "site_unavailable") => site_lost || own_kube_site,
             // A store or cluster call, or the whole request, ran out of time while this
             // server's connection misbehaved.
-            (_, "timeout" | "request_timeout") => own_db || own_kube,
+            (_, "timeout" | "request_timeout") => own_db || own_kube || site_lost,
             // A rolled server refusing new starts while it hands over.
             (503, "shutting_down") => rolled,
             // Grading while the VM is being reclaimed (the session ended during the request).
@@ -774,7 +954,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
                     .is_some_and(|t| *t <= c.ended + TimeDelta::seconds(2));
                 // (A pod lab's exec failed by the API server is a 503 cluster_unavailable,
                 // not this: no excuse for it here.)
-                raced
+                // With several sites the server reaches the agents through each site's API
+                // server (portforward): an injected failure or a misbehaving connection there
+                // fails the agent's connection as it would any other call.
+                raced || site_lost || (multi && (fault_during || own_kube))
             }
             _ => false,
         };
@@ -920,8 +1103,13 @@ pub(crate) fn analyse(input: &Input<'_>) -> Table {
         disturbed_delays.len()
     ));
     table.notes.push(format!(
-        "most VMs at once: {} (limit {}); VM creates refused by the quota: {}",
-        input.peak_vms,
+        "most VMs at once: {}{} (limit {}); VM creates refused by the quota: {}",
+        input.peak_vms.iter().sum::<usize>(),
+        if multi {
+            " (the sum of the sites' peaks)"
+        } else {
+            ""
+        },
         input.settings.vm_limit,
         calls
             .iter()
@@ -1031,6 +1219,8 @@ fn held_rows(input: &Input<'_>, owner: &HashMap<String, (usize, &Session)>, tabl
 fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table) {
     let mut row = Row::new("0 sessions failed by a deploy");
     let mut handed = 0u64;
+    let losses = site_losses(disturbances);
+    let mut on_lost_site = 0u64;
     for d in disturbances {
         let Disrupted::Rolling(env) = d.what else {
             continue;
@@ -1043,6 +1233,12 @@ fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table
                 && s.finished_at.is_none_or(|f| f > t)
         }) {
             handed += 1;
+            // Its site lost meanwhile: the loss, not the deploy, decides (the running row's
+            // notes count those).
+            if prepared_during_own_loss(input.settings, s, &losses) {
+                on_lost_site += 1;
+                continue;
+            }
             row.check(s.status != SessionStatus::Failed, || {
                 format!(
                     "{} ({}) being prepared at the deploy at {t}, failed at {}: {}",
@@ -1064,14 +1260,19 @@ fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table
     if !stops.is_empty() {
         table.notes.push(format!(
             "rolling restarts: {}, the old server gone {} ms after its SIGTERM (max {} ms); \
-             sessions being prepared then (handed over): {handed}",
+             sessions being prepared then (handed over): {handed}{}",
             stops.len(),
             stops
                 .iter()
                 .map(i64::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            stops.iter().max().copied().unwrap_or(0)
+            stops.iter().max().copied().unwrap_or(0),
+            if on_lost_site > 0 {
+                format!(" ({on_lost_site} of them on a site lost meanwhile, not checked)")
+            } else {
+                String::new()
+            }
         ));
     }
 }
@@ -1081,6 +1282,7 @@ fn deploy_row(input: &Input<'_>, disturbances: &[Disturbance], table: &mut Table
 fn met_faults(
     s: &Session,
     env: usize,
+    site: Option<usize>,
     disturbances: &[Disturbance],
     server_faults: &[Vec<DateTime<Utc>>],
 ) -> bool {
@@ -1100,6 +1302,7 @@ fn met_faults(
             Disrupted::Server(x) | Disrupted::Rolling(x) => x == env,
             Disrupted::Postgres => true,
             Disrupted::Link(l, _) => l.env == env && !l.reaper,
+            Disrupted::Site(x) => site == Some(x),
             Disrupted::Reaper(_) => false,
         };
         relevant && d.start <= to && d.end + LINK_TAIL >= from
@@ -1158,6 +1361,9 @@ fn running_rows(
     // A start the quota refused at capacity puts its student back in the line: a wait, not a
     // failure, and only a refusal that outlasts free places may fail a session.
     let mut requeued = 0u64;
+    let losses = site_losses(disturbances);
+    // (sessions, reached running, failed) of those prepared while their site was lost
+    let mut on_lost_site = [0u64; 3];
     let mut no_quota_failure = Row::new("no admitted session failed on quota");
     for s in input.sessions {
         let Some(env) = ENVS.iter().position(|e| *e == s.env.as_str()) else {
@@ -1179,11 +1385,25 @@ fn running_rows(
             requeued += 1;
             continue;
         }
+        // Prepared while its own site was lost: counted apart (a loss longer than the
+        // lessons' readiness timeout fails a start whatever ttlab does).
+        if prepared_during_own_loss(input.settings, s, &losses) {
+            on_lost_site[0] += 1;
+            on_lost_site[1] += u64::from(s.ready_at.is_some());
+            on_lost_site[2] += u64::from(s.status == SessionStatus::Failed);
+            continue;
+        }
         // Finished by its student before it ran: it never had to reach running.
         if s.status == SessionStatus::Finished && s.ready_at.is_none() {
             continue;
         }
-        let met = met_faults(s, env, disturbances, server_faults);
+        let met = met_faults(
+            s,
+            env,
+            site_of(input.settings, s),
+            disturbances,
+            server_faults,
+        );
         let ran = s.ready_at.is_some();
         let k = usize::from(!met);
         tally[k][1] += 1;
@@ -1215,6 +1435,13 @@ fn running_rows(
     }
     table.rows.push(row);
     table.rows.push(no_quota_failure);
+    if input.settings.lose_site.is_some() {
+        let [all, ran, failed] = on_lost_site;
+        table.notes.push(format!(
+            "sessions being prepared on a site while it was lost (not in the share above): \
+             {all}, {ran} reached running, {failed} failed"
+        ));
+    }
     table.notes.push(format!(
         "starts the quota refused at capacity, back in the line (waits, not failures): {requeued}"
     ));
@@ -1245,6 +1472,264 @@ fn running_rows(
         }
         table.notes.push(text);
     }
+}
+
+/// The expiries on the sites in reach while another site was lost (nothing else disturbing
+/// their reclamation): expiry -> VM delete accepted within the expiry bound, at p99.
+fn healthy_in_loss_rows(
+    settings: &Settings,
+    delays: &[(i64, String)],
+    disturbed: u64,
+    table: &mut Table,
+) {
+    let bound_ms = i64::try_from(settings.expiry_bound.as_millis()).unwrap_or(i64::MAX);
+    let mut row = Row::new(&format!(
+        "expired VM deleted <= {}s on the sites in reach during a loss (p99)",
+        settings.expiry_bound.as_secs()
+    ));
+    row.min_share = Some(0.99);
+    for (delay, what) in delays {
+        row.check(*delay <= bound_ms, || {
+            format!(
+                "{what}: expired while another site was lost, VM delete accepted {delay} ms later"
+            )
+        });
+    }
+    table.rows.push(row);
+    let mut ms: Vec<i64> = delays.iter().map(|(d, _)| *d).collect();
+    let p99 = percentile_of(&mut ms, 99);
+    table.notes.push(format!(
+        "expiry -> VM delete accepted on the sites in reach while a site was lost: {} ({} \
+         sessions; {disturbed} more met other faults){}",
+        delay_figures(&mut ms).unwrap_or_else(|| "none".to_owned()),
+        ms.len(),
+        p99.map_or_else(String::new, |p| format!(
+            "; p99 {p} ms vs target <= {bound_ms} ms: {}",
+            if p <= bound_ms { "met" } else { "MISSED" }
+        ))
+    ));
+}
+
+/// The sites: every session's objects on the site its row records, and what each site had
+/// placed on it; with sites lost, that starts ran on the other sites meanwhile and that the
+/// lost site's sessions that expired while it was away were reclaimed once it was back.
+fn site_rows(
+    input: &Input<'_>,
+    calls: &[Call<'_>],
+    owner: &HashMap<String, (usize, &Session)>,
+    objects_of: &HashMap<ttlab_model::SessionId, Vec<(&'static str, String)>>,
+    by_object: &HashMap<(&str, &str), Vec<&Call<'_>>>,
+    losses: &[(usize, DateTime<Utc>, DateTime<Utc>)],
+    table: &mut Table,
+) {
+    let settings = input.settings;
+    let sites = &settings.sites;
+    let mut placed = Row::new("objects only on their session's site");
+    let mut by_site = vec![0u64; sites.len()];
+    for s in input.sessions {
+        let site = site_of(settings, s);
+        if let Some(i) = site {
+            by_site[i] += 1;
+        }
+        placed.check(site.is_some(), || {
+            format!(
+                "{} ({}) records the site {}, none of {}",
+                s.id,
+                s.env,
+                s.site,
+                sites.join(", ")
+            )
+        });
+    }
+    for c in calls
+        .iter()
+        .filter(|c| c.verb == Verb::Create && (200..300).contains(&c.status))
+    {
+        let Some((_, s)) = owner.get(c.name) else {
+            continue;
+        };
+        let Some(site) = site_of(settings, s) else {
+            continue;
+        };
+        placed.check(c.site == site, || {
+            format!(
+                "{} {} of {} ({}, placed on {}) created on {}",
+                c.resource,
+                c.name,
+                s.id,
+                s.env,
+                s.site,
+                sites.get(c.site).map_or("?", String::as_str)
+            )
+        });
+    }
+    table.rows.push(placed);
+    for (i, name) in sites.iter().enumerate() {
+        table.notes.push(format!(
+            "{name}: {} sessions placed, most VMs at once {} (limit {})",
+            by_site[i],
+            input.peak_vms.get(i).copied().unwrap_or(0),
+            settings.site_vm_limit
+        ));
+    }
+    if settings.lose_site.is_none() {
+        return;
+    }
+
+    let journal = lock(&input.journal.calls);
+    let mut elsewhere = Row::new(&format!(
+        "starts go to the sites in reach {}s into a loss",
+        SITE_TAIL.num_seconds()
+    ));
+    let (mut tried_all, mut other_all, mut ran_all, mut on_lost_all) = (0u64, 0u64, 0u64, 0u64);
+    let mut capacity_all = 0u64;
+    let mut on_lost_late = 0u64;
+    for (x, whole_from, to) in losses {
+        // The servers find a site lost at their next probe of it (every 10 s; a start
+        // placed meanwhile may go to it): checked from then on.
+        let from = &(*whole_from + SITE_TAIL);
+        if from >= to {
+            continue;
+        }
+        // Starts that a site in reach could have taken: placed, or failed on a cluster (not
+        // refused at capacity, for a conflict, or by a database outage).
+        let starts = || {
+            journal.iter().filter(|c| {
+                c.route == "POST /api/sessions" && c.started >= *from && c.started <= *to
+            })
+        };
+        let tried = starts()
+            .filter(|c| {
+                (200..300).contains(&c.status)
+                    || matches!(
+                        c.code.as_str(),
+                        "site_unavailable" | "cluster_unavailable" | "timeout" | "request_timeout"
+                    )
+            })
+            .count() as u64;
+        let at_capacity = starts()
+            .filter(|c| c.status == 503 && c.code == "capacity")
+            .count() as u64;
+        let during = || {
+            input
+                .sessions
+                .iter()
+                .filter(|s| s.created_at >= *from && s.created_at <= *to)
+        };
+        let other = during()
+            .filter(|s| site_of(settings, s).is_some_and(|i| i != *x))
+            .count() as u64;
+        let ran = during()
+            .filter(|s| site_of(settings, s).is_some_and(|i| i != *x) && s.ready_at.is_some())
+            .count() as u64;
+        let on_lost = input
+            .sessions
+            .iter()
+            .filter(|s| {
+                s.created_at >= *whole_from
+                    && s.created_at <= *to
+                    && site_of(settings, s) == Some(*x)
+            })
+            .count() as u64;
+        for s in during() {
+            elsewhere.check(site_of(settings, s) != Some(*x), || {
+                format!(
+                    "{} ({}) placed at {} on {}, lost since {whole_from}",
+                    s.id, s.env, s.created_at, s.site
+                )
+            });
+            on_lost_late += u64::from(site_of(settings, s) == Some(*x));
+        }
+        tried_all += tried;
+        capacity_all += at_capacity;
+        other_all += other;
+        ran_all += ran;
+        on_lost_all += on_lost;
+        elsewhere.check(tried == 0 || ran > 0, || {
+            format!(
+                "{} lost from {from} to {to}: {tried} starts placed or failed on a cluster, \
+                 {other} placed on the other sites, none ran",
+                sites[*x]
+            )
+        });
+    }
+    drop(journal);
+    table.rows.push(elsewhere);
+    table.notes.push(format!(
+        "while a site was lost ({} losses), from {}s into each loss: {tried_all} starts placed or \
+         failed on a cluster, {capacity_all} refused at capacity; {other_all} sessions placed on \
+         the other sites ({ran_all} ran), {on_lost_late} on the lost site ({on_lost_all} over the \
+         whole losses)",
+        losses.len(),
+        SITE_TAIL.num_seconds()
+    ));
+
+    let mut back = Row::new("lost site's expired sessions reclaimed after it returns");
+    let mut after_return_ms: Vec<i64> = Vec::new();
+    for (x, from, to) in losses {
+        for s in input.sessions.iter().filter(|s| {
+            site_of(settings, s) == Some(*x) && s.expires_at >= *from && s.expires_at <= *to
+        }) {
+            let objs = objects_of.get(&s.id).map(Vec::as_slice).unwrap_or_default();
+            // Every VM it created got its deletion accepted after its creation.
+            let undeleted: Vec<&str> = objs
+                .iter()
+                .filter(|(r, _)| *r == "virtualmachines")
+                .filter(|(r, n)| {
+                    let cs = by_object
+                        .get(&(*r, n.as_str()))
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    let created = cs
+                        .iter()
+                        .filter(|c| c.verb == Verb::Create && c.status == 201)
+                        .map(|c| c.at)
+                        .max();
+                    created.is_some_and(|t| {
+                        !cs.iter().any(|c| {
+                            c.verb == Verb::Delete && accepted_delete(c.status) && c.at >= t
+                        })
+                    })
+                })
+                .map(|(_, n)| n.as_str())
+                .collect();
+            let reclaimed = s.reclaimed_at.filter(|_| !s.status.is_live());
+            if let Some(r) = reclaimed
+                && r > *to
+            {
+                after_return_ms.push((r - *to).num_milliseconds());
+            }
+            back.check(reclaimed.is_some() && undeleted.is_empty(), || {
+                format!(
+                    "{} ({}) on {}, expired at {} while it was lost ({from} to {to}): {}{}",
+                    s.id,
+                    s.env,
+                    s.site,
+                    s.expires_at,
+                    s.status,
+                    if undeleted.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", VMs never deleted: {}", undeleted.join(", "))
+                    }
+                )
+            });
+        }
+    }
+    table.rows.push(back);
+    let checked = back_checks(table);
+    table.notes.push(format!(
+        "sessions of a lost site that expired while it was away: {checked}, of which {} \
+         reclaimed after its return: {}",
+        after_return_ms.len(),
+        delay_figures(&mut after_return_ms)
+            .map_or_else(|| "none".to_owned(), |f| format!("{f} after the return"))
+    ));
+}
+
+/// The checks of the last row (the one just pushed).
+fn back_checks(table: &Table) -> u64 {
+    table.rows.last().map_or(0, |r| r.checks)
 }
 
 /// How long before its expiry a session's reclamation must have met no fault to count as quiet.

@@ -72,9 +72,10 @@ const KINDS: [KindOf; 6] = [
     ("Pods", ("", "v1", "Pod", "pods")),
 ];
 
-/// The Kubernetes of one soak.
+/// The Kubernetes of one soak: on kube-sim one instance per site (in [`Settings::sites`]
+/// order); the real control plane is the one site.
 pub(crate) enum Kube {
-    Sim(KubeSim),
+    Sim(Vec<KubeSim>),
     Real(Box<Real>),
 }
 
@@ -91,40 +92,27 @@ pub(crate) struct Real {
 }
 
 impl Kube {
-    /// kube-sim with the soak's timings, the namespace quota and the shipped Roles bound to
-    /// each process's identity.
+    /// A kube-sim per site (in [`Settings::sites`] order).
     pub(crate) async fn start_sim(settings: &Settings, guests: &Path) -> anyhow::Result<Self> {
-        let mut config = ttlab_kube_sim::SimConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
-        config.namespaces = vec!["default".into(), NAMESPACE.into()];
-        config.timings = Timings {
-            pending: Duration::from_millis(20),
-            scheduling: Duration::from_millis(50),
-            boot: Duration::from_millis(300),
-            setup: Duration::from_millis(200),
-            stop: Duration::from_millis(200),
-            gc: Duration::from_millis(20),
-            pod_start: Duration::from_millis(50),
-            bookmark: Duration::from_secs(30),
-        };
-        config.guest_root = Some(guests.to_path_buf());
-        config.seed = settings.seed;
-        // The quota is the second layer here, and "server VM limit held" is about the first:
-        // with a real controller's recount lag (about 1 s) a VM just deleted still fills the
-        // quota while the servers already see its place free, and a multi-VM lab may need
-        // longer than the servers' recount retry. The lag itself is tested by kube-sim's and
-        // the cluster crate's quota tests and the saga's recount retry (and by the soak on the
-        // real control plane); on kube-sim the soak keeps it short.
-        config.quota_sync = Duration::from_millis(50);
-        let sim = KubeSim::start(config).await.context("starting kube-sim")?;
-        sim.create(vm_quota(NAMESPACE, settings.vm_limit))
-            .context("creating the namespace quota")?;
-        // Each process acts as its own identity under the shipped Roles, as deployed: kube-sim
-        // refuses what they do not grant.
-        sim.apply_rbac_yaml(SHIPPED_ROLES)
-            .context("applying deploy/base/vms/role.yaml")?;
-        sim.apply_rbac(&bindings())
-            .context("binding the shipped Roles")?;
-        Ok(Self::Sim(sim))
+        let mut sims = Vec::new();
+        for (i, name) in settings.sites.iter().enumerate() {
+            let guests = if settings.sites.len() == 1 {
+                guests.to_path_buf()
+            } else {
+                guests.join(name)
+            };
+            let seed = settings.seed.wrapping_add(i as u64);
+            match start_one_sim(settings, &guests, seed).await {
+                Ok(sim) => sims.push(sim),
+                Err(e) => {
+                    for sim in sims {
+                        sim.shutdown().await;
+                    }
+                    return Err(e.context(format!("starting the kube-sim of site {name}")));
+                }
+            }
+        }
+        Ok(Self::Sim(sims))
     }
 
     /// The real control plane with `deploy/overlays/dev` and `prod` installed, the soak's VM
@@ -212,19 +200,22 @@ impl Kube {
         }
     }
 
-    /// kube-sim's address (none on the real control plane), for a fault proxy in front of it.
-    pub(crate) fn sim_addr(&self) -> Option<SocketAddr> {
+    /// Each site's kube-sim address (none on the real control plane).
+    pub(crate) fn sim_addrs(&self) -> Vec<SocketAddr> {
         match self {
-            Self::Sim(sim) => Some(sim.addr()),
-            Self::Real(_) => None,
+            Self::Sim(sims) => sims.iter().map(KubeSim::addr).collect(),
+            Self::Real(_) => Vec::new(),
         }
     }
 
-    /// Where the API server listens (kube-sim's address, or kube-apiserver's), for the fault
-    /// proxies in front of it.
-    pub(crate) fn api_addr(&self) -> anyhow::Result<SocketAddr> {
+    /// Where site `site`'s API server listens (its kube-sim's address, or kube-apiserver's),
+    /// for the fault proxies in front of it.
+    pub(crate) fn api_addr(&self, site: usize) -> anyhow::Result<SocketAddr> {
         match self {
-            Self::Sim(sim) => Ok(sim.addr()),
+            Self::Sim(sims) => sims
+                .get(site)
+                .map(KubeSim::addr)
+                .with_context(|| format!("no site #{site}")),
             Self::Real(r) => {
                 let server = r.plane.server();
                 server
@@ -237,19 +228,25 @@ impl Kube {
         }
     }
 
-    /// A kubeconfig for environment `e`'s server or reaper, written under `dir`; on kube-sim
-    /// through the proxy at `via` when given.
+    /// A kubeconfig of site `site` for environment `e`'s server or reaper, written under
+    /// `dir`; through the proxy at `via` when given.
     pub(crate) fn kubeconfig(
         &self,
         e: usize,
         reaper: bool,
+        site: usize,
         dir: &Path,
         via: Option<SocketAddr>,
     ) -> anyhow::Result<PathBuf> {
         match self {
-            Self::Sim(sim) => {
+            Self::Sim(sims) => {
+                let sim = sims.get(site).with_context(|| format!("no site #{site}"))?;
                 let user = kube_user(e, reaper);
-                let path = dir.join(format!("kubeconfig-{user}"));
+                let path = if sims.len() == 1 {
+                    dir.join(format!("kubeconfig-{user}"))
+                } else {
+                    dir.join(format!("kubeconfig-{user}-{site}"))
+                };
                 match via {
                     Some(addr) => {
                         let yaml = ttlab_kube_sim::kubeconfig_yaml_as(
@@ -293,37 +290,29 @@ impl Kube {
 
     /// Injects the run's latency and faults (kube-sim only: a real API server takes none).
     pub(crate) fn inject(&self, settings: &Settings) {
-        let Self::Sim(sim) = self else { return };
-        sim.faults().set_latency(settings.latency);
-        if settings.fault_rate > 0.0 {
-            for (verb, status) in [
-                (Verb::Get, 500),
-                (Verb::List, 503),
-                (Verb::Create, 500),
-                (Verb::Delete, 503),
-            ] {
-                sim.faults().add(FaultRule {
-                    action: FaultAction::Fail {
-                        status,
-                        message: None,
-                    },
-                    ..FaultRule::fail(Some(verb), None, status).fraction(settings.fault_rate)
-                });
-            }
+        let Self::Sim(sims) = self else { return };
+        for sim in sims {
+            inject_into(sim, settings);
         }
     }
 
     /// Stops injecting faults.
     pub(crate) fn clear_faults(&self) {
-        if let Self::Sim(sim) = self {
-            sim.faults().clear();
+        if let Self::Sim(sims) = self {
+            for sim in sims {
+                sim.faults().clear();
+            }
         }
     }
 
     /// Where it is, for the log.
     pub(crate) fn describe(&self) -> String {
         match self {
-            Self::Sim(sim) => format!("kube-sim at {}", sim.url()),
+            Self::Sim(sims) => sims
+                .iter()
+                .map(|sim| format!("kube-sim at {}", sim.url()))
+                .collect::<Vec<_>>()
+                .join(", "),
             Self::Real(r) => format!(
                 "the real control plane at {} (namespace {})",
                 r.plane.server(),
@@ -332,68 +321,66 @@ impl Kube {
         }
     }
 
-    /// VMs now, and the most there were at once.
-    pub(crate) fn vms(&self) -> (usize, usize) {
+    /// VMs now, and the most there were at once, by site.
+    pub(crate) fn vms(&self) -> Vec<(usize, usize)> {
         match self {
-            Self::Sim(sim) => {
-                let stats = sim.stats();
-                (stats.vms, stats.peak_vms)
-            }
-            Self::Real(r) => (
+            Self::Sim(sims) => sims
+                .iter()
+                .map(|sim| {
+                    let stats = sim.stats();
+                    (stats.vms, stats.peak_vms)
+                })
+                .collect(),
+            Self::Real(r) => vec![(
                 r.vms_now.load(Ordering::Relaxed),
                 r.vms_peak.load(Ordering::Relaxed),
-            ),
+            )],
         }
     }
 
-    /// Every call the processes made, users named as [`kube_user`] names them.
-    pub(crate) fn calls(&self) -> anyhow::Result<Vec<CallRecord>> {
+    /// Every call the processes made, users named as [`kube_user`] names them, each with the
+    /// site it went to.
+    pub(crate) fn calls(&self) -> anyhow::Result<Vec<(usize, CallRecord)>> {
         match self {
-            Self::Sim(sim) => Ok(sim.calls()),
-            Self::Real(r) => r.calls(),
+            Self::Sim(sims) => Ok(sims
+                .iter()
+                .enumerate()
+                .flat_map(|(i, sim)| sim.calls().into_iter().map(move |c| (i, c)))
+                .collect()),
+            Self::Real(r) => Ok(r.calls()?.into_iter().map(|c| (0, c)).collect()),
         }
     }
 
-    /// Objects of each kind still in the namespace, but for what `deploy/` installed there:
-    /// (kind, names).
+    /// Objects of each kind still in the namespace of each site, but for what `deploy/`
+    /// installed there: by site, (kind, names).
     pub(crate) async fn leftovers(
         &self,
         http: &HttpClient,
-    ) -> anyhow::Result<Vec<(String, Vec<String>)>> {
-        let mut out = Vec::new();
-        for kind in KINDS {
-            let names = match self {
-                Self::Sim(sim) => sim_names(http, sim.url(), kind).await?,
-                Self::Real(r) => {
-                    let api: Api<DynamicObject> = Api::namespaced_with(
-                        r.admin.clone(),
-                        &r.installed.vm_namespace,
-                        &resource(kind),
-                    );
-                    api.list_metadata(&ListParams::default())
-                        .await
-                        .with_context(|| format!("listing {}", kind.0))?
-                        .items
-                        .into_iter()
-                        .filter(|o| {
-                            !o.metadata
-                                .name
-                                .as_deref()
-                                .is_some_and(|name| r.installed_here(kind, name))
-                        })
-                        .map(|o| describe_object(&o.metadata))
-                        .collect()
+    ) -> anyhow::Result<Vec<Vec<(String, Vec<String>)>>> {
+        match self {
+            Self::Sim(sims) => {
+                let mut out = Vec::new();
+                for sim in sims {
+                    let mut site = Vec::new();
+                    for kind in KINDS {
+                        site.push((kind.0.to_owned(), sim_names(http, sim.url(), kind).await?));
+                    }
+                    out.push(site);
                 }
-            };
-            out.push((kind.0.to_owned(), names));
+                Ok(out)
+            }
+            Self::Real(r) => Ok(vec![r.leftovers().await?]),
         }
-        Ok(out)
     }
 
     /// Stops it.
     pub(crate) async fn stop(self) {
         match self {
-            Self::Sim(sim) => sim.shutdown().await,
+            Self::Sim(sims) => {
+                for sim in sims {
+                    sim.shutdown().await;
+                }
+            }
             Self::Real(r) => {
                 let Real {
                     plane,
@@ -412,6 +399,37 @@ impl Kube {
 }
 
 impl Real {
+    /// Objects of each kind still in the VM namespace, but for what `deploy/` installed
+    /// there: (kind, names).
+    async fn leftovers(&self) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+        let r = self;
+        let mut out = Vec::new();
+        for kind in KINDS {
+            let names: Vec<String> = {
+                let api: Api<DynamicObject> = Api::namespaced_with(
+                    r.admin.clone(),
+                    &r.installed.vm_namespace,
+                    &resource(kind),
+                );
+                api.list_metadata(&ListParams::default())
+                    .await
+                    .with_context(|| format!("listing {}", kind.0))?
+                    .items
+                    .into_iter()
+                    .filter(|o| {
+                        !o.metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|name| r.installed_here(kind, name))
+                    })
+                    .map(|o| describe_object(&o.metadata))
+                    .collect()
+            };
+            out.push((kind.0.to_owned(), names));
+        }
+        Ok(out)
+    }
+
     /// Whether `name` of `kind` is one of the installed `deploy/` objects (the shipped
     /// NetworkPolicies of the VM namespace, say), which stay.
     fn installed_here(&self, (_, (_, _, kind, _)): KindOf, name: &str) -> bool {
@@ -579,5 +597,62 @@ async fn count_vms(api: Api<DynamicObject>, now: Arc<AtomicUsize>, peak: Arc<Ato
             peak.fetch_max(list.items.len(), Ordering::Relaxed);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One site's kube-sim with the soak's timings, the namespace quota (the site's VM limit) and
+/// the shipped Roles bound to each process's identity.
+async fn start_one_sim(settings: &Settings, guests: &Path, seed: u64) -> anyhow::Result<KubeSim> {
+    let mut config = ttlab_kube_sim::SimConfig::new(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+    config.namespaces = vec!["default".into(), NAMESPACE.into()];
+    config.timings = Timings {
+        pending: Duration::from_millis(20),
+        scheduling: Duration::from_millis(50),
+        boot: Duration::from_millis(300),
+        setup: Duration::from_millis(200),
+        stop: Duration::from_millis(200),
+        gc: Duration::from_millis(20),
+        pod_start: Duration::from_millis(50),
+        bookmark: Duration::from_secs(30),
+    };
+    config.guest_root = Some(guests.to_path_buf());
+    config.seed = seed;
+    // The quota is the second layer here, and "server VM limit held" is about the first:
+    // with a real controller's recount lag (about 1 s) a VM just deleted still fills the
+    // quota while the servers already see its place free, and a multi-VM lab may need
+    // longer than the servers' recount retry. The lag itself is tested by kube-sim's and
+    // the cluster crate's quota tests and the saga's recount retry (and by the soak on the
+    // real control plane); on kube-sim the soak keeps it short.
+    config.quota_sync = Duration::from_millis(50);
+    let sim = KubeSim::start(config).await.context("starting kube-sim")?;
+    sim.create(vm_quota(NAMESPACE, settings.site_vm_limit))
+        .context("creating the namespace quota")?;
+    // Each process acts as its own identity under the shipped Roles, as deployed: kube-sim
+    // refuses what they do not grant.
+    sim.apply_rbac_yaml(SHIPPED_ROLES)
+        .context("applying deploy/base/vms/role.yaml")?;
+    sim.apply_rbac(&bindings())
+        .context("binding the shipped Roles")?;
+    Ok(sim)
+}
+
+/// Injects the run's latency and faults into one kube-sim.
+fn inject_into(sim: &KubeSim, settings: &Settings) {
+    sim.faults().set_latency(settings.latency);
+    if settings.fault_rate > 0.0 {
+        for (verb, status) in [
+            (Verb::Get, 500),
+            (Verb::List, 503),
+            (Verb::Create, 500),
+            (Verb::Delete, 503),
+        ] {
+            sim.faults().add(FaultRule {
+                action: FaultAction::Fail {
+                    status,
+                    message: None,
+                },
+                ..FaultRule::fail(Some(verb), None, status).fraction(settings.fault_rate)
+            });
+        }
     }
 }

@@ -29,6 +29,7 @@ use crate::dev::demo::stack::{self, Database};
 use crate::dev::demo::{
     AGENT, ChildProcess, REAPER, SERVER, locate_binaries, random_secret, wait_ready,
 };
+use crate::dev::sites::sites_yaml;
 
 /// The namespace both environments share.
 pub(crate) const NAMESPACE: &str = "ttlab-vms";
@@ -115,15 +116,20 @@ pub(crate) enum Disrupted {
     Rolling(usize),
     /// One process's connections to PostgreSQL or the Kubernetes API misbehaving.
     Link(LinkId, NetFault),
+    /// A site (its index in [`Settings::sites`]) taken away: every process's connections to
+    /// its API server blackholed, from the start until they were cut and passed again.
+    Site(usize),
 }
 
 /// One process slot's connection to one service: which environment, server or reaper, and
-/// where to.
+/// where to (the site's index in [`Settings::sites`] for the Kubernetes API; 0 for
+/// PostgreSQL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LinkId {
     pub env: usize,
     pub reaper: bool,
     pub target: Target,
+    pub site: usize,
 }
 
 impl std::fmt::Display for LinkId {
@@ -133,8 +139,8 @@ impl std::fmt::Display for LinkId {
             "{} -> {}",
             NAMES[self.env][usize::from(self.reaper)],
             match self.target {
-                Target::Postgres => "PostgreSQL",
-                Target::Kube => "the Kubernetes API",
+                Target::Postgres => "PostgreSQL".to_owned(),
+                Target::Kube => format!("the Kubernetes API of site #{}", self.site),
             }
         )
     }
@@ -219,6 +225,8 @@ pub(crate) struct Shared {
     /// The fault proxies, one per process slot and service.
     pub links: Vec<Link>,
     pub procs: tokio::sync::Mutex<Vec<Proc>>,
+    /// The site taken away now, if any (the other network faults leave its links alone).
+    pub lost_site: Mutex<Option<usize>>,
     pub database: tokio::sync::Mutex<Option<Database>>,
     pub journal: Journal,
     pub http: HttpClient,
@@ -277,7 +285,8 @@ pub(crate) struct Rig {
     kube: Option<Kube>,
     shared: Option<Arc<Shared>>,
     store: Option<Store>,
-    linger: Option<Linger>,
+    /// One per site.
+    linger: Vec<Linger>,
 }
 
 impl Rig {
@@ -337,17 +346,15 @@ impl Rig {
         let (live, drain_started) = tokio::join!(watching, run);
         let drain_started = drain_started?;
 
-        if let Some(l) = &self.linger {
+        let mut held = BTreeMap::new();
+        for l in &self.linger {
             l.stop();
+            held.extend(lock(&l.held).clone());
         }
-        let held = self
-            .linger
-            .as_ref()
-            .map(|l| lock(&l.held).clone())
-            .unwrap_or_default();
         let sessions = all_sessions(&store).await?;
         let leftovers = kube.leftovers(&shared.http).await?;
         let calls = kube.calls()?;
+        let peak_vms: Vec<usize> = kube.vms().into_iter().map(|(_, peak)| peak).collect();
         let input = checks::Input {
             settings,
             sessions: &sessions,
@@ -356,7 +363,7 @@ impl Rig {
             lessons: &shared.lessons,
             leftovers: &leftovers,
             live: &live,
-            peak_vms: kube.vms().1,
+            peak_vms: &peak_vms,
             run_started,
             drain_started,
             held: &held,
@@ -434,24 +441,35 @@ impl Rig {
                         env: e,
                         reaper,
                         target: Target::Postgres,
+                        site: 0,
                     },
                     proxy: pg,
                 });
-                let kube_proxy = {
-                    let p = FaultProxy::start(Upstream::Tcp(kube.api_addr()?))
-                        .context("starting a fault proxy to the Kubernetes API")?;
+                // A kubeconfig per site, each through this slot's own proxy to that site.
+                let mut kubeconfigs = Vec::new();
+                for (site, name) in settings.sites.iter().enumerate() {
+                    let p = FaultProxy::start(Upstream::Tcp(kube.api_addr(site)?)).with_context(
+                        || format!("starting a fault proxy to the Kubernetes API of {name}"),
+                    )?;
                     let at = p.addr();
                     links.push(Link {
                         id: LinkId {
                             env: e,
                             reaper,
                             target: Target::Kube,
+                            site,
                         },
                         proxy: p,
                     });
-                    Some(at)
-                };
-                let kubeconfig = kube.kubeconfig(e, reaper, &data_dir, kube_proxy)?;
+                    kubeconfigs.push((
+                        name.clone(),
+                        kube.kubeconfig(e, reaper, site, &data_dir, Some(at))?,
+                    ));
+                }
+                let kubeconfig = kubeconfigs
+                    .first()
+                    .map(|(_, k)| k.clone())
+                    .context("no site")?;
                 let mut vars: Vec<(&'static str, OsString)> = vec![
                     ("DATABASE_URL", process_db_url.into()),
                     ("KUBECONFIG", kubeconfig.into()),
@@ -472,6 +490,20 @@ impl Rig {
                     ("RUST_LOG", log.clone()),
                     ("NO_COLOR", "1".into()),
                 ];
+                if kubeconfigs.len() > 1 {
+                    // The same sites for every process; each reaches them through its own
+                    // proxies.
+                    let path = data_dir.join(format!("sites-{}.yaml", kube_user(e, reaper)));
+                    let text = sites_yaml(
+                        "ttlabctl soak --sites",
+                        &kubeconfigs,
+                        &namespace,
+                        settings.site_vm_limit,
+                    );
+                    std::fs::write(&path, text)
+                        .with_context(|| format!("writing the sites file {}", path.display()))?;
+                    vars.push(("TTLAB_SITES", path.into()));
+                }
                 if reaper {
                     let metrics =
                         SocketAddr::from((Ipv4Addr::LOCALHOST, stack::free_loopback_port()?));
@@ -493,7 +525,7 @@ impl Rig {
                         ("TTLAB_AUTH_SECRET", secret.clone().into()),
                         ("TTLAB_LESSONS", lessons_dir.clone().into()),
                         ("TTLAB_AGENT_BINARY", agent_bin.clone().into()),
-                        ("TTLAB_VM_LIMIT", settings.vm_limit.to_string().into()),
+                        ("TTLAB_VM_LIMIT", settings.site_vm_limit.to_string().into()),
                     ]);
                 }
                 let mut p = Proc {
@@ -512,10 +544,11 @@ impl Rig {
                 procs.push(p);
             }
         }
-        if settings.linger_fraction > 0.0
-            && let Some(addr) = kube.sim_addr()
-        {
-            self.linger = Some(Linger::start(&format!("http://{addr}"), settings));
+        if settings.linger_fraction > 0.0 {
+            for addr in kube.sim_addrs() {
+                self.linger
+                    .push(Linger::start(&format!("http://{addr}"), settings));
+            }
         }
         self.kube = Some(kube);
         let shared = Arc::new(Shared {
@@ -523,6 +556,7 @@ impl Rig {
             urls: urls.map(RwLock::new),
             links,
             procs: tokio::sync::Mutex::new(procs),
+            lost_site: Mutex::new(None),
             database: tokio::sync::Mutex::new(Some(db)),
             journal: Journal::default(),
             http: client::client(64),
@@ -553,7 +587,7 @@ impl Rig {
     /// Stops the children, the simulation and PostgreSQL, and deletes the data.
     pub(crate) async fn stop(&mut self) -> anyhow::Result<()> {
         let mut errors = Vec::new();
-        self.linger.take();
+        self.linger.clear();
         if let Some(store) = self.store.take() {
             store.close();
         }
@@ -665,7 +699,7 @@ async fn drain(
             }
         };
         let objects = match kube.leftovers(&shared.http).await {
-            Ok(l) => l.iter().map(|(_, n)| n.len()).sum(),
+            Ok(l) => l.iter().flatten().map(|(_, n)| n.len()).sum(),
             Err(e) => {
                 last = format!("{e:#}");
                 usize::MAX
