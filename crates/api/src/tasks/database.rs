@@ -5,7 +5,8 @@
 //! answers keeps running and trying (a process that exited would become a restart with a
 //! growing back-off, and so stay away long after the database returned). At the first
 //! answer it migrates the schema (when the server migrates, [`crate::ApiConfig::migrate`]),
-//! cleans up what a previous run left half-provisioned ([`crate::saga::recover`]) and starts
+//! cleans up what a previous run left half-provisioned ([`crate::saga::recover`], within
+//! [`RECOVER_BUDGET`]) and starts
 //! the adoption of abandoned sessions; from then on the server is ready. A failed check is
 //! the task's failure, so it is retried after the driver's [`super::RESTART_BACKOFF`] (at
 //! most 2 s): the server works again within seconds of its database answering.
@@ -20,6 +21,10 @@ use crate::AppState;
 pub const DATABASE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a check may take before the database counts as unreachable.
 pub const DATABASE_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the start-up's clean-up ([`crate::saga::recover`]) may hold the server's
+/// readiness.
+pub const RECOVER_BUDGET: Duration = Duration::from_secs(10);
 
 /// The task's name.
 pub const NAME: TaskName = TaskName::new("database");
@@ -66,10 +71,19 @@ impl Database {
                 tracing::info!(applied = ?report.applied, version = report.version, "migrated the schema");
             }
         }
-        match crate::saga::recover(state).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
-            Err(e) => tracing::warn!(error = %e, "could not look for abandoned sessions"),
+        // Bounded: a site that does not answer (lost, or this server's link to it hanging)
+        // would hold every call on its sessions for the client's timeout, one after another,
+        // and the server would stay not ready meanwhile. What is left is the adoption task's
+        // and the reaper's.
+        match tokio::time::timeout(RECOVER_BUDGET, crate::saga::recover(state)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(sessions = n, "cleaned up sessions left by a previous run"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not look for abandoned sessions"),
+            Err(_) => tracing::warn!(
+                budget_s = RECOVER_BUDGET.as_secs(),
+                "the clean-up of what a previous run left did not end within its budget; \
+                 the adoption and the reaper take over the rest"
+            ),
         }
         if let Err(e) = super::start_adoption(state) {
             tracing::warn!(error = %e, "the adoption of abandoned sessions did not start");
