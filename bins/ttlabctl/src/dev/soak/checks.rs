@@ -35,6 +35,14 @@ const LINK_TAIL: TimeDelta = TimeDelta::seconds(5);
 /// After a site returns, how long a server may still answer about its sessions as about a lost
 /// site's: until its next probe of the site (every 10 s) finds it back.
 const SITE_TAIL: TimeDelta = TimeDelta::seconds(12);
+/// After a site is lost, by when every server has found it so (and places no start there):
+/// its next probe of the site starts within one probe interval and, the site hanging, fails
+/// after the probe's budget; with 2 s for the scheduling of both.
+fn site_found_lost() -> TimeDelta {
+    use ttlab_api::tasks::cluster_probe::{CLUSTER_PROBE_INTERVAL, CLUSTER_PROBE_TIMEOUT};
+    TimeDelta::from_std(CLUSTER_PROBE_INTERVAL + CLUSTER_PROBE_TIMEOUT).unwrap_or(TimeDelta::MAX)
+        + TimeDelta::seconds(2)
+}
 /// The share of sessions (in percent) that must reach running when every fault injected was
 /// transient.
 const RUNNING_PERCENT: u32 = 99;
@@ -1577,17 +1585,19 @@ fn site_rows(
     }
 
     let journal = lock(&input.journal.calls);
+    let found = site_found_lost();
     let mut elsewhere = Row::new(&format!(
         "starts go to the sites in reach {}s into a loss",
-        SITE_TAIL.num_seconds()
+        found.num_seconds()
     ));
     let (mut tried_all, mut other_all, mut ran_all, mut on_lost_all) = (0u64, 0u64, 0u64, 0u64);
     let mut capacity_all = 0u64;
     let mut on_lost_late = 0u64;
     for (x, whole_from, to) in losses {
-        // The servers find a site lost at their next probe of it (every 10 s; a start
-        // placed meanwhile may go to it): checked from then on.
-        let from = &(*whole_from + SITE_TAIL);
+        // The servers find a site lost at their next probe of it (every 10 s, failing after
+        // 5 s when the site hangs; a start placed meanwhile may go to it): checked from then
+        // on.
+        let from = &(*whole_from + found);
         if from >= to {
             continue;
         }
@@ -1661,7 +1671,7 @@ fn site_rows(
          the other sites ({ran_all} ran), {on_lost_late} on the lost site ({on_lost_all} over the \
          whole losses)",
         losses.len(),
-        SITE_TAIL.num_seconds()
+        found.num_seconds()
     ));
 
     let mut back = Row::new("lost site's expired sessions reclaimed after it returns");
