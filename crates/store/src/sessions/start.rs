@@ -179,18 +179,12 @@ impl Sessions<'_> {
     pub async fn live_vm_sessions_all_envs(
         &self,
     ) -> Result<Vec<(SessionId, LessonId, Vec<String>)>, StoreError> {
-        const WHAT: &str = "listing live VM sessions";
-        const SQL: &str = "SELECT id, lesson, vm_names FROM sessions \
-             WHERE status = ANY($1) AND runtime = $2";
-        let (client, statement) = self.store.prepared(WHAT, SQL).await?;
-        let rows = client
-            .query(
-                &statement,
-                &[&names(&SessionStatus::LIVE), &Runtime::Vm.as_str()],
-            )
-            .await
-            .map_err(StoreError::query(WHAT))?;
-        rows.iter().map(|row| live_vm_session(row, WHAT)).collect()
+        Ok(self
+            .live_vm_sessions_by_site()
+            .await?
+            .into_values()
+            .flatten()
+            .collect())
     }
 
     /// [`Self::live_vm_sessions_all_envs`] of one site: the live VM sessions of every
