@@ -362,10 +362,24 @@ async fn open_on_site(
     lenient: bool,
 ) -> Result<Result<Session, (usize, CapacityUse)>, ApiError> {
     let _turn = site.capacity_turn().await;
-    for _ in 0..3 {
+    for attempt in 0..3 {
         // Listed before the lock is taken and the rows are read (see `count_vms`).
+        let listed_at = tokio::time::Instant::now();
         let listing = listed_vms(site).await;
         let guard = state.store().lock_capacity_of_site(site.name()).await?;
+        // With several sites, the listing is also what says the site answers: one taken
+        // before a long wait for the database (a stalled connection, PostgreSQL restarting,
+        // the lock held elsewhere) may be of a site lost since. The site is listed again; on
+        // the last attempt the start is placed again instead. (One site has nowhere else to
+        // go, and its database rows count its labs whatever the listing's age.)
+        if !lenient && let Some(why) = stale_view(site, listed_at.elapsed()) {
+            guard.rollback().await?;
+            tracing::info!(site = %site.name(), %why, "the capacity check's view of the site is stale");
+            if attempt < 2 {
+                continue;
+            }
+            return Err(ApiError::ClusterUnavailable(why));
+        }
         let limit = site.vm_limit();
         let needed = lesson.nodes.len();
         let count = match listing {
@@ -479,6 +493,25 @@ pub(crate) async fn grant_waitlist(state: &AppState) -> Result<ttlab_store::Gran
 /// How old a listing of the namespace's VMs the capacity check may use.
 const LISTING_MAX_AGE: Duration = Duration::from_secs(1);
 
+/// How long before the capacity lock was taken a start's listing of the chosen site may
+/// have been asked for, with several sites (see [`stale_view`]).
+const LISTED_BEFORE_LOCK_MAX: Duration = Duration::from_secs(3);
+
+/// Why a start's view of `site`, listed `since_listed` before its capacity lock was taken,
+/// can no longer place a session there: the site's probe has failed since, or the listing
+/// is older than [`LISTED_BEFORE_LOCK_MAX`]. `None` when it still can.
+fn stale_view(site: &SiteRuntime, since_listed: Duration) -> Option<String> {
+    if let ttlab_site::Reachability::Unreachable(why) = site.reachability() {
+        return Some(format!("its probe failed since it was listed: {why}"));
+    }
+    (since_listed > LISTED_BEFORE_LOCK_MAX).then(|| {
+        format!(
+            "it was listed {} ms before the capacity lock was taken",
+            since_listed.as_millis()
+        )
+    })
+}
+
 /// How long a failed listing is the answer, before the next start tries the cluster again.
 const FAILURE_MAX_AGE: Duration = Duration::from_secs(5);
 
@@ -543,8 +576,8 @@ pub(crate) struct ListedVm {
 ///
 /// A session's row is live from before its first VM is created until after its last is
 /// deleted, so the database alone accounts for every session's VMs, whatever the age of the
-/// listing; the listing (`listing`, taken before the database is read, at most a second
-/// old) only adds VMs no live session accounts for, where a second's delay is harmless.
+/// listing; the listing (`listing`, taken before the database is read, usually a second
+/// old or less) only adds VMs no live session accounts for, where its delay is harmless.
 pub(crate) async fn count_vms(
     state: &AppState,
     site: &SiteRuntime,

@@ -1055,3 +1055,88 @@ async fn three_sites_of_one_place_take_one_start_each_and_a_freed_place_on_a_liv
     );
     s.stop().await;
 }
+
+/// A start whose capacity check waited on the database while its chosen site was lost is
+/// placed again, on the site that answers, not on the site its listing saw before the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_waited_for_the_capacity_lock_while_its_site_was_lost_goes_to_the_other_site()
+{
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let s = w
+        .serve_sites(
+            config,
+            sites(&[
+                Spec {
+                    name: "campus-a",
+                    kubeconfig: w.kubeconfig.path(),
+                    vm_limit: 2,
+                    weight: 5,
+                    agent_path: "pod-ip",
+                    labels: &[],
+                },
+                Spec {
+                    name: "campus-b",
+                    kubeconfig: kube_b.path(),
+                    vm_limit: 2,
+                    weight: 1,
+                    agent_path: "pod-ip",
+                    labels: &[],
+                },
+            ])
+            .await,
+        )
+        .await;
+    // Another replica holds campus-a's capacity lock (a long count, a stalled connection).
+    let store = w.db.store().await.unwrap();
+    let held = store
+        .lock_capacity_of_site(&"campus-a".parse().unwrap())
+        .await
+        .unwrap();
+    let (db, connection) = tokio_postgres::connect(w.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let t = token("alice", Role::Student);
+    let start = s.post("/api/sessions", &t, json!({ "lesson": "quick" }));
+    let lose_a_while_the_start_waits = async {
+        // The start listed campus-a (it answered) and waits for its lock.
+        let waiting = Instant::now();
+        loop {
+            let row = db
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, i64>(0) > 0 {
+                break;
+            }
+            assert!(
+                waiting.elapsed() < Duration::from_secs(20),
+                "the start never waited for campus-a's capacity lock"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Then campus-a's API server goes away, and the lock is let go only after it.
+        w.sim.stop();
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        held.rollback().await.unwrap();
+    };
+    let ((status, v), ()) = tokio::join!(start, lose_a_while_the_start_waits);
+    assert_eq!(status, 202, "{v}");
+    let sid = v["id"].as_str().expect("a session id").to_owned();
+    assert_eq!(
+        row_site(&w, &sid).await,
+        "campus-b",
+        "placed on the site that answers"
+    );
+    let running = s.wait_session(&sid, &t, |v| v["status"] == "running").await;
+    assert_eq!(running["site"], "campus-b", "{running}");
+    assert!(sim_b.get("virtualmachines", NS, &vm_of(&sid)).is_some());
+    drop(db);
+    connection.abort();
+    s.stop().await;
+}
