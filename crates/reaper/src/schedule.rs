@@ -526,11 +526,29 @@ async fn act_on_site(
     };
     metrics.site_connecting(site);
     tracing::info!(site, namespace = %ctx.cluster.namespace(), "acting on the site");
-    tokio::join!(
-        sweeps(&ctx, lock, interval, &metrics, stop),
-        deadlines(&ctx, lock, metrics.clone(), stop),
-    );
+    let work = async {
+        tokio::join!(
+            sweeps(&ctx, lock, interval, &metrics, stop),
+            deadlines(&ctx, lock, metrics.clone(), stop),
+        )
+    };
+    // Told to stop (the lease lost, or shutting down), a site whose cluster call hangs is not
+    // waited out: the reaper takes its lease again, and the other sites act again, only once
+    // every site's work has ended. Its cycle is dropped mid-way, as a killed reaper's is.
+    let stopped = async {
+        stop.cancelled().await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        _ = work => {}
+        () = stopped => {
+            tracing::warn!(site, "the site's cycle did not end within {} s of the stop; dropped", STOP_GRACE.as_secs());
+        }
+    }
 }
+
+/// How long a site's cycle may go on after the site was told to stop (see `act_on_site`).
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Confirms the leader lock before a cycle; on losing it, stops both loops.
 async fn still_leader(lock: &LeaderLock, stop: &CancellationToken) -> bool {

@@ -85,6 +85,17 @@ fn connect_b(
     known: &[SiteName],
     shutdown: &CancellationToken,
 ) -> Connector {
+    connect_b_waiting(h, kubeconfig, known, shutdown, Duration::from_secs(3))
+}
+
+/// [`connect_b`] with each call given up after `request_timeout`.
+fn connect_b_waiting(
+    h: &Harness,
+    kubeconfig: &Path,
+    known: &[SiteName],
+    shutdown: &CancellationToken,
+    request_timeout: Duration,
+) -> Connector {
     let base = h.ctx("dev");
     let kubeconfig = kubeconfig.to_path_buf();
     let known: Arc<[SiteName]> = known.into();
@@ -98,7 +109,7 @@ fn connect_b(
         );
         Box::pin(async move {
             let settings = ClusterSettings {
-                request_timeout: Duration::from_secs(3),
+                request_timeout,
                 ..ClusterSettings::in_namespace(NS)
             };
             let cluster = KubeCluster::from_kubeconfig(&kubeconfig, settings).await?;
@@ -614,4 +625,86 @@ async fn a_session_on_a_site_not_configured_is_reported_left_alone_and_reclaimed
         !text.contains("ttlab_reaper_sessions_unknown_site{site=\"b\"} 1"),
         "{text}"
     );
+}
+
+/// The leader lease lost while one site's calls hang (each given up after a minute): the
+/// reaper stops acting, takes the lease again and reclaims the other site's expiries within
+/// seconds, not once the hung site's calls end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_lost_while_a_site_hangs_is_taken_again_and_the_other_site_reclaimed_on_time() {
+    let h = Harness::start().await;
+    let b = site_b().await;
+    b.write_kubeconfig();
+    let known = [site("a"), site("b")];
+    let a_client = h.fixtures.clone();
+    // A short leader lease, so its loss is seen within a second.
+    let store =
+        h.db.store_with(ttlab_store::StoreOptions {
+            leases: ttlab_store::LeaseTtls {
+                leader: Duration::from_secs(2),
+                provisioning: Duration::from_secs(2),
+            },
+            ..ttlab_store::StoreOptions::default()
+        })
+        .await
+        .expect("store");
+    let shutdown = CancellationToken::new();
+    let metrics = Arc::new(Metrics::new().with_stall_after(Duration::from_secs(120)));
+    let reaper = Reaper {
+        store,
+        env: common::env("dev"),
+        shutdown: shutdown.clone(),
+        sites: vec![
+            SiteWork::ready(ctx_a(&h, &known, &shutdown)),
+            SiteWork::connect_with(
+                site("b"),
+                connect_b_waiting(
+                    &h,
+                    &b.kubeconfig,
+                    &known,
+                    &shutdown,
+                    Duration::from_secs(60),
+                ),
+            ),
+        ],
+    };
+    let task = tokio::spawn(ttlab_reaper::run_sites(reaper, INTERVAL, metrics.clone()));
+    eventually("both sites acting", 15, || async {
+        state_of(&metrics, "a").map(|(s, _)| s) == Some(SiteState::Up)
+            && state_of(&metrics, "b").map(|(s, _)| s) == Some(SiteState::Up)
+    })
+    .await;
+
+    // b stops answering; its cycles wait on calls that take a minute to be given up.
+    b.proxy.set_mode(FaultMode::Blackhole);
+    let (b1, _) = running_on(&h, "b", &b.fixtures, 200).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The lease is taken from the reaper (an operator's cleanup, a clock jump): its next
+    // renewal is refused.
+    let (db, connection) = tokio_postgres::connect(h.db.url(), tokio_postgres::NoTls)
+        .await
+        .expect("database");
+    let connection = tokio::spawn(connection);
+    let gone = db
+        .execute(
+            "DELETE FROM leases WHERE kind = 'reaper-leader' AND key = 'dev'",
+            &[],
+        )
+        .await
+        .expect("delete the lease");
+    assert_eq!(gone, 1, "the reaper held the lease");
+    let (a1, expiry) = running_on(&h, "a", &a_client, 4000).await;
+    let took = deleted_after(&a_client, a1, expiry, Duration::from_secs(3)).await;
+    println!(
+        "lease lost while site b hangs: site a expiry -> VM delete {} ms",
+        took.as_millis()
+    );
+    wait_status(&h, a1, SessionStatus::Expired, 10).await;
+    // b's session waits for b.
+    assert!(h.status(b1).await.is_live());
+    b.proxy.set_mode(FaultMode::Pass);
+    b.proxy.cut_open();
+    wait_status(&h, b1, SessionStatus::Expired, 30).await;
+    stop(&shutdown, task).await;
+    connection.abort();
 }
