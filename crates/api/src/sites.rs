@@ -200,6 +200,11 @@ impl SiteRuntime {
         }
     }
 
+    /// Whether its last probe answered (a site not probed yet has not).
+    pub fn answered_last_probe(&self) -> bool {
+        self.client_error.is_none() && self.health().reachable == Some(true)
+    }
+
     /// Whether it can be used now, and if not why: no client, or its last probe failed.
     /// A site not probed yet counts as reachable.
     pub fn reachability(&self) -> Reachability {

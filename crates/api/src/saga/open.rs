@@ -45,15 +45,8 @@ pub async fn open_session(
         lesson: lesson.id.clone(),
         runtime: lesson.runtime,
         env: state.config().env.clone(),
-        // A pod lab (no VM limit) runs on the first site that answers; a VM lab's site is
-        // chosen under the capacity check.
-        site: state
-            .sites()
-            .iter()
-            .find(|s| s.reachability() == ttlab_site::Reachability::Reachable)
-            .unwrap_or_else(|| state.first_site())
-            .name()
-            .clone(),
+        // A VM lab's site is chosen under the capacity check.
+        site: pod_lab_site(state).name().clone(),
         times: SessionTimes {
             started_at: lifespan.started_at,
             expires_at: lifespan.expires_at,
@@ -112,6 +105,23 @@ pub async fn open_session(
         })
         .inc();
     Ok(session)
+}
+
+/// The site of a pod lab (no VM limit, no listing): the first site whose last probe
+/// answered; while none has (a server just started), the first not known to be lost; else
+/// the first site. A site not probed yet comes after one that answered, so a server started
+/// while a site is lost does not send pod labs there before its first probe of it ends.
+fn pod_lab_site(state: &AppState) -> &Arc<SiteRuntime> {
+    let sites = state.sites();
+    sites
+        .iter()
+        .find(|s| s.answered_last_probe())
+        .or_else(|| {
+            sites
+                .iter()
+                .find(|s| s.reachability() == ttlab_site::Reachability::Reachable)
+        })
+        .unwrap_or_else(|| state.first_site())
 }
 
 async fn open_vm_session(

@@ -31,6 +31,28 @@ struct Spec<'a> {
     labels: &'a [&'a str],
 }
 
+impl<'a> Spec<'a> {
+    /// A site reached at its pod IPs, with no labels.
+    fn new(name: &'a str, kubeconfig: &'a Path, vm_limit: u32, weight: u32) -> Self {
+        Self {
+            name,
+            kubeconfig,
+            vm_limit,
+            weight,
+            agent_path: "pod-ip",
+            labels: &[],
+        }
+    }
+
+    fn agent_path(self, agent_path: &'a str) -> Self {
+        Self { agent_path, ..self }
+    }
+
+    fn labels(self, labels: &'a [&'a str]) -> Self {
+        Self { labels, ..self }
+    }
+}
+
 /// The sites file of `specs`, parsed as the server parses it, each site with its client.
 async fn sites(specs: &[Spec<'_>]) -> Vec<SiteRuntime> {
     let mut yaml = String::from("sites:\n");
@@ -115,22 +137,8 @@ async fn starts_fill_the_preferred_sites_limit_then_continue_on_the_next_each_in
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 2,
-                    weight: 10,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 2,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 2, 10),
+                Spec::new("campus-b", kube_b.path(), 2, 1),
             ])
             .await,
         )
@@ -218,22 +226,8 @@ async fn a_site_that_stops_answering_takes_no_new_start_and_the_other_sites_sess
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 2,
-                    weight: 5,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 4,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 2, 5),
+                Spec::new("campus-b", kube_b.path(), 4, 1),
             ])
             .await,
         )
@@ -439,22 +433,8 @@ async fn a_session_on_a_port_forward_site_is_graded_through_its_api_server_besid
     let (sim_b, kube_b) = sim_with(|c| c.unroutable_pod_ips = true).await;
     let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
     let mut runtimes = sites(&[
-        Spec {
-            name: "campus-a",
-            kubeconfig: w.kubeconfig.path(),
-            vm_limit: 1,
-            weight: 5,
-            agent_path: "pod-ip",
-            labels: &[],
-        },
-        Spec {
-            name: "campus-b",
-            kubeconfig: kube_b.path(),
-            vm_limit: 2,
-            weight: 1,
-            agent_path: "portforward",
-            labels: &[],
-        },
+        Spec::new("campus-a", w.kubeconfig.path(), 1, 5),
+        Spec::new("campus-b", kube_b.path(), 2, 1).agent_path("portforward"),
     ])
     .await;
     // A third site, preferred by weight, whose client could not be built: kept, reported,
@@ -598,22 +578,8 @@ async fn a_session_left_starting_on_the_second_site_by_a_crashed_server_is_adopt
 /// The sites of the adoption test: campus-a (1 place, preferred) and campus-b.
 async fn adoption_sites(a: &Path, b: &Path) -> Vec<SiteRuntime> {
     sites(&[
-        Spec {
-            name: "campus-a",
-            kubeconfig: a,
-            vm_limit: 1,
-            weight: 5,
-            agent_path: "pod-ip",
-            labels: &[],
-        },
-        Spec {
-            name: "campus-b",
-            kubeconfig: b,
-            vm_limit: 4,
-            weight: 1,
-            agent_path: "pod-ip",
-            labels: &[],
-        },
+        Spec::new("campus-a", a, 1, 5),
+        Spec::new("campus-b", b, 4, 1),
     ])
     .await
 }
@@ -734,22 +700,8 @@ async fn a_lesson_that_needs_a_site_label_runs_only_where_it_is_and_waits_for_ro
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 3,
-                    weight: 10,
-                    agent_path: "pod-ip",
-                    labels: &["eu"],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 2,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &["eu", "kvm-large"],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 3, 10).labels(&["eu"]),
+                Spec::new("campus-b", kube_b.path(), 2, 1).labels(&["eu", "kvm-large"]),
             ])
             .await,
         )
@@ -872,22 +824,8 @@ async fn a_start_prefers_the_site_where_its_golden_disk_is_ready_over_more_free_
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 4,
-                    weight: 10,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 2,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 4, 10),
+                Spec::new("campus-b", kube_b.path(), 2, 1),
             ])
             .await,
         )
@@ -937,22 +875,8 @@ async fn the_pool_of_a_lesson_that_needs_a_site_label_prepares_on_the_site_that_
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 4,
-                    weight: 10,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 4,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &["kvm-large"],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 4, 10),
+                Spec::new("campus-b", kube_b.path(), 4, 1).labels(&["kvm-large"]),
             ])
             .await,
         )
@@ -991,14 +915,7 @@ async fn three_sites_of_one_place_take_one_start_each_and_a_freed_place_on_a_liv
     let (sim_b, kube_b) = sim_with(|_| {}).await;
     let (sim_c, kube_c) = sim_with(|_| {}).await;
     let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
-    let one = |name, kubeconfig| Spec {
-        name,
-        kubeconfig,
-        vm_limit: 1,
-        weight: 1,
-        agent_path: "pod-ip",
-        labels: &[],
-    };
+    let one = |name, kubeconfig| Spec::new(name, kubeconfig, 1, 1);
     let s = w
         .serve_sites(
             config,
@@ -1068,22 +985,8 @@ async fn a_start_that_waited_for_the_capacity_lock_while_its_site_was_lost_goes_
         .serve_sites(
             config,
             sites(&[
-                Spec {
-                    name: "campus-a",
-                    kubeconfig: w.kubeconfig.path(),
-                    vm_limit: 2,
-                    weight: 5,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
-                Spec {
-                    name: "campus-b",
-                    kubeconfig: kube_b.path(),
-                    vm_limit: 2,
-                    weight: 1,
-                    agent_path: "pod-ip",
-                    labels: &[],
-                },
+                Spec::new("campus-a", w.kubeconfig.path(), 2, 5),
+                Spec::new("campus-b", kube_b.path(), 2, 1),
             ])
             .await,
         )
@@ -1138,5 +1041,68 @@ async fn a_start_that_waited_for_the_capacity_lock_while_its_site_was_lost_goes_
     assert!(sim_b.get("virtualmachines", NS, &vm_of(&sid)).is_some());
     drop(db);
     connection.abort();
+    s.stop().await;
+}
+
+/// A server started while its preferred site hangs sends a pod lab to the site whose probe
+/// answered, not to the site it has not heard from yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_while_a_site_hangs_sends_pod_labs_to_the_site_that_answered() {
+    let w = World::new().await;
+    let (sim_b, kube_b) = sim_with(|_| {}).await;
+    // campus-a's API server is behind a link that has gone silent (no answer, no RST).
+    let link =
+        ttlab_testkit::FaultProxy::start(ttlab_testkit::Upstream::Tcp(w.sim.addr())).unwrap();
+    link.set_mode(ttlab_testkit::FaultMode::Blackhole);
+    let config = w.config(policy(3600, 4 * 3600, 3), 8).await;
+    let mut configured = sites(&[
+        Spec::new("campus-a", w.kubeconfig.path(), 2, 5),
+        Spec::new("campus-b", kube_b.path(), 2, 1),
+    ])
+    .await;
+    configured[0] = SiteRuntime::connected(
+        configured[0].site().clone(),
+        w.cluster_through(link.addr()).await,
+    );
+    let s = w.serve_sites(config, configured).await;
+    // campus-b's first probe answered; campus-a's is still waiting (5 s budget).
+    let until = Instant::now() + Duration::from_secs(4);
+    loop {
+        let (_, cluster) = s
+            .raw("GET", "/healthz/cluster", None, None, Vec::new())
+            .await;
+        let sites = cluster["sites"].as_array().cloned().unwrap_or_default();
+        let reachable = |name: &str| {
+            sites
+                .iter()
+                .find(|h| h["site"] == name)
+                .map(|h| h["reachable"].clone())
+        };
+        if reachable("campus-b") == Some(Value::Bool(true)) {
+            assert_eq!(
+                reachable("campus-a"),
+                Some(Value::Null),
+                "campus-a's first probe has not ended: {cluster}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "campus-b never answered a probe: {cluster}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = token("alice", Role::Student);
+    let (status, v) = s
+        .post("/api/sessions", &t, json!({ "lesson": "shell" }))
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["site"], "campus-b", "{v}");
+    let sid = v["id"].as_str().unwrap().to_owned();
+    assert_eq!(row_site(&w, &sid).await, "campus-b");
+    let running = s.wait_session(&sid, &t, |v| v["status"] == "running").await;
+    assert_eq!(running["site"], "campus-b", "{running}");
+    let pod = running["nodes"][0]["vm"].as_str().unwrap();
+    assert!(sim_b.get("pods", NS, pod).is_some(), "{running}");
     s.stop().await;
 }
