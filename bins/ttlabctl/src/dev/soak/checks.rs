@@ -1644,8 +1644,8 @@ fn site_rows(
         for s in during() {
             elsewhere.check(site_of(settings, s) != Some(*x), || {
                 format!(
-                    "{} ({}) placed at {} on {}, lost since {whole_from}",
-                    s.id, s.env, s.created_at, s.site
+                    "{} ({}, {}) placed at {} on {}, lost since {whole_from}",
+                    s.id, s.env, s.lesson, s.created_at, s.site
                 )
             });
             on_lost_late += u64::from(site_of(settings, s) == Some(*x));
